@@ -1,0 +1,39 @@
+"""The `dayzero` command line.
+
+Each command group lives in its own module exposing `register(subparsers)`; this file only
+collects them, so commands are added without touching each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that contribute sub-commands. A module that fails to import (e.g. a GPU-only extra that
+# is not installed) still fails loudly when its command is used, not at start-up of others.
+COMMAND_MODULES: tuple[str, ...] = (
+    "orchestrator.commands.db",
+    "orchestrator.commands.runner",
+    "orchestrator.commands.run",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dayzero", description="Durable agent tasks on hybrid-attention LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

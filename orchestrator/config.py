@@ -1,0 +1,53 @@
+"""The one settings object of the service side.
+
+Read once at process start (`Settings()` reads the environment and `.env`), then passed down.
+Nothing below the entry points reads the environment itself.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Budgets(BaseSettings):
+    """Default per-task budgets; a task may ask for less, never more."""
+
+    model_config = SettingsConfigDict(env_prefix="DAYZERO_BUDGET_", frozen=True)
+
+    max_steps: int = Field(64, ge=1, description="model turns + tool calls per task")
+    max_tokens: int = Field(1_000_000, ge=1, description="prompt + completion tokens per task")
+    deadline_s: float = Field(3600.0, gt=0, description="wall-clock seconds from submission")
+
+
+class Settings(BaseSettings):
+    """Service configuration. Every real component is chosen here, never by code changes."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+
+    database_url: str = Field("sqlite:///./dayzero.db", alias="DATABASE_URL")
+    kafka_bootstrap_servers: str | None = Field(None, alias="KAFKA_BOOTSTRAP_SERVERS")
+    celery_broker_url: str | None = Field(None, alias="CELERY_BROKER_URL")
+    celery_result_backend: str | None = Field(None, alias="CELERY_RESULT_BACKEND")
+    inference_url: str | None = Field(None, alias="DAYZERO_INFERENCE_URL")
+    inference_model: str = Field("dayzero-small", alias="DAYZERO_INFERENCE_MODEL")
+    inference_api_key: str | None = Field(None, alias="DAYZERO_INFERENCE_API_KEY")
+    inference_timeout_s: float = Field(300.0, gt=0, alias="DAYZERO_INFERENCE_TIMEOUT_S")
+    blob_dir: str = Field("./.dayzero/blobs", alias="DAYZERO_BLOB_DIR")
+    workspace_dir: str = Field("./.dayzero/workspaces", alias="DAYZERO_WORKSPACE_DIR")
+
+    # Runner
+    lease_s: float = Field(30.0, gt=0, alias="DAYZERO_LEASE_S")
+    poll_interval_s: float = Field(0.2, gt=0, alias="DAYZERO_POLL_INTERVAL_S")
+    tool_modules: tuple[str, ...] = Field(
+        (), alias="DAYZERO_TOOL_MODULES", description="extra modules imported to register tools"
+    )
+    budgets: Budgets = Field(default_factory=Budgets)
+
+    # Tracing: OTLP endpoint, or none (spans still carry context across processes).
+    otlp_endpoint: str | None = Field(None, alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    service_name: str = Field("dayzero", alias="OTEL_SERVICE_NAME")
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

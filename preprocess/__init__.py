@@ -1,0 +1,1 @@
+"""Image preprocessing: safe decode, redaction, resize to the patch grid, patchify, content addressing."""

@@ -1,0 +1,134 @@
+"""The tool protocol: what a tool declares, what it receives, what it returns.
+
+Tools know nothing of tasks or the database: the runner passes a `ToolContext` with what a tool
+may need (ids, idempotency key, workspace, attachments) and receives a `ToolResult` or a typed
+`ToolError`. Retry decisions are made by the orchestrator from the tool's `RetryPolicy`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+class ErrorKind(str, enum.Enum):
+    """How the orchestrator should treat a failure."""
+
+    RETRYABLE = "retryable"  # transient: try again per the policy
+    PERMANENT = "permanent"  # the same call will fail again; tell the model
+    INVALID_ARGUMENTS = "invalid_arguments"  # schema violation, unknown tool, oversize: tell the model
+    TIMEOUT = "timeout"  # the attempt ran past its timeout
+
+
+class ToolError(Exception):
+    """A failure a tool reports; `kind` tells the orchestrator whether to retry."""
+
+    kind: ErrorKind = ErrorKind.PERMANENT
+
+    def __init__(self, message: str, *, kind: ErrorKind | None = None, details: Mapping[str, Any] | None = None):
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+        self.details = dict(details or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": str(self), "kind": self.kind.value, **({"details": self.details} if self.details else {})}
+
+
+class RetryableToolError(ToolError):
+    kind = ErrorKind.RETRYABLE
+
+
+class PermanentToolError(ToolError):
+    kind = ErrorKind.PERMANENT
+
+
+class InvalidArgumentsError(ToolError):
+    kind = ErrorKind.INVALID_ARGUMENTS
+
+
+class UnknownToolError(InvalidArgumentsError):
+    pass
+
+
+class ToolTimeoutError(ToolError):
+    kind = ErrorKind.TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Per-tool retry policy, owned by the orchestrator (Celery and client retries stay off)."""
+
+    max_attempts: int = 3
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    timeout_s: float = 30.0
+    retry_on_timeout: bool = True
+    # When the task should fail instead of showing the model the error after the last attempt.
+    fail_task_on_exhaustion: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What a tool declares about itself."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]  # JSON Schema of the arguments
+    result_schema: Mapping[str, Any] | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Safe to run twice with the same arguments (reads, pure functions).
+    idempotent: bool = True
+    # Has side effects but dedupes on `ToolContext.idempotency_key`.
+    accepts_idempotency_key: bool = False
+    resources: tuple[str, ...] = ()  # e.g. ("workspace", "attachments", "network")
+    max_argument_bytes: int = 64 * 1024
+
+    def openai_tool(self) -> dict[str, Any]:
+        """The entry of the OpenAI `tools` list for this tool."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """An attachment the task owns, as a tool sees it."""
+
+    id: str
+    media_type: str
+    path: Path | None = None  # local file with the original bytes (blob store)
+    text: str | None = None  # decoded text, for text attachments
+    content_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Everything a tool may use, passed by the runner."""
+
+    task_id: str
+    step_id: str
+    attempt: int
+    idempotency_key: str  # "task_id:step_id:attempt"
+    workspace: Path | None = None
+    attachments: tuple[Attachment, ...] = ()
+    deadline_s: float | None = None  # seconds left for this attempt
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A successful tool result; `content` is what the model reads (JSON-serialisable)."""
+
+    content: Any
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Tool(Protocol):
+    spec: ToolSpec
+
+    def run(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult: ...
