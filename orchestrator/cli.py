@@ -17,6 +17,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "orchestrator.commands.db",
     "orchestrator.commands.runner",
     "orchestrator.commands.run",
+    "inference.commands",
+    "workers.commands",
 )
 
 
