@@ -1,0 +1,135 @@
+"""A generation request as the scheduler sees it: token ids, sampling parameters, progress."""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.cache.coordinator import MMSpan
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; 0: the chosen token's; k: plus the top k
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if (
+            not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature))
+            or self.temperature < 0
+        ):
+            raise ValueError("temperature must be a finite number >= 0")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError("top_k must be an integer >= 0 (0 disables it)")
+        if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
+            raise ValueError("top_p must be in (0, 1]")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError("max_tokens must be an integer >= 1")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be an integer in [0, max_tokens]")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise ValueError("logprobs must be an integer in [0, 20]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError("seed must be an integer")
+        if any(not isinstance(s, str) or not s for s in self.stop) or len(self.stop) > 16:
+            raise ValueError("stop must be at most 16 non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    mm_spans: tuple[MMSpan, ...] = ()
+    mm_inputs: Any = None  # opaque model inputs (image embeddings), consumed by the runner
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(init=False)  # prompt + output, appended in place
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix hit at first admission (reported as cached_tokens)
+    num_preemptions: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        if not self.prompt_token_ids:
+            raise ValueError("the prompt must have at least one token")
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
+    **kw: Any,
+) -> Request:
+    return Request(request_id, list(prompt_token_ids), sampling or SamplingParams(), **kw)

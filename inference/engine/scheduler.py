@@ -1,0 +1,267 @@
+"""The scheduler: pure Python, no tensors.
+
+One rule: every step, each scheduled request's `num_computed_tokens` catches up towards its
+`num_tokens` by as many tokens as the budget (and the checkpoint cuts) allow. A fresh prompt, a
+chunk of a long prompt, a decode step (one token), a prefix hit (num_computed starts at the hit)
+and a preempted request being recomputed (num_computed reset to 0) are all that same rule.
+
+A step = running requests first (oldest first), then admissions from the waiting queue while
+the token budget and `max_num_seqs` allow; prefill chunks and decodes go in one batch. When
+blocks run short for a running request, the most recently admitted running request is preempted
+(its blocks and live slot are released; it is recomputed later, usually from its own prefix hit).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from inference.cache.coordinator import CacheConfig, HybridCacheCoordinator, PrefixHit
+from inference.engine.request import Request, RequestStatus, TokenLogprob
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0 or self.max_model_len <= 1:
+            raise ValueError("scheduler limits must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    req_id: str
+    token_ids: tuple[int, ...]  # the tokens computed in this step
+    start: int  # their first position (num_computed_tokens before the step)
+    block_ids: tuple[int, ...]  # is_new: the whole table; else only the blocks appended now
+    slot: int
+    is_new: bool  # first step since (re)admission: the runner (re)builds its table
+    sample: bool  # the request catches up this step: sample its next token
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (checkpoint, live) before
+    state_zeros: list[int] = field(default_factory=list)  # fresh live slots, before
+    snapshots: list[tuple[int, int]] = field(default_factory=list)  # (live, checkpoint) after
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        self.config = config
+        self.cache = HybridCacheCoordinator(cache_config)
+        self.B = cache_config.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self.prompt_tokens_admitted = 0
+        self.cached_tokens_admitted = 0
+        self._finished_early: list[Request] = []
+
+    # -- requests --------------------------------------------------------------------------
+    def check_request(self, req: Request) -> None:
+        """Raise ValueError for a request that could never run here."""
+        n = req.num_prompt_tokens
+        if n >= self.config.max_model_len:
+            raise ValueError(
+                f"the prompt has {n} tokens; this model's context is {self.config.max_model_len} tokens"
+            )
+        if -(-(n + 1) // self.B) > self.cache.config.num_blocks:
+            raise ValueError(f"the prompt has {n} tokens, more than the KV pool can ever hold")
+        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"the prompt has {n} tokens; without chunked prefill at most "
+                f"{self.config.max_num_batched_tokens} fit in one step"
+            )
+
+    def add(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        self.check_request(req)
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step --------------------------------------------------------------------------
+    def _num_new(self, req: Request, budget: int) -> int:
+        remaining = req.num_tokens - req.num_computed_tokens
+        if remaining <= 0:
+            return 0
+        if remaining > budget and not self.config.enable_chunked_prefill:
+            n = remaining  # chunking off: whole pieces only (between checkpoint cuts)
+        else:
+            n = min(remaining, budget)
+        cut = self.cache.next_prefill_cut(req.num_computed_tokens, req.num_prompt_tokens)
+        if cut is not None and req.num_computed_tokens + n > cut:
+            n = cut - req.num_computed_tokens
+        return n if n <= budget else 0
+
+    def _emit(self, out: SchedulerOutput, req: Request, n: int, alloc, is_new: bool) -> None:
+        start = req.num_computed_tokens
+        end = start + n
+        if alloc.copy_from is not None:
+            out.state_copies.append((alloc.copy_from, alloc.slot))
+        if alloc.zero:
+            out.state_zeros.append(alloc.slot)
+        blocks = tuple(self.cache.block_ids(req.request_id)) if is_new else alloc.new_block_ids
+        out.scheduled.append(
+            ScheduledRequest(
+                req.request_id,
+                tuple(req.token_ids[start:end]),
+                start,
+                blocks,
+                alloc.slot,
+                is_new,
+                sample=end == req.num_tokens,
+            )
+        )
+        snap = self.cache.plan_checkpoint(
+            req.request_id, req.token_ids, end, req.num_prompt_tokens, req.mm_spans
+        )
+        if snap is not None:
+            out.snapshots.append(snap)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._num_new(req, budget)
+            if n == 0:
+                i += 1
+                continue
+            alloc = self.cache.allocate(req.request_id, PrefixHit(), req.num_computed_tokens, n)
+            while alloc is None:
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+                alloc = self.cache.allocate(req.request_id, PrefixHit(), req.num_computed_tokens, n)
+            if alloc is None:
+                if not self.running and -(-req.num_tokens // self.B) > self.cache.config.num_blocks:
+                    # alone it still does not fit: the pool bounds its length
+                    self._finished_early.append(self.finish(req.request_id, RequestStatus.FINISHED_LENGTH))
+                break
+            self._emit(out, req, n, alloc, is_new=False)
+            budget -= n
+            i += 1
+
+        while (
+            self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not out.preempted
+        ):
+            req = self.waiting[0]
+            hit = self.cache.find_hit(req.request_id, req.token_ids, req.mm_spans)
+            req.num_computed_tokens = hit.num_tokens
+            n = self._num_new(req, budget)
+            alloc = self.cache.allocate(req.request_id, hit, hit.num_tokens, n) if n else None
+            if alloc is None:
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit.num_tokens
+                self.prompt_tokens_admitted += req.num_prompt_tokens
+                self.cached_tokens_admitted += hit.num_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._emit(out, req, n, alloc, is_new=True)
+            budget -= n
+        return out
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.cache.free(req.request_id, "preempted")
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req.request_id)
+
+    # -- after the step --------------------------------------------------------------------
+    def update(
+        self, out: SchedulerOutput, sampled: dict[str, int], logprobs: dict[str, TokenLogprob] | None = None
+    ) -> list[Request]:
+        """Advance every scheduled request; append sampled tokens; return newly finished ones."""
+        finished, self._finished_early = self._finished_early, []
+        for s in out.scheduled:
+            req = self.requests.get(s.req_id)
+            if req is None or req.status.finished:
+                continue
+            req.num_computed_tokens += len(s.token_ids)
+            self.cache.commit(req.request_id, req.token_ids, req.num_computed_tokens, req.mm_spans)
+            if s.sample:
+                tok = sampled[s.req_id]
+                req.append_output(tok, None if logprobs is None else logprobs.get(s.req_id))
+                status = self._check_stop(req, tok)
+                if status is not None:
+                    self.finish(req.request_id, status, stop_reason=req.stop_reason)
+                    finished.append(req)
+        self.cache.end_step()
+        return finished
+
+    def _check_stop(self, req: Request, tok: int) -> RequestStatus | None:
+        sp = req.sampling
+        if req.num_output_tokens >= sp.min_tokens:
+            if not sp.ignore_eos and tok in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if tok in sp.stop_token_ids:
+                req.stop_reason = tok
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish(
+        self, req_id: str, status: RequestStatus, stop_reason: int | str | None = None
+    ) -> Request | None:
+        """End a request (stop, length or abort): its blocks and live slot go back to the pools."""
+        req = self.requests.pop(req_id, None)
+        if req is None:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        req.stop_reason = stop_reason
+        self.cache.free(req_id, "aborted" if status == RequestStatus.FINISHED_ABORTED else "finished")
+        self.cache.forget(req_id)
+        return req
+
+    def abort(self, req_ids: Iterable[str]) -> None:
+        for rid in req_ids:
+            self.finish(rid, RequestStatus.FINISHED_ABORTED)
+
+    def stats(self) -> dict[str, float]:
+        c = self.cache
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "kv_usage": c.blocks.usage(),
+            "state_usage": c.states.usage(),
+            "num_checkpoints": c.states.num_checkpoints,
+            "num_preemptions": self.num_preemptions,
+            "prefix_hit_rate": self.cached_tokens_admitted / self.prompt_tokens_admitted
+            if self.prompt_tokens_admitted
+            else 0.0,
+        }

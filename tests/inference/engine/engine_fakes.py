@@ -1,0 +1,79 @@
+"""A symbolic executor for scheduler tests: KV slots hold (position, token), a state slot holds
+the exact token prefix it summarises, and the "model" picks the next token from that prefix.
+Every read is checked, so a wrong block table, a stale slot or a bad checkpoint fails loudly."""
+
+from __future__ import annotations
+
+from inference.engine.scheduler import Scheduler, SchedulerOutput
+
+GARBAGE = ("garbage",)
+
+
+class SymbolicExecutor:
+    def __init__(self, sched: Scheduler, vocab: int = 97) -> None:
+        cfg = sched.cache.config
+        self.sched = sched
+        self.B = cfg.block_size
+        self.vocab = vocab
+        self.kv = [[None] * cfg.block_size for _ in range(cfg.num_blocks)]
+        self.state: list[tuple] = [GARBAGE] * cfg.num_state_slots
+        self.tables: dict[str, list[int]] = {}
+        self.steps = 0
+
+    def next_token(self, prefix: tuple[int, ...]) -> int:
+        return hash(prefix) % self.vocab
+
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        self.steps += 1
+        for src, dst in out.state_copies:
+            assert self.state[src] is not GARBAGE
+            self.state[dst] = self.state[src]
+        for slot in out.state_zeros:
+            self.state[slot] = ()
+        for rid in out.preempted:
+            self.tables.pop(rid, None)
+        sampled = {}
+        for s in out.scheduled:
+            toks = self.sched.requests[s.req_id].token_ids
+            table = list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+            self.tables[s.req_id] = table
+            assert self.state[s.slot] == tuple(toks[: s.start]), f"{s.req_id}: wrong state at {s.start}"
+            for pos in range(s.start):
+                assert self.kv[table[pos // self.B]][pos % self.B] == (pos, toks[pos]), (
+                    f"{s.req_id}: bad KV {pos}"
+                )
+            assert tuple(toks[s.start : s.start + len(s.token_ids)]) == s.token_ids
+            for pos in range(s.start, s.start + len(s.token_ids)):
+                self.kv[table[pos // self.B]][pos % self.B] = (pos, toks[pos])
+            self.state[s.slot] = tuple(toks[: s.start + len(s.token_ids)])
+            if s.sample:
+                sampled[s.req_id] = self.next_token(self.state[s.slot])
+        for src, dst in out.snapshots:
+            self.state[dst] = self.state[src]
+        return sampled
+
+    def run(self, max_steps: int = 100000) -> list:
+        finished = []
+        while self.sched.has_unfinished and max_steps:
+            out = self.sched.schedule()
+            sampled = self.execute(out)
+            finished += self.sched.update(out, sampled)
+            self.sched.cache.check_invariants()
+            max_steps -= 1
+        for r in finished:
+            self.tables.pop(r.request_id, None)
+        return finished
+
+
+def reference_output(
+    prompt: list[int], max_tokens: int, vocab: int = 97, eos: tuple[int, ...] = ()
+) -> list[int]:
+    toks = list(prompt)
+    out = []
+    for _ in range(max_tokens):
+        t = hash(tuple(toks)) % vocab
+        out.append(t)
+        toks.append(t)
+        if t in eos:
+            break
+    return out
