@@ -23,7 +23,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dayzero", description="Durable agent tasks on hybrid-attention LLMs.")
+    parser = argparse.ArgumentParser(
+        prog="dayzero", description="Durable agent tasks on hybrid-attention LLMs."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

@@ -1,0 +1,30 @@
+"""`dayzero runner`: a long-running worker that executes task steps."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runner", help="run task steps until stopped (SIGTERM/SIGINT stop at a step boundary)")
+    p.add_argument("--id", default=None, help="runner id (default: random)")
+    p.add_argument("--upgrade", action="store_true", help="apply migrations first")
+    p.set_defaults(func=_runner)
+
+
+def _runner(args: argparse.Namespace) -> int:
+    from orchestrator.app import make_runner
+    from orchestrator.config import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parts = make_runner(Settings(), upgrade=args.upgrade, runner_id=args.id)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: parts.runner.stop())
+    logging.getLogger("dayzero").info("runner %s started", parts.runner.config.runner_id)
+    try:
+        parts.runner.run_forever()
+    finally:
+        parts.close()
+    return 0

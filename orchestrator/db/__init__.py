@@ -1,0 +1,1 @@
+"""Storage: SQLAlchemy models, engine construction, migrations."""

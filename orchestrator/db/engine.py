@@ -1,0 +1,47 @@
+"""Engine construction for PostgreSQL (psycopg 3) and SQLite.
+
+SQLite: WAL journal, a busy timeout, and `BEGIN IMMEDIATE` for every transaction, so a claim
+(`SELECT … then UPDATE`) holds the single write lock from its first statement — the SQLite stand-in
+for `FOR UPDATE SKIP LOCKED`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+
+def normalize_url(url: str) -> str:
+    """Pick the psycopg 3 driver for plain `postgresql://` URLs."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u.render_as_string(hide_password=False)
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine with the settings this service relies on."""
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 5)
+    return create_engine(url, **kwargs)

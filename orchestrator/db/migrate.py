@@ -1,0 +1,57 @@
+"""Apply and inspect Alembic migrations programmatically (no alembic.ini needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+
+
+def alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return cfg
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def is_up_to_date(engine: Engine) -> bool:
+    return current_revision(engine) == head_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the database behind `engine` to `revision`, one transaction per run."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
+def revision(engine: Engine, message: str) -> None:
+    """Autogenerate a new revision against the database behind `engine` (a developer tool)."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.revision(cfg, message=message, autogenerate=True)

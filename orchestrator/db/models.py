@@ -1,0 +1,182 @@
+"""SQLAlchemy 2.0 models: the schema of record. Alembic migrations must match it exactly.
+
+Write-path notes (they keep WAL per step small):
+- `tasks` rows stay narrow; the goal and the transcript live in `messages`, appended, never rewritten.
+- Steps, attempts and messages use natural composite keys `(task_id, step_index[, attempt])`,
+  so no surrogate key index is written per row.
+- `events` is the transactional outbox: one row per state change, written in the same
+  transaction as the change; `published_at` is set by the relay.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from orchestrator.db.types import BigIntId, JSONType, UTCDateTime
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), nullable=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    allowed_tools: Mapped[list[str] | None] = mapped_column(JSONType)
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
+    max_steps: Mapped[int] = mapped_column(Integer, nullable=False)
+    max_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    deadline_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    # Progress and usage, updated in each step's transaction.
+    step_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    event_seq: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    result: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    # Lease: who works on the task, until when; when it may next be claimed.
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    next_run_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    traceparent: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_tasks_tenant_idempotency_key"),
+        Index("ix_tasks_claim", "status", "next_run_at"),
+        Index("ix_tasks_tenant_created", "tenant", "created_at"),
+    )
+
+
+class Step(Base):
+    """A model turn or one tool call. `step_index` is dense per task, in execution order."""
+
+    __tablename__ = "steps"
+
+    task_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)  # "model" | "tool"
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    tool_name: Mapped[str | None] = mapped_column(String(128))
+    tool_call_id: Mapped[str | None] = mapped_column(String(128))
+    arguments: Mapped[str | None] = mapped_column(Text)
+    attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class StepAttempt(Base):
+    """One try of a step. The idempotency key a tool sees is `task_id:step_index:attempt`."""
+
+    __tablename__ = "step_attempts"
+
+    task_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # RUNNING | SUCCEEDED | FAILED | LOST
+    runner_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    # How often a runner took over this attempt after another died mid-way (same idempotency key).
+    resumed: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["task_id", "step_index"], ["steps.task_id", "steps.step_index"], ondelete="CASCADE"
+        ),
+    )
+
+
+class Message(Base):
+    """The transcript, in OpenAI chat format, appended in order (`seq` dense per task)."""
+
+    __tablename__ = "messages"
+
+    task_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    content: Mapped[Any] = mapped_column(JSONType)  # str, or a list of content parts
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    tool_call_id: Mapped[str | None] = mapped_column(String(128))
+    step_index: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class Attachment(Base):
+    """An uploaded file; images are preprocessed into a content-addressed result."""
+
+    __tablename__ = "attachments"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), nullable=False)
+    task_id: Mapped[str | None] = mapped_column(String(36), ForeignKey("tasks.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # PENDING | READY | FAILED
+    media_type: Mapped[str] = mapped_column(String(128), nullable=False)
+    filename: Mapped[str | None] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False)  # blob of the original bytes
+    content_hash: Mapped[str | None] = mapped_column(String(64))  # decoded pixels + settings
+    processed_sha256: Mapped[str | None] = mapped_column(String(64))
+    grid_thw: Mapped[list[list[int]] | None] = mapped_column(JSONType)
+    redaction: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+
+    __table_args__ = (Index("ix_attachments_task", "task_id"),)
+
+
+class Event(Base):
+    """Transactional outbox: every state change, in order per task (`seq`)."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    type: Mapped[str] = mapped_column(String(64), nullable=False)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    published_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        UniqueConstraint("task_id", "seq", name="uq_events_task_seq"),
+        Index(
+            "ix_events_unpublished",
+            "id",
+            postgresql_where=text("published_at IS NULL"),
+            sqlite_where=text("published_at IS NULL"),
+        ),
+    )

@@ -1,0 +1,96 @@
+"""Where tool and preprocess jobs run: in-process threads (embedded default) or Celery queues.
+
+Both implementations take the same JSON payloads and return the same outcomes, so the runner
+does not know which one it has. Retries are never done here: each call is one attempt.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from typing import Any, Protocol
+
+from tools.base import ErrorKind
+
+
+def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": {"error": f"tool timed out after {timeout_s:g} s", "kind": ErrorKind.TIMEOUT.value},
+        "duration_ms": (time.perf_counter() - started) * 1000,
+    }
+
+
+class Dispatcher(Protocol):
+    def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Run one tool attempt; waits at most `payload["timeout_s"]`, then returns a timeout outcome."""
+        ...
+
+    def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Preprocess one attachment (see `workers.jobs.preprocess_attachment`)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcessDispatcher:
+    """Thread pool in this process. A hung in-process tool cannot be killed, only abandoned at its
+    timeout; tools that run untrusted code (the `python` sandbox) enforce their own kill."""
+
+    def __init__(self, registry: Any = None, max_workers: int = 8):
+        self._registry = registry
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dayzero-job")
+
+    def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
+        from workers.tool_jobs import run_tool
+
+        started = time.perf_counter()
+        fut = self._pool.submit(run_tool, payload, self._registry)
+        try:
+            return fut.result(timeout=float(payload["timeout_s"]))
+        except cf.TimeoutError:
+            fut.cancel()
+            return timeout_outcome(float(payload["timeout_s"]), started)
+
+    def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        from workers.jobs import preprocess_attachment
+
+        return self._pool.submit(preprocess_attachment, payload).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class CeleryDispatcher:
+    """Celery queues `tools` and `preprocess`; results come back through the result backend."""
+
+    def __init__(self, broker_url: str, result_backend: str | None):
+        from workers.celery_app import make_celery_app
+
+        self._app = make_celery_app(broker_url, result_backend or broker_url)
+
+    def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
+        from celery.exceptions import TimeoutError as CeleryTimeout
+
+        started = time.perf_counter()
+        res = self._app.send_task("dayzero.run_tool", args=[payload], queue="tools")
+        try:
+            return res.get(timeout=float(payload["timeout_s"]), propagate=True)
+        except CeleryTimeout:
+            res.revoke(terminate=True)
+            return timeout_outcome(float(payload["timeout_s"]), started)
+
+    def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        res = self._app.send_task("dayzero.preprocess_attachment", args=[payload], queue="preprocess")
+        return res.get(timeout=timeout_s, propagate=True)
+
+    def close(self) -> None:
+        self._app.close()
+
+
+def make_dispatcher(
+    celery_broker_url: str | None, celery_result_backend: str | None, registry: Any = None
+) -> Dispatcher:
+    if celery_broker_url:
+        return CeleryDispatcher(celery_broker_url, celery_result_backend)
+    return InProcessDispatcher(registry)

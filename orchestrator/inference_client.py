@@ -1,0 +1,217 @@
+"""The inference client protocol and its implementations.
+
+`chat(messages, tools, sampling) -> AssistantTurn` with tool calls and usage (prompt, cached and
+completion tokens, time to first token). Implementations:
+- `OpenAIChatClient`: any OpenAI-compatible `/v1/chat/completions` server (ours, vLLM, SGLang).
+- `EmbeddedChatClient`: the in-process engine of `inference` (imported lazily: the orchestrator
+  must start without torch).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+
+class InferenceError(Exception):
+    """The model call failed. `retryable` says whether the same call may succeed later."""
+
+    def __init__(self, message: str, *, retryable: bool):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    seed: int | None = None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | None) -> Sampling:
+        m = m or {}
+        return cls(**{k: m[k] for k in ("temperature", "top_p", "max_tokens", "seed") if k in m})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model produced it; validated by the tool registry
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_ms": self.ttft_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantTurn:
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+
+    def message(self) -> dict[str, Any]:
+        """The transcript entry, in OpenAI chat format."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return msg
+
+
+class InferenceClient(Protocol):
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
+    ) -> AssistantTurn: ...
+
+    def close(self) -> None: ...
+
+
+def parse_chat_completion(body: Mapping[str, Any], ttft_ms: float | None) -> AssistantTurn:
+    """Turn an OpenAI chat-completion response into an `AssistantTurn`.
+
+    A malformed tool call (missing name, non-string arguments) is kept as a call the tool registry
+    will reject with an error the model can read, never dropped and never a crash.
+    """
+    try:
+        choice = body["choices"][0]
+        msg = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise InferenceError(f"malformed chat completion: {str(body)[:200]}", retryable=True) from None
+    calls = []
+    for i, raw in enumerate(msg.get("tool_calls") or []):
+        fn = raw.get("function") or {} if isinstance(raw, Mapping) else {}
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        calls.append(
+            ToolCall(
+                id=str((raw.get("id") if isinstance(raw, Mapping) else None) or f"call_{i}"),
+                name=str(fn.get("name") or ""),
+                arguments=args,
+            )
+        )
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    ext = body.get("dayzero") or {}
+    return AssistantTurn(
+        content=msg.get("content"),
+        tool_calls=tuple(calls),
+        finish_reason=choice.get("finish_reason"),
+        usage=Usage(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            ttft_ms=ext.get("ttft_ms", ttft_ms),
+        ),
+    )
+
+
+def chat_request_body(
+    model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": list(messages),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if tools:
+        body["tools"] = list(tools)
+        body["tool_choice"] = "auto"
+    return body
+
+
+class OpenAIChatClient:
+    """Chat completions over HTTP. Retries are the runner's business, so none happen here."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 300.0):
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self._model = model
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
+    ) -> AssistantTurn:
+        body = chat_request_body(self._model, messages, tools, sampling)
+        t0 = time.perf_counter()
+        try:
+            resp = self._http.post("/v1/chat/completions", json=body)
+        except httpx.TimeoutException as exc:
+            raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
+        except httpx.HTTPError as exc:
+            raise InferenceError(f"inference server unreachable: {exc}", retryable=True) from exc
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        if resp.status_code >= 500 or resp.status_code == 429:
+            raise InferenceError(
+                f"inference server error {resp.status_code}: {resp.text[:300]}", retryable=True
+            )
+        if resp.status_code >= 400:
+            raise InferenceError(
+                f"inference request rejected {resp.status_code}: {resp.text[:300]}", retryable=False
+            )
+        try:
+            data = resp.json()
+        except ValueError:
+            raise InferenceError(
+                f"inference server sent non-JSON: {resp.text[:200]}", retryable=True
+            ) from None
+        return parse_chat_completion(data, elapsed_ms)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class EmbeddedChatClient:
+    """The in-process engine of `inference`, behind the same protocol."""
+
+    def __init__(self, engine_client: Any, model: str):
+        self._engine = engine_client
+        self._model = model
+
+    @classmethod
+    def default(cls, model: str) -> EmbeddedChatClient:
+        from inference.embedded import EmbeddedEngineClient  # lazy: torch loads only here
+
+        return cls(EmbeddedEngineClient.default(), model)
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
+    ) -> AssistantTurn:
+        t0 = time.perf_counter()
+        try:
+            data = self._engine.chat(chat_request_body(self._model, messages, tools, sampling))
+        except (ValueError, TypeError) as exc:
+            raise InferenceError(f"embedded engine rejected the request: {exc}", retryable=False) from exc
+        except RuntimeError as exc:
+            raise InferenceError(f"embedded engine failed: {exc}", retryable=True) from exc
+        return parse_chat_completion(data, (time.perf_counter() - t0) * 1000)
+
+    def close(self) -> None:
+        close = getattr(self._engine, "close", None)
+        if close is not None:
+            close()

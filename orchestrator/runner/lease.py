@@ -1,0 +1,73 @@
+"""Leases on tasks: claim (`FOR UPDATE SKIP LOCKED` on PostgreSQL; the single-writer
+`BEGIN IMMEDIATE` lock on SQLite), renew, release. Every write a runner makes is fenced on its
+lease, so a runner that lost its lease cannot change the task any more."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import Connection, or_, select, update
+
+from orchestrator.clock import utcnow
+from orchestrator.statemachine import RUNNABLE_TASK_STATUSES
+from orchestrator.store import tasks_t
+
+
+class LeaseLost(Exception):
+    """Another runner holds the task now (our lease expired); stop working on it."""
+
+
+def claim_next_task(conn: Connection, runner_id: str, lease_s: float) -> str | None:
+    """Take the lease of the runnable task that has waited longest; None when there is none."""
+    now = utcnow()
+    candidate = (
+        select(tasks_t.c.id)
+        .where(
+            tasks_t.c.status.in_([s.value for s in RUNNABLE_TASK_STATUSES]),
+            tasks_t.c.next_run_at <= now,
+            or_(tasks_t.c.lease_until.is_(None), tasks_t.c.lease_until < now),
+        )
+        .order_by(tasks_t.c.next_run_at)
+        .limit(1)
+    )
+    if conn.dialect.name == "postgresql":
+        candidate = candidate.with_for_update(skip_locked=True)
+    return conn.execute(
+        update(tasks_t)
+        .where(tasks_t.c.id == candidate.scalar_subquery())
+        .values(lease_owner=runner_id, lease_until=now + dt.timedelta(seconds=lease_s))
+        .returning(tasks_t.c.id)
+    ).scalar_one_or_none()
+
+
+def renew_lease(conn: Connection, task_id: str, runner_id: str, lease_s: float) -> None:
+    res = conn.execute(
+        update(tasks_t)
+        .where(tasks_t.c.id == task_id, tasks_t.c.lease_owner == runner_id)
+        .values(lease_until=utcnow() + dt.timedelta(seconds=lease_s))
+    )
+    if res.rowcount != 1:
+        raise LeaseLost(task_id)
+
+
+def lock_leased_task(conn: Connection, task_id: str, runner_id: str) -> tuple[bool, int, str]:
+    """Lock our task row for this transaction; returns (cancel_requested, event_seq, status).
+
+    Raises `LeaseLost` when another runner has taken the task over."""
+    q = select(tasks_t.c.cancel_requested, tasks_t.c.event_seq, tasks_t.c.status).where(
+        tasks_t.c.id == task_id, tasks_t.c.lease_owner == runner_id
+    )
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    row = conn.execute(q).first()
+    if row is None:
+        raise LeaseLost(task_id)
+    return bool(row.cancel_requested), int(row.event_seq), str(row.status)
+
+
+def release_lease(conn: Connection, task_id: str, runner_id: str) -> None:
+    conn.execute(
+        update(tasks_t)
+        .where(tasks_t.c.id == task_id, tasks_t.c.lease_owner == runner_id)
+        .values(lease_owner=None, lease_until=None)
+    )

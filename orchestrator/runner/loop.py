@@ -1,0 +1,469 @@
+"""The runner loop: claim a task, then execute its steps one transaction each.
+
+Crash safety. The transaction that finishes step k also starts step k+1 (its attempt row is
+written RUNNING before anything executes). A runner killed at any instant leaves either the
+previous committed state or the next one; when its lease expires another runner claims the task
+and finds the open step:
+- RUNNING, started by someone else: the attempt is *in doubt* (it may have run). Model steps and
+  tools that are idempotent or accept an idempotency key run again under the same attempt
+  number, hence the same key `task_id:step_index:attempt`; other tools are not run again and the
+  model is told the outcome is unknown.
+- PENDING or RETRY_WAIT: a new attempt starts.
+Every transaction is fenced on the lease (`lock_leased_task`), so a runner that lost its lease
+can never write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from orchestrator.clock import utcnow
+from orchestrator.dispatch import Dispatcher
+from orchestrator.inference_client import InferenceClient, InferenceError, Sampling
+from orchestrator.runner.lease import LeaseLost, claim_next_task, renew_lease
+from orchestrator.runner.retry import full_jitter_delay
+from orchestrator.runner.txn import StepTxn, StepView, TaskView
+from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent, TaskStatus
+from orchestrator.store import StaleTransition, attachments_t, message_dict, messages_t, steps_t, tasks_t
+from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
+from tools.registry import ToolRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    runner_id: str = field(default_factory=lambda: f"runner-{uuid.uuid4().hex[:12]}")
+    lease_s: float = 30.0
+    poll_interval_s: float = 0.2
+    workspace_dir: str | None = None
+    # Retry backoffs shorter than this are waited out while holding the lease.
+    local_wait_max_s: float = 1.0
+    model_retry: RetryPolicy = field(
+        default_factory=lambda: RetryPolicy(
+            max_attempts=3, backoff_base_s=0.5, backoff_max_s=10.0, timeout_s=300.0
+        )
+    )
+
+
+class _Heartbeat:
+    """Renews the lease every third of its length while a step executes."""
+
+    def __init__(self, engine: Engine, task_id: str, runner_id: str, lease_s: float):
+        self._args = (engine, task_id, runner_id, lease_s)
+        self._stop = threading.Event()
+        self.lost = False
+        self._thread = threading.Thread(target=self._run, name=f"lease-{task_id[:8]}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        engine, task_id, runner_id, lease_s = self._args
+        while not self._stop.wait(lease_s / 3):
+            try:
+                with engine.begin() as conn:
+                    renew_lease(conn, task_id, runner_id, lease_s)
+            except LeaseLost:
+                self.lost = True
+                return
+            except Exception:  # a DB blip: the next beat or the step's own commit will tell
+                log.warning("lease renewal failed for %s", task_id, exc_info=True)
+
+
+class Runner:
+    """Executes tasks: `run_forever()` in `dayzero runner`, `run_until_idle()` in tests and `dayzero run`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        inference: InferenceClient,
+        dispatcher: Dispatcher,
+        tools: ToolRegistry,
+        config: RunnerConfig | None = None,
+    ):
+        self.engine = engine
+        self.inference = inference
+        self.dispatcher = dispatcher
+        self.tools = tools
+        self.config = config or RunnerConfig()
+        self._stop = threading.Event()
+
+    # -- outer loop --------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            if not self.run_once():
+                self._stop.wait(self.config.poll_interval_s)
+
+    def run_until_idle(self, *, timeout_s: float = 60.0, until: Callable[[], bool] | None = None) -> None:
+        """Work until no task is runnable (or `until()` holds); tasks in backoff are waited for."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if until is not None and until():
+                return
+            if self.run_once():
+                continue
+            if until is None and not self._has_unfinished_tasks():
+                return
+            time.sleep(self.config.poll_interval_s)
+        raise TimeoutError(f"runner did not go idle within {timeout_s} s")
+
+    def _has_unfinished_tasks(self) -> bool:
+        with self.engine.connect() as conn:
+            q = select(tasks_t.c.id).where(
+                tasks_t.c.status.in_([TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING])
+            )
+            return conn.execute(q.limit(1)).first() is not None
+
+    def run_once(self) -> bool:
+        """Claim one task and drive it as far as it goes; False when nothing was claimable."""
+        with self.engine.begin() as conn:
+            task_id = claim_next_task(conn, self.config.runner_id, self.config.lease_s)
+        if task_id is None:
+            return False
+        try:
+            self._drive(task_id)
+        except (LeaseLost, StaleTransition) as exc:
+            log.info("gave up task %s: %s", task_id, exc)
+        return True
+
+    # -- one task ----------------------------------------------------------------------------
+    def _load(self, task_id: str) -> TaskView:
+        with self.engine.connect() as conn:
+            t = conn.execute(select(tasks_t).where(tasks_t.c.id == task_id)).one()
+            transcript = [
+                message_dict(r)
+                for r in conn.execute(
+                    select(messages_t).where(messages_t.c.task_id == task_id).order_by(messages_t.c.seq)
+                )
+            ]
+            rows = list(
+                conn.execute(
+                    select(steps_t).where(steps_t.c.task_id == task_id).order_by(steps_t.c.step_index)
+                )
+            )
+            atts = [
+                {"id": a.id, "media_type": a.media_type, "sha256": a.sha256, "content_hash": a.content_hash}
+                for a in conn.execute(
+                    select(attachments_t).where(
+                        attachments_t.c.task_id == task_id, attachments_t.c.status == "READY"
+                    )
+                )
+            ]
+        steps = {
+            r.step_index: StepView(
+                index=r.step_index,
+                kind=r.kind,
+                status=r.status,
+                tool_name=r.tool_name,
+                tool_call_id=r.tool_call_id,
+                arguments=r.arguments,
+                attempt_count=r.attempt_count,
+                next_attempt_at=r.next_attempt_at,
+            )
+            for r in rows
+            if r.status not in (StepStatus.SUCCEEDED, StepStatus.FAILED) or r is rows[-1]
+        }
+        return TaskView(
+            id=t.id,
+            status=t.status,
+            allowed_tools=t.allowed_tools,
+            sampling=t.sampling,
+            max_steps=t.max_steps,
+            max_tokens=t.max_tokens,
+            deadline_at=t.deadline_at,
+            step_count=t.step_count,
+            prompt_tokens=t.prompt_tokens,
+            cached_tokens=t.cached_tokens,
+            completion_tokens=t.completion_tokens,
+            transcript=transcript,
+            steps=steps,
+            next_step_index=(rows[-1].step_index + 1) if rows else 0,
+            traceparent=t.traceparent,
+            attachments=atts,
+        )
+
+    def _drive(self, task_id: str) -> None:
+        task = self._load(task_id)
+        while not self._stop.is_set():
+            if task.status in (
+                TaskStatus.SUCCEEDED,
+                TaskStatus.FAILED,
+                TaskStatus.CANCELLED,
+                TaskStatus.TIMED_OUT,
+            ):
+                return
+            step = task.open_step()
+            if step is not None and step.status == StepStatus.RUNNING:
+                self._execute(task, step)
+                continue
+            if step is not None and step.status == StepStatus.RETRY_WAIT and step.next_attempt_at is not None:
+                wait = (step.next_attempt_at - utcnow()).total_seconds()
+                if wait > self.config.local_wait_max_s:
+                    self._park(task, step.next_attempt_at)
+                    return
+                if wait > 0:
+                    time.sleep(wait)
+            with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
+                self._advance(tx, step)
+
+    def _park(self, task: TaskView, until: dt.datetime) -> None:
+        """Release the task until its next retry is due (RUNNING → WAITING)."""
+        with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
+            if self._stop_boundary(tx):
+                return
+            tx.task_transition(TaskEvent.WAIT, _payload={"until": until.isoformat()})
+            tx.set_task(next_run_at=until, lease_owner=None, lease_until=None)
+
+    def _stop_boundary(self, tx: StepTxn) -> bool:
+        """At a step boundary: honour cancellation, the deadline and the budgets. True = task ended."""
+        task = tx.task
+        if tx.cancel_requested:
+            self._abandon_open_steps(tx)
+            tx.task_transition(
+                TaskEvent.CANCEL, error={"kind": "cancelled", "message": "cancelled by request"}
+            )
+            return True
+        if tx.now >= task.deadline_at:
+            self._abandon_open_steps(tx)
+            tx.task_transition(
+                TaskEvent.TIME_OUT, error={"kind": "deadline", "message": "task deadline passed"}
+            )
+            return True
+        return False
+
+    def _abandon_open_steps(self, tx: StepTxn) -> None:
+        for s in sorted(tx.task.steps.values(), key=lambda s: s.index):
+            if s.status == StepStatus.RUNNING:
+                tx.finish_attempt(s, "LOST", error={"kind": "abandoned", "message": "task ended"})
+            if s.status in (StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRY_WAIT):
+                tx.step_transition(s, StepEvent.ABANDON, error={"kind": "abandoned", "message": "task ended"})
+
+    def _advance(self, tx: StepTxn, step: StepView | None) -> None:
+        """Start the next attempt: of `step` if given (PENDING/RETRY_WAIT), else a new model turn."""
+        task = tx.task
+        if task.status == TaskStatus.WAITING:
+            tx.task_transition(TaskEvent.RESUME)
+        if self._stop_boundary(tx):
+            return
+        if task.status == TaskStatus.READY:
+            tx.task_transition(TaskEvent.START)
+        if step is None:
+            if task.step_count >= task.max_steps:
+                tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
+                return
+            step = StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING)
+            tx.add_step(step)
+        tx.start_attempt(step)
+
+    # -- executing an attempt ----------------------------------------------------------------
+    def _execute(self, task: TaskView, step: StepView) -> None:
+        in_doubt = (step.index, step.attempt_count) not in task.fresh_attempts
+        with _Heartbeat(self.engine, task.id, self.config.runner_id, self.config.lease_s):
+            if step.kind == "model":
+                self._execute_model(task, step, resumed=in_doubt)
+            else:
+                self._execute_tool(task, step, in_doubt=in_doubt)
+
+    def _execute_model(self, task: TaskView, step: StepView, *, resumed: bool) -> None:
+        allowed = task.allowed_tools
+        tools = self.tools.openai_tools(allowed)
+        try:
+            turn = self.inference.chat(task.transcript, tools, Sampling.from_mapping(task.sampling))
+            error: InferenceError | None = None
+        except InferenceError as exc:
+            turn, error = None, exc
+        with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
+            if error is not None:
+                policy = self.config.model_retry
+                err = {"kind": "inference", "message": str(error), "retryable": error.retryable}
+                tx.finish_attempt(step, "FAILED", error=err, resumed=resumed)
+                if error.retryable and step.attempt_count < policy.max_attempts:
+                    self._schedule_retry(tx, step, policy, err)
+                else:
+                    tx.step_transition(step, StepEvent.FAIL, error=err)
+                    tx.event("step.failed", {"step": step.index, "kind": "model", "error": err})
+                    tx.task_transition(TaskEvent.FAIL, error=err)
+                return
+            assert turn is not None
+            usage = turn.usage
+            tx.finish_attempt(step, "SUCCEEDED", usage=usage.to_dict(), resumed=resumed)
+            tx.step_transition(step, StepEvent.SUCCEED)
+            task.step_count += 1
+            task.prompt_tokens += usage.prompt_tokens
+            task.cached_tokens += usage.cached_tokens
+            task.completion_tokens += usage.completion_tokens
+            tx.append_transcript([turn.message()], step.index)
+            tx.event(
+                "step.succeeded",
+                {
+                    "step": step.index,
+                    "kind": "model",
+                    "tool_calls": len(turn.tool_calls),
+                    "usage": usage.to_dict(),
+                },
+            )
+            if not turn.tool_calls:
+                tx.task_transition(TaskEvent.SUCCEED, result=turn.content or "")
+                return
+            if task.total_tokens >= task.max_tokens:
+                tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_tokens", task.max_tokens))
+                return
+            first = None
+            for call in turn.tool_calls:
+                s = StepView(
+                    index=task.next_step_index,
+                    kind="tool",
+                    status=StepStatus.PENDING,
+                    tool_name=call.name,
+                    tool_call_id=call.id,
+                    arguments=call.arguments,
+                )
+                tx.add_step(s)
+                first = first or s
+            if not self._stop_boundary(tx):
+                self._start_or_fail_budget(tx, first)
+
+    def _start_or_fail_budget(self, tx: StepTxn, step: StepView) -> None:
+        task = tx.task
+        if task.step_count >= task.max_steps:
+            self._abandon_open_steps(tx)
+            tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
+        else:
+            tx.start_attempt(step)
+
+    def _tool_spec(self, name: str | None) -> ToolSpec | None:
+        try:
+            return self.tools.spec(name or "")
+        except ToolError:
+            return None
+
+    def _tool_payload(self, task: TaskView, step: StepView, timeout_s: float) -> dict[str, Any]:
+        workspace = str(Path(self.config.workspace_dir) / task.id) if self.config.workspace_dir else None
+        return {
+            "tool": step.tool_name or "",
+            "arguments": step.arguments or "",
+            "task_id": task.id,
+            "step_index": step.index,
+            "attempt": step.attempt_count,
+            "idempotency_key": f"{task.id}:{step.index}:{step.attempt_count}",
+            "workspace": workspace,
+            "attachments": task.attachments,
+            "timeout_s": timeout_s,
+            "traceparent": task.traceparent,
+        }
+
+    def _execute_tool(self, task: TaskView, step: StepView, *, in_doubt: bool) -> None:
+        spec = self._tool_spec(step.tool_name)
+        if in_doubt and spec is not None and not (spec.idempotent or spec.accepts_idempotency_key):
+            outcome: dict[str, Any] = {
+                "ok": False,
+                "error": {
+                    "error": f"the outcome of {step.tool_name!r} is unknown: the worker running it stopped, "
+                    "and the tool is not safe to run twice",
+                    "kind": ErrorKind.PERMANENT.value,
+                },
+            }
+            lost = True
+        else:
+            policy = spec.retry if spec is not None else RetryPolicy()
+            remaining = (task.deadline_at - utcnow()).total_seconds()
+            timeout_s = max(0.001, min(policy.timeout_s, remaining))
+            outcome = self.dispatcher.run_tool(self._tool_payload(task, step, timeout_s))
+            lost = False
+        with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
+            self._record_tool_outcome(tx, step, spec, outcome, resumed=in_doubt and not lost, lost=lost)
+
+    def _record_tool_outcome(
+        self,
+        tx: StepTxn,
+        step: StepView,
+        spec: ToolSpec | None,
+        outcome: dict[str, Any],
+        *,
+        resumed: bool,
+        lost: bool,
+    ) -> None:
+        task = tx.task
+        if outcome.get("ok"):
+            content = outcome.get("content")
+            tx.finish_attempt(step, "SUCCEEDED", resumed=resumed)
+            tx.step_transition(step, StepEvent.SUCCEED)
+            tx.event("step.succeeded", {"step": step.index, "kind": "tool", "tool": step.tool_name})
+        else:
+            err = dict(outcome.get("error") or {"error": "tool failed", "kind": ErrorKind.PERMANENT.value})
+            kind = err.get("kind")
+            tx.finish_attempt(step, "LOST" if lost else "FAILED", error=err, resumed=resumed)
+            policy = spec.retry if spec is not None else None
+            safe_to_repeat = spec is not None and (spec.idempotent or spec.accepts_idempotency_key)
+            retryable = kind == ErrorKind.RETRYABLE.value or (
+                kind == ErrorKind.TIMEOUT.value
+                and policy is not None
+                and policy.retry_on_timeout
+                and safe_to_repeat
+            )
+            if policy is not None and retryable and step.attempt_count < policy.max_attempts:
+                self._schedule_retry(tx, step, policy, err)
+                return
+            tx.step_transition(step, StepEvent.FAIL, error=err)
+            tx.event(
+                "step.failed", {"step": step.index, "kind": "tool", "tool": step.tool_name, "error": err}
+            )
+            if policy is not None and policy.fail_task_on_exhaustion and retryable:
+                tx.task_transition(TaskEvent.FAIL, error={"kind": "tool", "tool": step.tool_name, **err})
+                return
+            content = err  # the model reads the error as the tool's result
+        task.step_count += 1
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
+        tx.append_transcript(
+            [{"role": "tool", "tool_call_id": step.tool_call_id, "content": text}], step.index
+        )
+        if self._stop_boundary(tx):
+            return
+        nxt = task.open_step()
+        if nxt is not None:
+            self._start_or_fail_budget(tx, nxt)
+        elif task.step_count >= task.max_steps:
+            tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
+        else:
+            model = StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING)
+            tx.add_step(model)
+            tx.start_attempt(model)
+
+    def _schedule_retry(self, tx: StepTxn, step: StepView, policy: RetryPolicy, err: dict[str, Any]) -> None:
+        cap = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (step.attempt_count - 1))
+        delay = full_jitter_delay(step.attempt_count, policy.backoff_base_s, policy.backoff_max_s)
+        due = tx.now + dt.timedelta(seconds=delay)
+        tx.step_transition(step, StepEvent.RETRY, next_attempt_at=due)
+        tx.event(
+            "step.retry_scheduled",
+            {"step": step.index, "attempt": step.attempt_count, "delay_s": delay, "cap_s": cap, "error": err},
+        )
+
+
+def _budget_error(which: str, limit: int) -> dict[str, Any]:
+    return {
+        "kind": "budget_exhausted",
+        "budget": which,
+        "limit": limit,
+        "message": f"{which} budget of {limit} used up",
+    }

@@ -1,0 +1,52 @@
+"""Shared fixtures: real PostgreSQL (a fresh database per test) and SQLite, migrated by Alembic."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine
+
+from orchestrator.db import migrate
+from orchestrator.db.engine import make_engine
+
+PG_ADMIN_URL = os.environ.get("DAYZERO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+def _pg_url(dbname: str) -> str:
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database; dropped afterwards. Fails (never skips) without a server."""
+    name = f"dz_test_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield _pg_url(name)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'dayzero.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request) -> str:
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+@pytest.fixture
+def db(db_url) -> Iterator[Engine]:
+    engine = make_engine(db_url)
+    migrate.upgrade(engine)
+    yield engine
+    engine.dispose()

@@ -1,0 +1,141 @@
+"""The runner against a real model HTTP server and real tools, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+
+from orchestrator.store import get_task, list_attempts, list_events, list_messages, list_steps, request_cancel
+from tests.orchestrator.conftest import submit
+
+
+def test_twenty_step_task_completes_with_full_history(db, make_runner):
+    task_id = submit(db, {"cycles": 10, "tool": "echo"})
+    make_runner().run_until_idle(timeout_s=60)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        steps = list_steps(conn, task_id)
+        attempts = list_attempts(conn, task_id)
+        events = list_events(conn, task_id)
+        messages = list_messages(conn, task_id)
+    assert task.status == "SUCCEEDED"
+    assert task.result == "done after 10 tool calls"
+    assert len(steps) == 21 and task.step_count == 21
+    assert [s.kind for s in steps] == ["model", "tool"] * 10 + ["model"]
+    assert all(s.status == "SUCCEEDED" and s.attempt_count == 1 for s in steps)
+    assert [(a.step_index, a.attempt, a.status) for a in attempts] == [(i, 1, "SUCCEEDED") for i in range(21)]
+    assert all(a.usage is not None for a in attempts if steps[a.step_index].kind == "model")
+    # user goal, then assistant/tool pairs, then the final answer
+    assert [m["role"] for m in messages] == ["user"] + ["assistant", "tool"] * 10 + ["assistant"]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    types = [e.type for e in events]
+    assert types[:2] == ["task.created", "task.ready"] and types[-1] == "task.succeeded"
+    assert types.count("step.started") == 21 and types.count("step.succeeded") == 21
+    assert task.prompt_tokens > 0 and task.completion_tokens == 12 * 11
+
+
+def test_transient_failures_are_retried_with_growing_backoff(db, make_runner, state_dir):
+    task_id = submit(db, {"cycles": 1, "tool": "flaky", "args": {"fail_times": 2}})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+        retries = [e.payload for e in list_events(conn, task_id) if e.type == "step.retry_scheduled"]
+    assert task.status == "SUCCEEDED"
+    assert [a.status for a in attempts] == ["FAILED", "FAILED", "SUCCEEDED"]
+    assert all(a.error["kind"] == "retryable" for a in attempts[:2])
+    # full jitter: each delay is drawn below a cap that doubles (0.2 s, then 0.4 s)
+    assert [r["cap_s"] for r in retries] == [0.2, 0.4]
+    assert all(0 <= r["delay_s"] <= r["cap_s"] for r in retries)
+    times = [float(x) for x in (state_dir / f"flaky-{task_id}-1.log").read_text().split()]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(g >= r["delay_s"] - 0.01 for g, r in zip(gaps, retries, strict=True))
+
+
+def test_permanent_error_is_not_retried_and_the_model_sees_it(db, make_runner, state_dir):
+    task_id = submit(db, {"cycles": 1, "tool": "broken"})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = list_attempts(conn, task_id)
+        tool_msg = next(m for m in list_messages(conn, task_id) if m["role"] == "tool")
+    assert task.status == "SUCCEEDED"
+    assert (state_dir / f"broken-{task_id}.log").read_text() == "x\n"
+    assert [(a.step_index, a.status) for a in attempts] == [(0, "SUCCEEDED"), (1, "FAILED"), (2, "SUCCEEDED")]
+    assert json.loads(tool_msg["content"]) == {"error": "this tool is broken", "kind": "permanent"}
+
+
+def test_hanging_tool_hits_its_timeout(db, make_runner):
+    task_id = submit(db, {"cycles": 1, "tool": "hang"})
+    t0 = time.monotonic()
+    make_runner().run_until_idle(timeout_s=30)
+    elapsed = time.monotonic() - t0
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+        tool_msg = next(m for m in list_messages(conn, task_id) if m["role"] == "tool")
+    assert task.status == "SUCCEEDED"
+    assert [a.error["kind"] for a in attempts] == ["timeout", "timeout"]  # policy: 2 attempts, 0.5 s each
+    assert json.loads(tool_msg["content"])["kind"] == "timeout"
+    assert elapsed < 4.0
+
+
+def test_unknown_tool_and_malformed_arguments_become_tool_errors(db, make_runner):
+    unknown = submit(db, {"cycles": 1, "tool": "no_such_tool"})
+    malformed = submit(db, {"cycles": 1, "tool": "echo", "raw_args": '{"i": 1,,'})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        for task_id, needle in ((unknown, "unknown tool 'no_such_tool'"), (malformed, "not valid JSON")):
+            assert get_task(conn, task_id).status == "SUCCEEDED"
+            err = json.loads(next(m for m in list_messages(conn, task_id) if m["role"] == "tool")["content"])
+            assert err["kind"] == "invalid_arguments" and needle in err["error"]
+
+
+def test_cancel_stops_a_running_task_at_the_next_step_boundary(db, make_runner):
+    task_id = submit(db, {"cycles": 500, "tool": "slow_echo"})
+    runner = make_runner()
+    worker = threading.Thread(target=runner.run_until_idle, kwargs={"timeout_s": 60})
+    worker.start()
+    try:
+        while True:
+            with db.connect() as conn:
+                if get_task(conn, task_id).step_count >= 4:
+                    break
+            time.sleep(0.02)
+        with db.begin() as conn:
+            request_cancel(conn, task_id)
+    finally:
+        worker.join(timeout=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        steps = list_steps(conn, task_id)
+    assert task.status == "CANCELLED"
+    assert task.step_count < 20
+    assert all(s.status in ("SUCCEEDED", "FAILED") for s in steps)
+    assert not any(s.status == "RUNNING" for s in steps)
+
+
+def test_cancel_of_an_idle_task_is_immediate(db):
+    task_id = submit(db, {"cycles": 1})
+    with db.begin() as conn:
+        assert request_cancel(conn, task_id) == "CANCELLED"
+        assert request_cancel(conn, task_id) == "CANCELLED"
+
+
+def test_max_steps_budget_fails_the_task(db, make_runner):
+    task_id = submit(db, {"cycles": 10, "tool": "echo"}, max_steps=5)
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+    assert task.status == "FAILED" and task.error["budget"] == "max_steps"
+    assert task.step_count == 5
+
+
+def test_deadline_times_the_task_out(db, make_runner):
+    task_id = submit(db, {"cycles": 1000, "tool": "slow_echo"}, deadline_s=0.5)
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+    assert task.status == "TIMED_OUT" and task.error["kind"] == "deadline"

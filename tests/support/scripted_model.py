@@ -1,0 +1,123 @@
+"""A real OpenAI-compatible HTTP server that plays a scripted agent (tests and benchmarks only).
+
+The first user message carries the script as JSON after `script:`. With `{"cycles": N}` the model
+calls a tool N times (one call per turn), then answers. Other keys shape the tool calls:
+`tool` (name), `args` (arguments object, `{i}` in string values becomes the cycle number),
+`raw_args` (arguments text sent verbatim: malformed JSON), `parallel` (calls per turn),
+`pad` (bytes of filler in the final answer). The reply is a pure function of the transcript, so a
+repeated call returns the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    for m in messages:
+        if m.get("role") == "user":
+            content = m.get("content")
+            text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content or [])
+            if "script:" in text:
+                return json.loads(text.split("script:", 1)[1])
+    return {"cycles": 0}
+
+
+def _fill(value: Any, i: int) -> Any:
+    if isinstance(value, str):
+        return value.replace("{i}", str(i))
+    if isinstance(value, dict):
+        return {k: _fill(v, i) for k, v in value.items()}
+    return value
+
+
+def reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    script = _script(messages)
+    done = sum(1 for m in messages if m.get("role") == "tool")
+    per_turn = int(script.get("parallel", 1))
+    cycles = int(script.get("cycles", 0))
+    prompt_tokens = sum(len(json.dumps(m)) // 4 for m in messages)
+    if done >= cycles * per_turn:
+        message: dict[str, Any] = {"role": "assistant", "content": f"done after {done} tool calls"}
+        finish = "stop"
+    else:
+        calls = []
+        for j in range(per_turn):
+            i = done + j
+            args = script.get("raw_args")
+            if args is None:
+                args = json.dumps(_fill(script.get("args", {"i": i}), i))
+            calls.append(
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": script.get("tool", "echo"), "arguments": args},
+                }
+            )
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "model": "scripted",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 12,
+            "total_tokens": prompt_tokens + 12,
+            "prompt_tokens_details": {"cached_tokens": max(0, prompt_tokens - 40)},
+        },
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        try:
+            body = json.loads(self.rfile.read(length))
+            out = json.dumps(reply(body["messages"])).encode()
+            code = 200
+        except (ValueError, KeyError) as exc:
+            out, code = json.dumps({"error": {"message": str(exc)}}).encode(), 400
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+class ScriptedModelServer:
+    """Serve on 127.0.0.1 on a free port in a background thread."""
+
+    def __init__(self) -> None:
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ScriptedModelServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+if __name__ == "__main__":
+    import sys
+    import time
+
+    with ScriptedModelServer() as srv:
+        print(srv.url, flush=True)
+        sys.stdout.flush()
+        while True:
+            time.sleep(3600)

@@ -1,0 +1,114 @@
+"""Tools used by the orchestrator tests and benchmarks (`DAYZERO_TOOL_MODULES=tests.support.test_tools`).
+
+State that must survive a process (attempt counters, the side-effect ledger) lives in files under
+`DAYZERO_TEST_STATE_DIR`, so runner processes killed mid-way leave evidence behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from tools.base import PermanentToolError, RetryableToolError, RetryPolicy, ToolContext, ToolResult, ToolSpec
+
+OBJ = {"type": "object"}
+
+
+def _state_dir() -> Path:
+    d = Path(os.environ.get("DAYZERO_TEST_STATE_DIR", "/tmp/dayzero-test-state"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class Echo:
+    """Returns its arguments plus ~200 bytes of result (the benchmark's 'instant tool')."""
+
+    spec = ToolSpec(name="echo", description="echo the arguments", parameters=OBJ)
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        return ToolResult(content={"echo": arguments, "note": "x" * 180})
+
+
+class SlowEcho:
+    """Echo after a short random sleep: gives crash tests windows to kill a runner mid-tool."""
+
+    spec = ToolSpec(name="slow_echo", description="echo after a pause", parameters=OBJ)
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        time.sleep(random.uniform(0.0, 0.05))
+        return ToolResult(content={"echo": arguments})
+
+
+class Ledger:
+    """A side effect that dedupes on the idempotency key: every execution is logged to a file."""
+
+    spec = ToolSpec(
+        name="ledger",
+        description="append to the ledger",
+        parameters=OBJ,
+        idempotent=False,
+        accepts_idempotency_key=True,
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        time.sleep(random.uniform(0.0, 0.03))
+        with open(_state_dir() / "ledger.log", "a") as f:
+            f.write(f"{context.idempotency_key}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        time.sleep(random.uniform(0.0, 0.03))
+        return ToolResult(content={"recorded": context.idempotency_key})
+
+
+class Flaky:
+    """Fails with a retryable error `fail_times` times per step, then succeeds; logs attempt times."""
+
+    spec = ToolSpec(
+        name="flaky",
+        description="fails transiently",
+        parameters={"type": "object", "properties": {"fail_times": {"type": "integer"}}},
+        retry=RetryPolicy(max_attempts=5, backoff_base_s=0.2, backoff_max_s=2.0, timeout_s=5.0),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        log = _state_dir() / f"flaky-{context.task_id}-{context.step_id}.log"
+        with open(log, "a") as f:
+            f.write(f"{time.time()}\n")
+        tries = len(log.read_text().splitlines())
+        if tries <= int(arguments.get("fail_times", 2)):
+            raise RetryableToolError(f"transient failure {tries}")
+        return ToolResult(content={"ok_after": tries})
+
+
+class Broken:
+    """Always fails permanently."""
+
+    spec = ToolSpec(name="broken", description="always fails", parameters=OBJ)
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        log = _state_dir() / f"broken-{context.task_id}.log"
+        with open(log, "a") as f:
+            f.write("x\n")
+        raise PermanentToolError("this tool is broken")
+
+
+class Hang:
+    """Sleeps far longer than its timeout."""
+
+    spec = ToolSpec(
+        name="hang",
+        description="hangs",
+        parameters=OBJ,
+        retry=RetryPolicy(max_attempts=2, backoff_base_s=0.05, backoff_max_s=0.1, timeout_s=0.5),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        time.sleep(5)
+        return ToolResult(content="woke up")
+
+
+def dayzero_tools() -> list[Any]:
+    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang()]

@@ -1,0 +1,86 @@
+"""The tool job: run one validated tool call and return a JSON-serialisable outcome.
+
+Called directly by the in-process dispatcher and wrapped by the Celery task `dayzero.run_tool`.
+Never raises for a tool failure: failures are outcomes (`ok: false`) the orchestrator judges.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tools.base import Attachment, ToolContext, ToolError
+from tools.registry import ToolRegistry, load_entry_point_tools, load_tool_modules
+
+_registry: ToolRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def set_process_registry(registry: ToolRegistry) -> None:
+    """Install the registry this process uses (the embedded default passes its own)."""
+    global _registry
+    _registry = registry
+
+
+def process_registry() -> ToolRegistry:
+    """The worker process's registry: built-ins, entry-point tools, `DAYZERO_TOOL_MODULES`."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            _registry = build_registry(
+                tuple(m for m in os.environ.get("DAYZERO_TOOL_MODULES", "").split(",") if m)
+            )
+        return _registry
+
+
+def build_registry(tool_modules: tuple[str, ...] = ()) -> ToolRegistry:
+    registry = ToolRegistry()
+    try:
+        from tools.builtin import register_builtin_tools  # present once the tools package ships them
+    except ImportError:
+        register_builtin_tools = None
+    if register_builtin_tools is not None:
+        register_builtin_tools(registry)
+    load_entry_point_tools(registry)
+    load_tool_modules(registry, tool_modules)
+    return registry
+
+
+def tool_context(payload: dict[str, Any]) -> ToolContext:
+    workspace = payload.get("workspace")
+    return ToolContext(
+        task_id=payload["task_id"],
+        step_id=str(payload["step_index"]),
+        attempt=int(payload["attempt"]),
+        idempotency_key=payload["idempotency_key"],
+        workspace=Path(workspace) if workspace else None,
+        attachments=tuple(
+            Attachment(
+                id=a["id"],
+                media_type=a["media_type"],
+                path=Path(a["path"]) if a.get("path") else None,
+                text=a.get("text"),
+                content_hash=a.get("content_hash"),
+            )
+            for a in payload.get("attachments") or ()
+        ),
+        deadline_s=payload.get("timeout_s"),
+    )
+
+
+def run_tool(payload: dict[str, Any], registry: ToolRegistry | None = None) -> dict[str, Any]:
+    """Execute `payload["tool"]` with `payload["arguments"]`; returns `{ok, content|error, duration_ms}`."""
+    registry = registry or process_registry()
+    t0 = time.perf_counter()
+    try:
+        ctx = tool_context(payload)
+        if ctx.workspace is not None:
+            ctx.workspace.mkdir(parents=True, exist_ok=True)
+        result = registry.execute(payload["tool"], payload.get("arguments") or "{}", ctx)
+        out: dict[str, Any] = {"ok": True, "content": result.content}
+    except ToolError as exc:
+        out = {"ok": False, "error": exc.to_dict()}
+    return {**out, "duration_ms": (time.perf_counter() - t0) * 1000}
