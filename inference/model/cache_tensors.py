@@ -1,0 +1,127 @@
+"""Device tensors of the hybrid cache: paged MLA latent KV and per-slot KDA state.
+
+Layout (per layer, keyed by 0-based layer index):
+
+* MLA layer `i`: `kv[i]` `[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]` in the model
+  dtype: the RMS-normalised latent followed by the (rotated, if rope is on) shared key. With DSA
+  on, also `index_k[i]` `[num_blocks, block_size, index_head_dim]`: the indexer keys.
+* KDA layer `i`: `state[i]` `[num_slots, num_heads, head_k_dim, head_v_dim]` fp32 recurrent state
+  and `conv[i]` `[num_slots, 3 * num_heads * head_dim, kernel_size - 1]` in the model dtype: the
+  last `kernel_size - 1` pre-conv inputs, channels ordered q | k | v, oldest first.
+
+The engine owns which blocks and slots belong to whom; this class only holds and copies tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from inference.config import ModelSpec
+
+__all__ = ["HybridCacheSpec", "HybridCacheTensors"]
+
+
+def _dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class HybridCacheSpec:
+    """Shapes and byte counts the engine sizes its pools from."""
+
+    mla_layers: tuple[int, ...]
+    kda_layers: tuple[int, ...]
+    latent_dim: int  # kv_lora_rank + qk_rope_head_dim
+    index_head_dim: int  # 0 when DSA is off
+    kda_num_heads: int
+    kda_head_dim: int
+    conv_channels: int  # 3 * num_heads * head_dim (q | k | v)
+    conv_window: int  # kernel_size - 1
+    kv_dtype_bytes: int
+
+    @staticmethod
+    def from_model_spec(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> HybridCacheSpec:
+        return HybridCacheSpec(
+            mla_layers=spec.mla_layers,
+            kda_layers=spec.kda_layers,
+            latent_dim=spec.mla.latent_dim,
+            index_head_dim=spec.dsa.head_dim if spec.dsa is not None else 0,
+            kda_num_heads=spec.kda.num_heads,
+            kda_head_dim=spec.kda.head_dim,
+            conv_channels=3 * spec.kda.proj_dim,
+            conv_window=spec.kda.conv_kernel_size - 1,
+            kv_dtype_bytes=_dtype_bytes(dtype),
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token occupies across all MLA layers (latent KV plus indexer keys)."""
+        per_layer = (self.latent_dim + self.index_head_dim) * self.kv_dtype_bytes
+        return per_layer * len(self.mla_layers)
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        """Bytes one state slot occupies across all KDA layers (fp32 state plus conv window)."""
+        state = self.kda_num_heads * self.kda_head_dim * self.kda_head_dim * 4
+        conv = self.conv_channels * self.conv_window * self.kv_dtype_bytes
+        return (state + conv) * len(self.kda_layers)
+
+
+@dataclass
+class HybridCacheTensors:
+    """The cache tensors one model instance reads and writes (see module docstring for layout)."""
+
+    spec: HybridCacheSpec
+    block_size: int
+    kv: dict[int, Tensor] = field(default_factory=dict)
+    index_k: dict[int, Tensor] = field(default_factory=dict)
+    state: dict[int, Tensor] = field(default_factory=dict)
+    conv: dict[int, Tensor] = field(default_factory=dict)
+
+    @staticmethod
+    def allocate(
+        spec: HybridCacheSpec,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> HybridCacheTensors:
+        """Allocate zeroed pools: `num_blocks` KV blocks of `block_size` tokens, `num_slots` slots."""
+        if num_blocks <= 0 or block_size <= 0 or num_slots <= 0:
+            raise ValueError(f"need positive sizes, got {num_blocks=} {block_size=} {num_slots=}")
+        if _dtype_bytes(dtype) != spec.kv_dtype_bytes:
+            raise ValueError(f"spec was built for {spec.kv_dtype_bytes}-byte KV, got {dtype}")
+        out = HybridCacheTensors(spec=spec, block_size=block_size)
+        for i in spec.mla_layers:
+            out.kv[i] = torch.zeros(num_blocks, block_size, spec.latent_dim, device=device, dtype=dtype)
+            if spec.index_head_dim:
+                out.index_k[i] = torch.zeros(
+                    num_blocks, block_size, spec.index_head_dim, device=device, dtype=dtype
+                )
+        h, d = spec.kda_num_heads, spec.kda_head_dim
+        for i in spec.kda_layers:
+            out.state[i] = torch.zeros(num_slots, h, d, d, device=device, dtype=torch.float32)
+            out.conv[i] = torch.zeros(
+                num_slots, spec.conv_channels, spec.conv_window, device=device, dtype=dtype
+            )
+        return out
+
+    @property
+    def num_slots(self) -> int:
+        return next(iter(self.state.values())).shape[0] if self.state else 0
+
+    def zero_slot(self, slot: int) -> None:
+        """Reset every KDA layer's state and conv window of `slot` (a new sequence starts empty)."""
+        for i in self.spec.kda_layers:
+            self.state[i][slot].zero_()
+            self.conv[i][slot].zero_()
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy every KDA layer's state and conv window from slot `src` to slot `dst`."""
+        for i in self.spec.kda_layers:
+            self.state[i][dst].copy_(self.state[i][src])
+            self.conv[i][dst].copy_(self.conv[i][src])

@@ -1,0 +1,96 @@
+"""Build a model from a spec: random weights (`load_format="dummy"`) or a checkpoint folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inference.config import ModelSpec
+from inference.model.kda import KimiDeltaAttention
+from inference.model.kimi_linear import KimiLinearForCausalLM
+from inference.model.multimodal import KimiVLForConditionalGeneration
+
+__all__ = ["build_model", "init_dummy_weights"]
+
+LOAD_FORMATS = ("dummy", "safetensors")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Deterministic random weights that keep activations O(1) at any width.
+
+    Linear/conv weights ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm scales ~ U(0.5, 1.5), biases
+    and the router correction ~ N(0, 0.1); KDA decay parameters as fla initialises them. Every
+    tensor is drawn on the CPU from one generator, so the same seed gives the same model anywhere.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.endswith(("A_log", "dt_bias")):
+            continue
+        shape = tensor.shape
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "e_score_correction_bias" or leaf == "bias":
+            value = torch.randn(shape, generator=gen) * 0.1
+        elif tensor.dim() == 1:  # norm scales
+            value = torch.rand(shape, generator=gen) + 0.5
+        elif "embed_tokens" in name or "pos_emb" in name:
+            value = torch.randn(shape, generator=gen)
+        else:
+            fan_in = shape[1:].numel() if tensor.dim() > 1 else 1
+            value = torch.randn(shape, generator=gen) / fan_in**0.5
+        tensor.copy_(value.to(tensor.dtype))
+    for module in model.modules():
+        if isinstance(module, KimiDeltaAttention):
+            module.init_dummy(gen)
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    load_format: str = "dummy",
+    path: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    verify_checksums: bool = True,
+    progress: bool = False,
+) -> nn.Module:
+    """A ready-to-run model in eval mode: text-only, or with the vision tower when the spec has one.
+
+    Args:
+        spec: parsed config.
+        load_format: "dummy" (seeded random weights) or "safetensors" (read `path`).
+        path: checkpoint folder for "safetensors".
+        dtype, device: where the weights live. KDA decay parameters stay fp32.
+        seed: random seed for "dummy".
+        verify_checksums: check the SHA-256 manifest before loading (when one is present).
+        progress: show a progress bar while loading.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    cls = KimiVLForConditionalGeneration if spec.vision is not None else KimiLinearForCausalLM
+    with torch.device("meta"):
+        model = cls(spec)
+    model = model.to_empty(device="cpu")
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        if path is None:
+            raise ValueError("load_format='safetensors' needs a path")
+        from inference.loader import load_weights
+
+        load_weights(model, path, verify=verify_checksums, progress=progress)
+    _cast(model, dtype)
+    return model.to(device).eval()
+
+
+def _cast(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating parameters to `dtype`, keeping KDA's decay parameters in fp32."""
+    for name, p in model.named_parameters():
+        keep = name.endswith(("A_log", "dt_bias"))
+        p.data = p.data.to(torch.float32 if keep else dtype)
+    for _name, b in model.named_buffers():
+        if b.is_floating_point():
+            b.data = b.data.float()

@@ -1,0 +1,119 @@
+"""Batch metadata of one model step, passed explicitly to every layer (no module globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["ForwardMeta"]
+
+
+@dataclass(frozen=True)
+class ForwardMeta:
+    """What one `forward` call needs to know about the flat batch of new tokens.
+
+    Tokens of all sequences are flattened in order; sequence `i` owns rows
+    `cu_seqlens[i]:cu_seqlens[i+1]` of every `[T, ...]` tensor. Prefill chunks and single-token
+    decodes mix freely.
+
+    Attributes:
+        positions: `[T]` int64, absolute position of each new token.
+        cu_seqlens: `[N+1]` int32, offsets of each sequence's new tokens in the flat batch.
+        seq_lens: `[N]` int32, total tokens of each sequence after this step (cached + new).
+        block_tables: `[N, max_blocks]` int32, KV block ids of each sequence (padding unused).
+        slot_mapping: `[T]` int64, `block_id * block_size + offset` where each new token's KV goes.
+        state_slots: `[N]` int64, StatePool slot of each sequence (its live KDA state + conv window).
+        query_lens_cpu: host copy of the per-sequence new-token counts.
+        seq_lens_cpu: host copy of `seq_lens`.
+        logits_indices: `[M]` rows of the flat batch to compute logits for (None = all rows).
+    """
+
+    positions: Tensor
+    cu_seqlens: Tensor
+    seq_lens: Tensor
+    block_tables: Tensor
+    slot_mapping: Tensor
+    state_slots: Tensor
+    query_lens_cpu: tuple[int, ...]
+    seq_lens_cpu: tuple[int, ...]
+    logits_indices: Tensor | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens_cpu)
+
+    @property
+    def context_lens_cpu(self) -> tuple[int, ...]:
+        """Tokens already cached for each sequence before this step."""
+        return tuple(s - q for s, q in zip(self.seq_lens_cpu, self.query_lens_cpu, strict=True))
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return all(q == 1 for q in self.query_lens_cpu)
+
+    def validate(self) -> None:
+        """Cheap host-side consistency checks; raises `ValueError` on a malformed batch."""
+        n = len(self.query_lens_cpu)
+        if len(self.seq_lens_cpu) != n:
+            raise ValueError(f"seq_lens_cpu has {len(self.seq_lens_cpu)} entries for {n} sequences")
+        if any(q <= 0 for q in self.query_lens_cpu):
+            raise ValueError(f"every sequence needs >= 1 new token, got {self.query_lens_cpu}")
+        if any(s < q for s, q in zip(self.seq_lens_cpu, self.query_lens_cpu, strict=True)):
+            raise ValueError("seq_lens_cpu must count the new tokens too")
+        t = self.num_tokens
+        for name, tensor, length in (
+            ("positions", self.positions, t),
+            ("slot_mapping", self.slot_mapping, t),
+            ("cu_seqlens", self.cu_seqlens, n + 1),
+            ("state_slots", self.state_slots, n),
+            ("seq_lens", self.seq_lens, n),
+        ):
+            if tensor.shape[0] != length:
+                raise ValueError(f"{name} has {tensor.shape[0]} rows, expected {length}")
+        if self.block_tables.dim() != 2 or self.block_tables.shape[0] != n:
+            raise ValueError(
+                f"block_tables must be [N={n}, max_blocks], got {tuple(self.block_tables.shape)}"
+            )
+
+    @staticmethod
+    def for_sequences(
+        query_lens: list[int] | tuple[int, ...],
+        context_lens: list[int] | tuple[int, ...],
+        block_tables: list[list[int]],
+        block_size: int,
+        state_slots: list[int] | tuple[int, ...],
+        device: torch.device | str = "cpu",
+        logits_indices: list[int] | None = None,
+    ) -> ForwardMeta:
+        """Build the tensors from plain lists (tests and simple callers; the engine has its own)."""
+        positions: list[int] = []
+        slots: list[int] = []
+        for q, c, table in zip(query_lens, context_lens, block_tables, strict=True):
+            for pos in range(c, c + q):
+                positions.append(pos)
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+        cu = [0]
+        for q in query_lens:
+            cu.append(cu[-1] + q)
+        width = max(len(t) for t in block_tables)
+        padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+        seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
+        return ForwardMeta(
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            state_slots=torch.tensor(list(state_slots), dtype=torch.int64, device=device),
+            query_lens_cpu=tuple(query_lens),
+            seq_lens_cpu=tuple(seq_lens),
+            logits_indices=None
+            if logits_indices is None
+            else torch.tensor(logits_indices, dtype=torch.int64, device=device),
+        )

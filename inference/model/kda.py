@@ -1,0 +1,91 @@
+"""Kimi Delta Attention layer (published parameter names), continuous-batching aware.
+
+Per token: q, k, v projections -> short causal depthwise conv + SiLU (window kept per state slot)
+-> per-channel decay gate and beta -> gated delta rule (state kept per state slot, fp32) ->
+gated RMS norm with a low-rank output gate -> o_proj.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from inference.config import ModelSpec
+from inference.model.cache_tensors import HybridCacheTensors
+from inference.model.forward_meta import ForwardMeta
+from inference.model.layers import GatedRMSNorm
+from inference.model.ops.kda import causal_conv_varlen, kda_gate, kda_varlen
+
+__all__ = ["KimiDeltaAttention", "ShortConv"]
+
+
+class ShortConv(nn.Module):
+    """Holds a depthwise conv weight `[C, 1, kernel]` under the name `weight` (fla's layout)."""
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+
+
+class KimiDeltaAttention(nn.Module):
+    """KDA mixer for one layer. Reads/writes its state and conv window in the cache slots."""
+
+    def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
+        super().__init__()
+        kda = spec.kda
+        hidden, dim, hd = spec.hidden_size, kda.proj_dim, kda.head_dim
+        self.layer_idx = layer_idx
+        self.num_heads, self.head_dim = kda.num_heads, hd
+        self.q_proj = nn.Linear(hidden, dim, bias=False)
+        self.k_proj = nn.Linear(hidden, dim, bias=False)
+        self.v_proj = nn.Linear(hidden, dim, bias=False)
+        self.q_conv1d = ShortConv(dim, kda.conv_kernel_size)
+        self.k_conv1d = ShortConv(dim, kda.conv_kernel_size)
+        self.v_conv1d = ShortConv(dim, kda.conv_kernel_size)
+        self.A_log = nn.Parameter(torch.empty(1, 1, kda.num_heads, 1))
+        self.dt_bias = nn.Parameter(torch.empty(dim))
+        self.f_a_proj = nn.Linear(hidden, hd, bias=False)
+        self.f_b_proj = nn.Linear(hd, dim, bias=False)
+        self.b_proj = nn.Linear(hidden, kda.num_heads, bias=False)
+        self.g_a_proj = nn.Linear(hidden, hd, bias=False)
+        self.g_b_proj = nn.Linear(hd, dim, bias=False)
+        self.o_norm = GatedRMSNorm(hd, eps=spec.rms_norm_eps)
+        self.o_proj = nn.Linear(dim, hidden, bias=False)
+
+    @torch.no_grad()
+    def init_dummy(self, generator: torch.Generator) -> None:
+        """Decay parameters as fla initialises them (A in [1, 16], dt in [1e-3, 1e-1])."""
+        a = torch.empty(self.A_log.shape).uniform_(1.0, 16.0, generator=generator)
+        self.A_log.copy_(a.log())
+        dt = torch.exp(
+            torch.rand(self.dt_bias.shape, generator=generator) * (math.log(0.1) - math.log(1e-3))
+            + math.log(1e-3)
+        ).clamp(min=1e-4)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+
+    def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
+        """x: `[T, hidden]` -> `[T, hidden]`; updates `cache.state/conv[layer][meta.state_slots]`."""
+        t = x.shape[0]
+        h, d = self.num_heads, self.head_dim
+        slots = meta.state_slots.to(x.device)
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3HD]
+        weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0).squeeze(
+            1
+        )
+        conv_pool = cache.conv[self.layer_idx]
+        mixed, window = causal_conv_varlen(
+            mixed, conv_pool.index_select(0, slots), weight, meta.cu_seqlens, meta.query_lens_cpu
+        )
+        conv_pool.index_copy_(0, slots, window)
+        q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
+        g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(t, h, d), self.A_log, self.dt_bias)
+        beta = torch.sigmoid(self.b_proj(x)).float()
+        state_pool = cache.state[self.layer_idx]
+        o, final = kda_varlen(
+            q, k, v, g, beta, state_pool.index_select(0, slots), meta.cu_seqlens, meta.query_lens_cpu
+        )
+        state_pool.index_copy_(0, slots, final)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
+        return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))

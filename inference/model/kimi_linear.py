@@ -1,0 +1,114 @@
+"""The hybrid causal LM: KDA and MLA/DSA mixers, dense and MoE FFNs (published parameter names)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from inference.config import KDA, MOE, ModelSpec
+from inference.model.cache_tensors import HybridCacheTensors
+from inference.model.forward_meta import ForwardMeta
+from inference.model.kda import KimiDeltaAttention
+from inference.model.layers import RMSNorm
+from inference.model.mla import MLAttention
+from inference.model.moe import DenseMLP, SparseMoE
+
+__all__ = ["DecoderLayer", "KimiLinearForCausalLM", "KimiLinearModel"]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: mixer (KDA or MLA) then FFN (`mlp` dense or `block_sparse_moe`)."""
+
+    def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
+        super().__init__()
+        self.kind = spec.layer_kinds[layer_idx]
+        self.self_attn: nn.Module = (
+            KimiDeltaAttention(spec, layer_idx) if self.kind == KDA else MLAttention(spec, layer_idx)
+        )
+        if spec.mlp_kinds[layer_idx] == MOE and spec.moe is not None:
+            self.block_sparse_moe = SparseMoE(spec.hidden_size, spec.moe)
+            self._ffn_name = "block_sparse_moe"
+        else:
+            self.mlp = DenseMLP(spec.hidden_size, spec.intermediate_size)
+            self._ffn_name = "mlp"
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
+        """x: `[T, hidden]` -> `[T, hidden]`."""
+        x = x + self.self_attn(self.input_layernorm(x), meta, cache)
+        ffn = getattr(self, self._ffn_name)
+        return x + ffn(self.post_attention_layernorm(x))
+
+
+class KimiLinearModel(nn.Module):
+    """Embedding, decoder stack and final norm (`model.*` in the checkpoint)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, inputs_embeds: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
+        """inputs_embeds: `[T, hidden]` -> un-normalised final hidden states `[T, hidden]`."""
+        x = inputs_embeds
+        for layer in self.layers:
+            x = layer(x, meta, cache)
+        return x
+
+
+class KimiLinearForCausalLM(nn.Module):
+    """The text model the engine calls: `forward(input_ids, meta, cache) -> logits [M, vocab]`."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = KimiLinearModel(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def embed(self, input_ids: Tensor, image_embeds: Tensor | None = None) -> Tensor:
+        """`[T]` ids -> `[T, hidden]`; image placeholder rows are replaced by `image_embeds` in order."""
+        if image_embeds is None:
+            return self.model.embed_tokens(input_ids)
+        token = self.spec.image_token_id
+        if token is None:
+            raise ValueError("image_embeds given but the config has no image_token_id")
+        mask = input_ids == token
+        n = int(mask.sum())
+        if n != image_embeds.shape[0]:
+            raise ValueError(f"{n} image placeholder tokens but {image_embeds.shape[0]} image embeddings")
+        x = self.model.embed_tokens(input_ids.masked_fill(mask, 0))
+        return x.masked_scatter(mask[:, None], image_embeds.to(x.dtype))
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        meta: ForwardMeta,
+        cache: HybridCacheTensors,
+        *,
+        image_embeds: Tensor | None = None,
+    ) -> Tensor:
+        """One continuous-batching step.
+
+        Args:
+            input_ids: `[T]` new tokens of all sequences, flattened in `meta` order.
+            meta: batch layout, cache addresses and state slots.
+            cache: the hybrid cache; KDA slots and MLA blocks of these sequences are updated.
+            image_embeds: `[num_placeholders, hidden]` embeddings for the image tokens in `input_ids`.
+        Returns:
+            logits `[M, vocab]` for `meta.logits_indices` (all `T` rows when it is None).
+        """
+        if input_ids.dim() != 1 or input_ids.shape[0] != meta.num_tokens:
+            raise ValueError(f"input_ids must be [T={meta.num_tokens}], got {tuple(input_ids.shape)}")
+        h = self.model(self.embed(input_ids, image_embeds), meta, cache)
+        if meta.logits_indices is not None:
+            h = h[meta.logits_indices.to(h.device)]
+        return self.lm_head(self.model.norm(h))
+
+    @torch.no_grad()
+    def forward_hidden(self, input_ids: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
+        """Final normalised hidden states `[T, hidden]` (for tests and pooling)."""
+        return self.model.norm(self.model(self.embed(input_ids), meta, cache))
