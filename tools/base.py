@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(str, enum.Enum):  # noqa: UP042 (str() and format() must stay as they are)
     """How the orchestrator should treat a failure."""
 
     RETRYABLE = "retryable"  # transient: try again per the policy
@@ -28,14 +28,28 @@ class ToolError(Exception):
 
     kind: ErrorKind = ErrorKind.PERMANENT
 
-    def __init__(self, message: str, *, kind: ErrorKind | None = None, details: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: ErrorKind | None = None,
+        details: Mapping[str, Any] | None = None,
+        started: bool | None = None,
+    ):
         super().__init__(message)
         if kind is not None:
             self.kind = kind
         self.details = dict(details or {})
+        # Whether the tool may have begun its side effect: None = unknown (treated as yes), False =
+        # it failed before touching anything, so even a non-idempotent tool may be retried.
+        self.started = started
 
     def to_dict(self) -> dict[str, Any]:
-        return {"error": str(self), "kind": self.kind.value, **({"details": self.details} if self.details else {})}
+        return {
+            "error": str(self),
+            "kind": self.kind.value,
+            **({"details": self.details} if self.details else {}),
+        }
 
 
 class RetryableToolError(ToolError):
@@ -48,6 +62,10 @@ class PermanentToolError(ToolError):
 
 class InvalidArgumentsError(ToolError):
     kind = ErrorKind.INVALID_ARGUMENTS
+
+    def __init__(self, message: str, **kwargs: Any):
+        kwargs.setdefault("started", False)  # raised before the tool ran (schema, size, unknown tool)
+        super().__init__(message, **kwargs)
 
 
 class UnknownToolError(InvalidArgumentsError):
@@ -91,7 +109,11 @@ class ToolSpec:
         """The entry of the OpenAI `tools` list for this tool."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
         }
 
 
