@@ -77,3 +77,27 @@ def reference_output(
         if t in eos:
             break
     return out
+
+
+def checkpoint_positions(prompt_len: int, hit: int, final_len: int, block: int, interval: int) -> set[int]:
+    """The checkpoint rule (coordinator docstring), written independently of the coordinator:
+    positions a finished request left a state checkpoint at (beyond its own prefix hit)."""
+    computed = final_len - 1  # the last sampled token is never fed back
+    pos = {p for p in range(interval, computed + 1, interval) if p > hit}
+    pb = prompt_len // block * block
+    if pb > hit:
+        pos.add(pb)
+    last = computed // block * block
+    if last > prompt_len:
+        pos.add(last)
+    return pos
+
+
+def expected_hit(tokens: list[int], history: list[tuple[list[int], set[int]]]) -> int:
+    """Deepest checkpoint position p <= len(tokens) - 1 left by a request sharing tokens[:p]."""
+    best = 0
+    for prev, positions in history:
+        for p in positions:
+            if best < p <= len(tokens) - 1 and prev[:p] == tokens[:p]:
+                best = p
+    return best

@@ -3,7 +3,8 @@
 import random
 
 import pytest
-from engine_fakes import SymbolicExecutor, reference_output
+from engine_fakes import SymbolicExecutor, expected_hit, reference_output
+from engine_fakes import checkpoint_positions as _positions
 
 from inference.cache.coordinator import CacheConfig
 from inference.engine.request import RequestStatus, SamplingParams, make_request
@@ -92,25 +93,7 @@ def test_chunks_obey_budget_and_cut_at_checkpoints():
 
 
 def checkpoint_positions(prompt_len, hit, final_len):
-    """The checkpoint rule, written independently of the coordinator."""
-    computed = final_len - 1  # the last sampled token is never fed back
-    pos = {p for p in range(INTERVAL, computed + 1, INTERVAL) if p > hit}
-    pb = prompt_len // B * B
-    if pb > hit:
-        pos.add(pb)
-    last = computed // B * B
-    if last > prompt_len:
-        pos.add(last)
-    return pos
-
-
-def expected_hit(tokens, history):
-    best = 0
-    for prev, positions in history:
-        for p in positions:
-            if p <= len(tokens) - 1 and p > best and prev[:p] == tokens[:p]:
-                best = p
-    return best
+    return _positions(prompt_len, hit, final_len, B, INTERVAL)
 
 
 def test_multi_turn_replay_cached_tokens_follow_the_rule():

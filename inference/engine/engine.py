@@ -1,0 +1,250 @@
+"""The engine step loop: scheduler -> model runner -> scheduler update -> outputs (text, stops)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inference.cache.coordinator import CacheConfig, MMSpan
+from inference.engine.model_runner import MMInputs, ModelRunner
+from inference.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
+from inference.engine.scheduler import Scheduler, SchedulerConfig
+from inference.tokenizer import Tokenizer, make_detokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 1024
+    num_state_slots: int = 64
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    checkpoint_interval: int = 1024
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            self.block_size,
+            self.num_blocks,
+            self.num_state_slots,
+            self.enable_prefix_caching,
+            self.checkpoint_interval,
+        )
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill, self.max_model_len
+        )
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What changed for one request in one step (a streaming delta), plus its totals."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    ttft_s: float | None = None
+
+
+class _TextState:
+    """Detokenizes one request's output and applies stop strings (held back while partial)."""
+
+    def __init__(self, tokenizer: Tokenizer, req: Request) -> None:
+        self.detok = make_detokenizer(tokenizer, skip_special_tokens=req.sampling.skip_special_tokens)
+        self.stops = req.sampling.stop
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.sent = 0
+        self.stopped: str | None = None
+
+    def push(self, ids: Sequence[int], final: bool) -> str:
+        self.text += self.detok.push(ids)
+        if final:
+            self.text += self.detok.flush()
+        if self.stops and self.stopped is None:
+            start = max(0, self.sent - self.hold)
+            hits = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
+            if hits:
+                i, s = min(hits)
+                self.text, self.stopped = self.text[:i], s
+                final = True
+        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent : end], end
+        return out
+
+
+class Engine:
+    """Synchronous engine: `add_request`, then `step()` until `has_unfinished` is False."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        cache_spec: Any,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(config.scheduler_config(), config.cache_config())
+        self.runner = ModelRunner(
+            model,
+            cache_spec,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            num_slots=config.num_state_slots,
+            device=device,
+            dtype=dtype,
+            vocab_size=tokenizer.vocab_size,
+        )
+        self._text: dict[str, _TextState] = {}
+        self._ids = itertools.count()
+        self.num_generated_tokens = 0
+        self.num_prompt_tokens_computed = 0
+        self.num_steps = 0
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        mm_spans: Sequence[MMSpan] = (),
+        mm_inputs: MMInputs | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> str:
+        """Queue a request (ValueError if it can never run: too long, bad tokens)."""
+        rid = request_id or f"req-{next(self._ids)}"
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        req = Request(
+            rid,
+            list(prompt_token_ids),
+            sampling or SamplingParams(),
+            eos_token_ids=tuple(self.tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids),
+            mm_spans=tuple(mm_spans),
+            mm_inputs=mm_inputs,
+        )
+        self.scheduler.add(req)
+        self._text[rid] = _TextState(self.tokenizer, req)
+        return rid
+
+    def abort(self, request_ids: Sequence[str]) -> list[RequestOutput]:
+        outs = []
+        for rid in request_ids:
+            req = self.scheduler.finish(rid, RequestStatus.FINISHED_ABORTED)
+            if req is not None:
+                outs.append(self._output(req, [], ""))
+                self._cleanup(rid)
+        return outs
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def get_request(self, rid: str) -> Request | None:
+        return self.scheduler.requests.get(rid)
+
+    # -- the loop --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched_out = self.scheduler.schedule()
+        reqs = dict(self.scheduler.requests)
+        sampled, logprobs = self.runner.execute(sched_out, reqs)
+        before = {rid: reqs[rid].num_output_tokens for rid in sampled}
+        finished = {r.request_id: r for r in self.scheduler.update(sched_out, sampled, logprobs)}
+        self.num_steps += 1
+        self.num_prompt_tokens_computed += sum(len(s.token_ids) for s in sched_out.scheduled if not s.sample)
+        self.num_generated_tokens += len(sampled)
+        now = time.monotonic()
+        outputs = []
+        for rid in list(sampled) + [r for r in finished if r not in sampled]:
+            req = reqs.get(rid) or finished[rid]
+            new_ids = req.output_token_ids[before.get(rid, req.num_output_tokens) :]
+            if req.first_token_time is None and new_ids:
+                req.first_token_time = now
+            is_done = rid in finished
+            text_ids = new_ids
+            if is_done and req.status == RequestStatus.FINISHED_STOPPED and new_ids:
+                text_ids = new_ids[:-1]  # the stop/eos token itself is not text
+            ts = self._text[rid]
+            text = ts.push(text_ids, final=is_done)
+            if ts.stopped is not None and not is_done:
+                self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED, stop_reason=ts.stopped)
+                is_done = True
+            elif ts.stopped is not None:
+                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, ts.stopped
+            lps = (
+                req.logprobs[len(req.logprobs) - len(new_ids) :] if req.sampling.logprobs is not None else []
+            )
+            outputs.append(self._output(req, new_ids, text, lps))
+            if is_done:
+                outputs[-1].finished = True
+                outputs[-1].finish_reason = req.finish_reason
+                outputs[-1].stop_reason = req.stop_reason
+                self._cleanup(rid)
+        return outputs
+
+    def _output(
+        self, req: Request, ids: Sequence[int], text: str, lps: Sequence[TokenLogprob] = ()
+    ) -> RequestOutput:
+        ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+        return RequestOutput(
+            req.request_id,
+            list(ids),
+            text,
+            req.status.finished,
+            req.finish_reason,
+            req.stop_reason,
+            req.num_prompt_tokens,
+            max(req.num_cached_tokens, 0),
+            req.num_output_tokens,
+            list(lps),
+            ttft,
+        )
+
+    def _cleanup(self, rid: str) -> None:
+        self._text.pop(rid, None)
+        self.runner.drop(rid)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Request]:
+        """Run prompts to completion (batched); returns the finished requests in input order."""
+        params = sampling if isinstance(sampling, Sequence) else [sampling] * len(prompts)
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        done: dict[str, Request] = {}
+        reqs = {rid: self.scheduler.requests[rid] for rid in rids}
+        while self.has_unfinished:
+            for o in self.step():
+                if o.finished:
+                    done[o.request_id] = reqs[o.request_id]
+        return [done[r] for r in rids]
+
+    def stats(self) -> dict[str, float]:
+        return {
+            **self.scheduler.stats(),
+            "generated_tokens": self.num_generated_tokens,
+            "prompt_tokens_computed": self.num_prompt_tokens_computed,
+            "steps": self.num_steps,
+        }

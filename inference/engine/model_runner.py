@@ -1,0 +1,151 @@
+"""The model runner: the only place in the engine that builds tensors.
+
+Per step it (1) applies the scheduler's state operations in a fixed order — checkpoint -> live
+copies, then zeroing of fresh live slots — (2) builds one `ForwardMeta` for the flat batch of
+prefill chunks and decodes, (3) runs the model, (4) snapshots live slots into checkpoint slots
+for the boundaries the step reached, and (5) samples the rows that caught up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from inference.engine.request import Request, TokenLogprob
+from inference.engine.sampler import Sampler
+from inference.engine.scheduler import SchedulerOutput
+from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
+from inference.model.forward_meta import ForwardMeta
+
+
+@dataclass(frozen=True, slots=True)
+class MMInputs:
+    """A request's image embeddings `[P, hidden]` and the prompt position of each row `[P]`."""
+
+    embeds: torch.Tensor
+    positions: torch.Tensor  # int64, ascending
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache_spec: HybridCacheSpec,
+        *,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        vocab_size: int | None = None,
+    ) -> None:
+        self.model = model
+        self.vocab_size = vocab_size  # the tokenizer's: ids past it (padded embedding rows) are never sampled
+        self.device = torch.device(device)
+        self.block_size = block_size
+        self.cache = HybridCacheTensors.allocate(
+            cache_spec, num_blocks, block_size, num_slots, self.device, dtype
+        )
+        self.sampler = Sampler()
+        self.tables: dict[str, list[int]] = {}
+        self.forward_time = 0.0
+
+    def drop(self, req_id: str) -> None:
+        self.tables.pop(req_id, None)
+        self.sampler.forget(req_id)
+
+    def _to(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
+        t = torch.tensor(data, dtype=dtype)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def build_meta(self, out: SchedulerOutput) -> tuple[ForwardMeta, list[int], list[int]]:
+        """ForwardMeta for the step, the flat input ids, and the batch rows of sampled requests."""
+        B = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        cu = [0]
+        q_lens: list[int] = []
+        s_lens: list[int] = []
+        tables: list[list[int]] = []
+        slots: list[int] = []
+        logit_rows: list[int] = []
+        for s in out.scheduled:
+            table = list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+            self.tables[s.req_id] = table
+            n = len(s.token_ids)
+            ids.extend(s.token_ids)
+            for pos in range(s.start, s.start + n):
+                positions.append(pos)
+                slot_mapping.append(table[pos // B] * B + pos % B)
+            cu.append(cu[-1] + n)
+            q_lens.append(n)
+            s_lens.append(s.start + n)
+            tables.append(table)
+            slots.append(s.slot)
+            if s.sample:
+                logit_rows.append(cu[-1] - 1)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        meta = ForwardMeta(
+            positions=self._to(positions, torch.int64),
+            cu_seqlens=self._to(cu, torch.int32),
+            seq_lens=self._to(s_lens, torch.int32),
+            block_tables=self._to([x for t in padded for x in t], torch.int32).view(len(padded), width),
+            slot_mapping=self._to(slot_mapping, torch.int64),
+            state_slots=self._to(slots, torch.int64),
+            query_lens_cpu=tuple(q_lens),
+            seq_lens_cpu=tuple(s_lens),
+            logits_indices=self._to(logit_rows, torch.int64),
+        )
+        return meta, ids, logit_rows
+
+    def _image_embeds(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> torch.Tensor | None:
+        parts = []
+        for s in out.scheduled:
+            mm = requests[s.req_id].mm_inputs
+            if mm is None:
+                continue
+            lo = int(torch.searchsorted(mm.positions, s.start))
+            hi = int(torch.searchsorted(mm.positions, s.start + len(s.token_ids)))
+            if hi > lo:
+                parts.append(mm.embeds[lo:hi])
+        return torch.cat(parts).to(self.device) if parts else None
+
+    @torch.inference_mode()
+    def execute(
+        self, out: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        """Run one scheduled step; returns sampled token ids (and logprobs where asked) by request."""
+        for rid in out.preempted:
+            self.tables.pop(rid, None)
+        for src, dst in out.state_copies:
+            self.cache.copy_slot(src, dst)
+        for slot in out.state_zeros:
+            self.cache.zero_slot(slot)
+        if out.is_empty:
+            return {}, {}
+        meta, ids, _ = self.build_meta(out)
+        t0 = time.perf_counter()
+        logits = self.model(
+            self._to(ids, torch.int64), meta, self.cache, image_embeds=self._image_embeds(out, requests)
+        )
+        for src, dst in out.snapshots:
+            self.cache.copy_slot(src, dst)
+        sampled_reqs = [s.req_id for s in out.scheduled if s.sample]
+        if not sampled_reqs:
+            self.forward_time += time.perf_counter() - t0
+            return {}, {}
+        params = [requests[r].sampling for r in sampled_reqs]
+        if self.vocab_size is not None and logits.shape[-1] > self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        tokens, lps = self.sampler(logits, params, sampled_reqs)
+        self.forward_time += time.perf_counter() - t0
+        sampled = dict(zip(sampled_reqs, tokens, strict=True))
+        logprobs = {r: lp for r, lp in zip(sampled_reqs, lps, strict=True) if lp is not None}
+        return sampled, logprobs

@@ -1,0 +1,133 @@
+"""The engine on the bundled small random-weight model (CPU, fp32): greedy outputs are identical
+with and without the prefix cache, with chunked prefill on and off, alone and batched, and under
+preemption; the multi-turn replay's cached-token counts follow the checkpoint rule exactly."""
+
+import random
+from dataclasses import replace
+
+import pytest
+from engine_fakes import checkpoint_positions, expected_hit
+
+from inference.engine.engine import EngineConfig
+from inference.engine.factory import build_engine
+from inference.engine.request import SamplingParams
+
+BASE = EngineConfig(
+    block_size=8,
+    num_blocks=512,
+    num_state_slots=96,
+    max_num_seqs=16,
+    max_num_batched_tokens=4096,
+    max_model_len=2048,
+    enable_chunked_prefill=False,
+    enable_prefix_caching=False,
+    checkpoint_interval=32,
+)
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def prompts(n=8, seed=0):
+    rng = random.Random(seed)
+    system = [rng.randrange(256) for _ in range(70)]
+    return [
+        system[: rng.randrange(20, 70)] + [rng.randrange(256) for _ in range(rng.randrange(1, 40))]
+        for _ in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Each prompt alone, no prefix cache, no chunking."""
+    eng = build_engine(engine_config=BASE)
+    return [eng.generate([p], GREEDY)[0].output_token_ids for p in prompts()]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(),
+        dict(enable_chunked_prefill=True, max_num_batched_tokens=24),
+        dict(enable_prefix_caching=True),
+        dict(enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=40),
+    ],
+    ids=["batched", "batched-chunked", "batched-prefix-cache", "batched-prefix-cache-chunked"],
+)
+def test_greedy_outputs_identical(reference, cfg):
+    eng = build_engine(engine_config=replace(BASE, **cfg))
+    ps = prompts()
+    for _wave in range(2):  # with the prefix cache, the second wave starts from checkpoints
+        outs = [r.output_token_ids for r in eng.generate(ps, GREEDY)]
+        assert outs == reference
+    if cfg.get("enable_prefix_caching"):
+        assert eng.scheduler.cached_tokens_admitted > 0
+    pool = eng.scheduler.cache
+    pool.check_invariants()
+    assert pool.blocks.num_used == 0 and pool.states.num_live == 0
+
+
+def test_memory_pressure_preemption(reference):
+    cfg = replace(
+        BASE,
+        num_blocks=40,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=True,
+    )
+    eng = build_engine(engine_config=cfg)
+    outs = [r.output_token_ids for r in eng.generate(prompts(), GREEDY)]
+    assert eng.scheduler.num_preemptions > 0
+    assert outs == reference
+    assert eng.scheduler.cache.blocks.num_used == 0
+
+
+def test_multi_turn_replay_8x10():
+    """8 conversations x 10 turns sharing a system prompt, replayed with and without the cache."""
+    rng = random.Random(3)
+    system = [rng.randrange(256) for _ in range(50)]
+    users = [[[rng.randrange(256) for _ in range(rng.randrange(4, 14))] for _ in range(10)] for _ in range(8)]
+    im_end = 259  # <|im_end|> of the byte tokenizer closes every reply in the transcript
+    cfg = replace(
+        BASE, enable_chunked_prefill=True, max_num_batched_tokens=4096, num_blocks=1024, num_state_slots=512
+    )
+    results = {}
+    for cached in (True, False):
+        eng = build_engine(engine_config=replace(cfg, enable_prefix_caching=cached))
+        convs = [list(system) for _ in range(8)]
+        history = []
+        warm = eng.generate([[*system, 1, 2, 3]], GREEDY)[0]
+        history.append((warm.token_ids, checkpoint_positions(53, 0, len(warm.token_ids), 8, 32)))
+        outs, hits, plens = [], [], []
+        for turn in range(10):
+            batch = [convs[c] + users[c][turn] for c in range(8)]
+            expect = [expected_hit(p, history) if cached else 0 for p in batch]
+            sp = SamplingParams(temperature=0, max_tokens=4 + turn % 5)
+            done = eng.generate(batch, sp)
+            for c, r in enumerate(done):
+                assert r.num_cached_tokens == expect[c], (turn, c, r.num_cached_tokens, expect[c])
+                history.append(
+                    (r.token_ids, checkpoint_positions(len(batch[c]), expect[c], len(r.token_ids), 8, 32))
+                )
+                convs[c] = [*r.token_ids, im_end]
+                outs.append(r.output_token_ids)
+                hits.append(r.num_cached_tokens)
+                plens.append(len(batch[c]))
+        results[cached] = (outs, hits, plens)
+        eng.scheduler.cache.check_invariants()
+    assert results[True][0] == results[False][0]
+    _, hits, plens = results[True]
+    assert all(h >= 48 for h in hits[:8])  # turn 1: the shared system prompt, from the warm-up
+    assert sum(hits[8:]) > 0.8 * sum(plens[8:])  # later turns: their own transcript, mostly
+
+
+def test_abort_frees_blocks_and_slot():
+    eng = build_engine(engine_config=replace(BASE, enable_prefix_caching=True))
+    rid = eng.add_request(prompts()[0], SamplingParams(temperature=0, max_tokens=100))
+    other = eng.add_request(prompts()[1], SamplingParams(temperature=0, max_tokens=3))
+    while eng.get_request(other) is not None:
+        eng.step()
+    assert eng.scheduler.cache.states.num_live == 1  # `other` is done, `rid` runs
+    out = eng.abort([rid])
+    assert out[0].finished and out[0].finish_reason == "abort"
+    c = eng.scheduler.cache
+    assert c.blocks.num_used == 0 and c.states.num_live == 0 and not eng.has_unfinished
+    assert rid not in eng.runner.tables and other not in eng.runner.tables
