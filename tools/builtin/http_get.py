@@ -9,10 +9,12 @@ name). Nothing is sent anywhere before all of that has passed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -244,6 +246,11 @@ class HttpGetTool:
         host_header = host if port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
         if ":" in host and not host.startswith("["):
             host_header = f"[{host}]" if port == _DEFAULT_PORTS[scheme] else f"[{host}]:{port}"
+        # A watchdog enforces the deadline on the whole exchange: per-recv socket timeouts alone let
+        # a server trickle headers one byte at a time for ever.
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _abort, args=(conn,))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             conn.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
             for k, v in (
@@ -266,7 +273,9 @@ class HttpGetTool:
                         )
                     if conn.sock is not None:
                         conn.sock.settimeout(remaining)
-                    chunk = resp.read(min(65536, self.config.max_bytes + 1 - len(body)))
+                    chunk = resp.read1(
+                        min(65536, self.config.max_bytes + 1 - len(body))
+                    )  # no waiting for a full buffer
                     if not chunk:
                         break
                     body += chunk
@@ -275,12 +284,21 @@ class HttpGetTool:
                         truncated = True
                         break
             return resp.status, headers, bytes(body), truncated, headers.get("location")
-        except TimeoutError:
-            raise ToolTimeoutError(f"{host} did not answer in time") from None
-        except (http.client.HTTPException, OSError) as exc:
+        except (http.client.HTTPException, OSError, ValueError) as exc:
+            if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
+                raise ToolTimeoutError(f"{host} did not answer within {self.config.timeout_s:g} s") from None
             raise RetryableToolError(
                 f"HTTP exchange with {host} failed: {type(exc).__name__}: {exc}"
             ) from None
+        finally:
+            watchdog.cancel()
+
+
+def _abort(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _is_ip(host: str) -> bool:
