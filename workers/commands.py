@@ -1,9 +1,64 @@
-"""CLI commands of this package (filled in by its issue). Must not import torch at import time."""
+"""CLI commands of this package: `dayzero worker`. Must not import torch at import time."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+
+QUEUES = ("preprocess", "tools")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this package's sub-commands to the `dayzero` parser."""
+    p = sub.add_parser(
+        "worker",
+        help="run a Celery worker for the preprocess and/or tools queues",
+        description="Run a Celery worker. Broker and result backend come from CELERY_BROKER_URL and "
+        "CELERY_RESULT_BACKEND. Scale each queue separately by running workers with different --queues.",
+    )
+    p.add_argument("--queues", "-Q", default="preprocess", help="comma-separated, from: " + ", ".join(QUEUES))
+    p.add_argument(
+        "--concurrency", "-c", type=int, default=None, help="worker processes (default: CPU count)"
+    )
+    p.add_argument("--pool", default="prefork", choices=("prefork", "solo", "threads"))
+    p.add_argument("--loglevel", "-l", default="INFO")
+    p.add_argument("--hostname", "-n", default=None, help="node name (default: celery's)")
+    p.add_argument("--max-tasks-per-child", type=int, default=None)
+    p.set_defaults(func=run_worker)
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The `celery worker` argument list for these options (validates the queue names)."""
+    queues = [q.strip() for q in str(args.queues).split(",") if q.strip()]
+    unknown = sorted(set(queues) - set(QUEUES))
+    if not queues or unknown:
+        raise SystemExit(
+            f"dayzero worker: unknown queue(s) {unknown or queues}; choose from {', '.join(QUEUES)}"
+        )
+    argv = ["worker", "--queues", ",".join(queues), "--pool", args.pool, "--loglevel", args.loglevel]
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise SystemExit("dayzero worker: --concurrency must be >= 1")
+        argv += ["--concurrency", str(args.concurrency)]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
+    if args.max_tasks_per_child:
+        argv += ["--max-tasks-per-child", str(args.max_tasks_per_child)]
+    return argv
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    broker = os.environ.get("CELERY_BROKER_URL")
+    if not broker:
+        print("dayzero worker: set CELERY_BROKER_URL (e.g. a redis:// or amqp:// URL)", file=sys.stderr)
+        return 2
+    argv = worker_argv(args)
+    from workers.celery_app import make_celery_app
+
+    vt = os.environ.get("DAYZERO_CELERY_VISIBILITY_TIMEOUT_S")
+    app = make_celery_app(
+        broker, os.environ.get("CELERY_RESULT_BACKEND"), visibility_timeout_s=float(vt) if vt else None
+    )
+    app.worker_main(argv)
+    return 0

@@ -1,0 +1,176 @@
+"""Preprocessing throughput per core: dayzero vs transformers' `Kimi_K25ImageProcessor`, one run.
+
+Generates a fixed, seeded set of photo-like images (1920x1080 JPEG q90 and 4000x3000 PNG), then
+times bytes -> pixel_values for both implementations on one thread (torch and OpenCV pinned to
+one thread), interleaved image by image so machine noise hits both alike. Decode is included on
+both sides: dayzero's `process_image(bytes)`; the reference gets `PIL.Image.open(bytes)` and
+`processor(images=..., return_tensors="pt")`. Every output is checked against the other
+(shapes, grids, and pixel values within 1/255 before normalisation).
+
+    python benchmarks/preprocess.py [--jpegs 8] [--pngs 3] [--passes 3] [--out result.json]
+
+Prints one JSON object. `images_per_s_cpu` divides by this process's CPU time (robust on a shared
+machine); `images_per_s_wall` by wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+
+from preprocess import PreprocessConfig, process_image
+
+
+def photo_like(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth colour fields, hard-edged shapes and sensor-like noise: compresses like a photo."""
+    low = rng.integers(0, 256, (max(2, height // 64), max(2, width // 64), 3), dtype=np.uint8)
+    img = cv2.resize(low, (width, height), interpolation=cv2.INTER_CUBIC)
+    for _ in range(12):
+        color = tuple(int(c) for c in rng.integers(0, 256, 3))
+        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
+        if rng.random() < 0.5:
+            cv2.circle(img, (x, y), int(rng.integers(10, max(11, height // 4))), color, -1)
+        else:
+            cv2.rectangle(
+                img,
+                (x, y),
+                (x + int(rng.integers(10, width // 3)), y + int(rng.integers(10, height // 3))),
+                color,
+                -1,
+            )
+    img = cv2.GaussianBlur(img, (0, 0), 1.2)
+    noise = rng.normal(0.0, 3.0, img.shape)
+    return np.clip(img + noise, 0, 255).astype(np.uint8)
+
+
+def encode(arr: np.ndarray, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        Image.fromarray(arr).save(buf, "JPEG", quality=90)
+    else:
+        Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def run_set(name: str, images: list[bytes], passes: int, reference, config: PreprocessConfig) -> dict:
+    std = np.asarray(config.image_std, dtype=np.float32).reshape(1, 3, 1, 1) * 255.0
+    max_diff = 0.0
+    outputs_match = True
+    for data in images:  # warm-up + correctness
+        ours = process_image(data, config)
+        ref = reference(images=Image.open(io.BytesIO(data)), return_tensors="pt")
+        ref_pv = ref["pixel_values"].numpy()
+        same_shape = ours.pixel_values.shape == ref_pv.shape
+        same_grid = np.array_equal(ours.grid_thw, ref["image_grid_thw"].numpy())
+        outputs_match &= same_shape and same_grid
+        if same_shape:
+            max_diff = max(max_diff, float(np.abs((ours.pixel_values - ref_pv) * std).max()))
+    outputs_match &= max_diff <= 1.0 + 1e-3
+    times = {"dayzero": {"wall": [], "cpu": []}, "reference": {"wall": [], "cpu": []}}
+    for _ in range(passes):
+        for data in images:
+            for side in ("dayzero", "reference"):
+                w0, c0 = time.perf_counter(), time.process_time()
+                if side == "dayzero":
+                    process_image(data, config)
+                else:
+                    reference(images=Image.open(io.BytesIO(data)), return_tensors="pt")
+                times[side]["wall"].append(time.perf_counter() - w0)
+                times[side]["cpu"].append(time.process_time() - c0)
+    out: dict = {"images": len(images), "timed_runs_per_side": len(images) * passes}
+    for side, t in times.items():
+        out[side] = {
+            "images_per_s_wall": round(len(t["wall"]) / sum(t["wall"]), 2),
+            "images_per_s_cpu": round(len(t["cpu"]) / sum(t["cpu"]), 2),
+            "median_ms_wall": round(1000 * statistics.median(t["wall"]), 2),
+        }
+    out["speedup_wall"] = round(
+        out["dayzero"]["images_per_s_wall"] / out["reference"]["images_per_s_wall"], 2
+    )
+    out["speedup_cpu"] = round(out["dayzero"]["images_per_s_cpu"] / out["reference"]["images_per_s_cpu"], 2)
+    out["outputs_match"] = bool(outputs_match)
+    out["max_abs_diff_levels"] = round(max_diff, 4)  # in 1/255 units, before normalisation
+    print(f"{name}: {json.dumps(out)}", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jpegs", type=int, default=8, help="distinct 1920x1080 JPEGs")
+    parser.add_argument("--pngs", type=int, default=3, help="distinct 4000x3000 PNGs")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes over each set")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    from transformers import Kimi_K25ImageProcessor
+
+    reference = Kimi_K25ImageProcessor()
+    config = PreprocessConfig()
+    rng = np.random.default_rng(args.seed)
+    jpegs = [encode(photo_like(1920, 1080, rng), "JPEG") for _ in range(args.jpegs)]
+    pngs = [encode(photo_like(4000, 3000, rng), "PNG") for _ in range(args.pngs)]
+
+    import PIL
+    import transformers
+
+    result = {
+        "benchmark": "preprocess",
+        "threads": 1,
+        "machine": {
+            "cpu": _cpu_name(),
+            "cpus_visible": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "pillow": PIL.__version__,
+            "opencv": cv2.__version__,
+            "numpy": np.__version__,
+        },
+        "settings": config.to_dict(),
+        "sets": {
+            "jpeg_1920x1080": {
+                "mean_bytes": int(np.mean([len(b) for b in jpegs])),
+                **run_set("jpeg_1920x1080", jpegs, args.passes, reference, config),
+            },
+            "png_4000x3000": {
+                "mean_bytes": int(np.mean([len(b) for b in pngs])),
+                **run_set("png_4000x3000", pngs, args.passes, reference, config),
+            },
+        },
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

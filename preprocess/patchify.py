@@ -1,0 +1,98 @@
+"""NaViT-style resize to the patch grid, pad, normalise, patchify.
+
+Same rules as `transformers`' `Kimi_K25ImageProcessor` (its `navit_resize` and torchvision
+backend), written for one image on one core:
+
+* target size: never upscale; shrink so that (h // p) * (w // p) <= max_patches and each side
+  <= max_size_per_side * p; truncate to int; then pad bottom/right with zeros to a multiple of
+  p * merge;
+* resize: antialiased bicubic (a = -0.5) on uint8, i.e. torch's native uint8 kernel, the one
+  torchvision itself calls (bitwise the reference's pixels);
+* normalise: ((v - mean*255) / (std*255)) in float32, done through a 256-entry lookup table
+  on the uint8 pixels (identical values, one pass);
+* layout: `pixel_values[N, 3, p, p]` with patches in row-major grid order, `grid_thw = [1, gh, gw]`.
+
+Only the padded uint8 image is rearranged; the float32 output is written exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from preprocess.config import PreprocessConfig
+
+
+def target_size(height: int, width: int, config: PreprocessConfig) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((resized_h, resized_w), (padded_h, padded_w)) for an image of `height` x `width`.
+
+    The float arithmetic follows the reference step by step so that truncation lands on the same
+    integer for every size.
+    """
+    p = config.patch_size
+    patches_h = max(1.0, height // p)
+    patches_w = max(1.0, width // p)
+    scale_total = math.sqrt(config.max_patches / (patches_h * patches_w))
+    side = config.max_size_per_side * p
+    scale = min(1.0, scale_total, side / height, side / width)
+    new_h = min(max(1, int(height * scale)), side)
+    new_w = min(max(1, int(width * scale)), side)
+    factor = config.merge_size * p
+    pad_h = (factor - new_h % factor) % factor + new_h
+    pad_w = (factor - new_w % factor) % factor + new_w
+    return (new_h, new_w), (pad_h, pad_w)
+
+
+def resize_rgb(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Antialiased bicubic resize of an HxWx3 uint8 array (returns the input when the size is unchanged)."""
+    if rgb.shape[:2] == (height, width):
+        return rgb
+    import torch  # lazy: importing `preprocess` must stay cheap for the CLI and the API
+
+    with warnings.catch_warnings():
+        # Decoded arrays are read-only views of Pillow's buffer; interpolate only reads its input.
+        warnings.simplefilter("ignore", UserWarning)
+        src = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1).unsqueeze(0)
+    out = torch.nn.functional.interpolate(
+        src, size=[height, width], mode="bicubic", align_corners=False, antialias=True
+    )
+    if out.dtype != torch.uint8:  # only CPUs without the native uint8 kernel
+        out = out.clamp_(0, 255).round_().to(torch.uint8)
+    return out[0].permute(1, 2, 0).contiguous().numpy()
+
+
+def normalization_luts(config: PreprocessConfig) -> np.ndarray:
+    """float32[3, 256]: the normalised value of every uint8 level, per channel, computed exactly as the
+    reference's fused rescale+normalise: (float32(v) - mean*255) / (std*255)."""
+    levels = np.arange(256, dtype=np.float32)
+    scale = np.float32(1.0 / (1.0 / 255.0))  # the reference divides by rescale_factor = 1/255
+    mean = np.asarray(config.image_mean, dtype=np.float32) * scale
+    std = np.asarray(config.image_std, dtype=np.float32) * scale
+    return ((levels[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+
+
+def patchify(rgb: np.ndarray, pad_h: int, pad_w: int, config: PreprocessConfig) -> np.ndarray:
+    """HxWx3 uint8 -> float32[gh*gw, 3, p, p], zero-padded (before normalisation) to pad_h x pad_w."""
+    import cv2  # lazy, see resize_rgb
+
+    h, w, _ = rgb.shape
+    p = config.patch_size
+    gh, gw = pad_h // p, pad_w // p
+    padded = np.zeros((pad_h, pad_w, 3), dtype=np.uint8)
+    padded[:h, :w] = rgb
+    # (gh, p, gw, p, 3) -> (gh, gw, 3, p, p): one uint8 copy, then one float32 pass through the LUT.
+    grid = np.ascontiguousarray(padded.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3))
+    luts = normalization_luts(config)
+    n = gh * gw
+    if np.array_equal(luts[0], luts[1]) and np.array_equal(luts[0], luts[2]):
+        # numpy allocates the output (huge-page advised), which halves page-fault time vs OpenCV's own.
+        out = np.empty((n, 3 * p * p), dtype=np.float32)
+        cv2.LUT(grid.reshape(n, 3 * p * p), luts[0].reshape(256, 1), dst=out)
+        return out.reshape(n, 3, p, p)
+    out = np.empty((n, 3, p * p), dtype=np.float32)
+    per_channel = grid.reshape(n, 3, p * p)
+    for c in range(3):
+        out[:, c, :] = cv2.LUT(np.ascontiguousarray(per_channel[:, c, :]), luts[c].reshape(256, 1))
+    return out.reshape(n, 3, p, p)

@@ -1,0 +1,171 @@
+"""bytes -> `ProcessedImage`: decode, redact, hash, resize, pad, normalise, patchify; and its cache.
+
+The content hash names the processed result: SHA-256 over the pipeline version, the
+output-affecting settings (`PreprocessConfig.fingerprint()`), the image size and the decoded RGB
+pixels as they are after redaction (the first pixels any later stage sees). The inference prefix
+cache keys images on it. `ProcessedCache` makes "the same image + settings" run once: looked up by
+source-bytes hash + settings before decoding, and by content hash after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from preprocess.config import PIPELINE_VERSION, PreprocessConfig
+from preprocess.decode import decode_image
+from preprocess.patchify import patchify, resize_rgb, target_size
+from preprocess.redact import RedactionRecord, redact
+from preprocess.store import BlobStore, sha256_hex
+
+_MAGIC = b"DZPP1\n"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ProcessedImage:
+    pixel_values: np.ndarray  # float32[num_patches, 3, patch, patch], the reference's layout
+    grid_thw: np.ndarray  # int64[1, 3]: [[1, grid_h, grid_w]]
+    content_hash: str
+    redaction: RedactionRecord
+    source_size: tuple[int, int]  # (height, width) after EXIF orientation
+    resized_size: tuple[int, int]  # (height, width) before padding
+
+    @property
+    def num_patches(self) -> int:
+        return int(self.pixel_values.shape[0])
+
+    def grid_list(self) -> list[list[int]]:
+        return [[int(v) for v in row] for row in self.grid_thw]
+
+    def to_bytes(self) -> bytes:
+        """Deterministic serialisation (same result -> same bytes -> same blob hash)."""
+        meta = {
+            "content_hash": self.content_hash,
+            "grid_thw": self.grid_list(),
+            "shape": list(self.pixel_values.shape),
+            "dtype": "float32",
+            "redaction": self.redaction.to_dict(),
+            "source_size": list(self.source_size),
+            "resized_size": list(self.resized_size),
+        }
+        head = json.dumps(meta, sort_keys=True).encode()
+        pixels = np.ascontiguousarray(self.pixel_values, dtype="<f4")
+        return b"".join((_MAGIC, struct.pack("<Q", len(head)), head, pixels.tobytes()))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> ProcessedImage:
+        if not blob.startswith(_MAGIC):
+            raise ValueError("not a serialised ProcessedImage")
+        (n,) = struct.unpack_from("<Q", blob, len(_MAGIC))
+        start = len(_MAGIC) + 8
+        meta = json.loads(blob[start : start + n])
+        pixels = np.frombuffer(blob, dtype="<f4", offset=start + n).reshape(meta["shape"])
+        return cls(
+            pixel_values=pixels,
+            grid_thw=np.asarray(meta["grid_thw"], dtype=np.int64),
+            content_hash=meta["content_hash"],
+            redaction=RedactionRecord.from_dict(meta["redaction"]),
+            source_size=tuple(meta["source_size"]),
+            resized_size=tuple(meta["resized_size"]),
+        )
+
+
+def content_hash(rgb: np.ndarray, config: PreprocessConfig) -> str:
+    """SHA-256 of (pipeline version, settings fingerprint, size, RGB uint8 pixels)."""
+    h, w, c = rgb.shape
+    digest = hashlib.sha256(f"{PIPELINE_VERSION}\0{config.fingerprint()}\0{h}x{w}x{c}\0".encode())
+    digest.update(np.ascontiguousarray(rgb).data)
+    return digest.hexdigest()
+
+
+def decode_rgb_array(data: bytes, config: PreprocessConfig) -> np.ndarray:
+    """Decoded 8-bit RGB pixels as an HxWx3 array (the input of every later stage)."""
+    return np.asarray(decode_image(data, config))
+
+
+def process_rgb(rgb: np.ndarray, config: PreprocessConfig) -> ProcessedImage:
+    """Everything after decode: redact, hash, resize, pad, normalise, patchify."""
+    rgb, record = redact(rgb, config)
+    return _finish(rgb, record, content_hash(rgb, config), config)
+
+
+def process_image(data: bytes, config: PreprocessConfig | None = None) -> ProcessedImage:
+    """Untrusted image bytes -> model-ready patches (raises `ImageError` subclasses for bad input)."""
+    cfg = config or PreprocessConfig()
+    return process_rgb(decode_rgb_array(data, cfg), cfg)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CachedResult:
+    image: ProcessedImage
+    processed_sha256: str  # blob holding `image.to_bytes()`
+    cache_hit: bool
+
+
+class ProcessedCache:
+    """Processed results in a `BlobStore`, indexed by source hash + settings and by content hash."""
+
+    BY_SOURCE = "processed-by-source"
+    BY_CONTENT = "processed-by-content"
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def load(self, processed_sha256: str) -> ProcessedImage:
+        return ProcessedImage.from_bytes(self.store.get(processed_sha256))
+
+    def _hit(self, namespace: str, key: str) -> CachedResult | None:
+        sha = self.store.get_ref(namespace, key)
+        if sha is None or not self.store.exists(sha):
+            return None
+        return CachedResult(self.load(sha), sha, cache_hit=True)
+
+    def process(
+        self, data: bytes, config: PreprocessConfig, *, source_sha256: str | None = None
+    ) -> CachedResult:
+        source_key = f"{source_sha256 or sha256_hex(data)}-{config.fingerprint()}"
+        hit = self._hit(self.BY_SOURCE, source_key)
+        if hit is not None:
+            return hit
+        rgb, record = redact(decode_rgb_array(data, config), config)
+        digest = content_hash(rgb, config)
+        hit = self._hit(self.BY_CONTENT, digest)
+        if hit is None:
+            image = _finish(rgb, record, digest, config)
+            sha = self.store.put(image.to_bytes())
+            self.store.set_ref(self.BY_CONTENT, digest, sha)
+            hit = CachedResult(image, sha, cache_hit=False)
+        self.store.set_ref(self.BY_SOURCE, source_key, hit.processed_sha256)
+        return hit
+
+
+def _finish(
+    rgb: np.ndarray, record: RedactionRecord, digest: str, config: PreprocessConfig
+) -> ProcessedImage:
+    height, width = rgb.shape[:2]
+    (new_h, new_w), (pad_h, pad_w) = target_size(height, width, config)
+    pixel_values = patchify(resize_rgb(rgb, new_h, new_w), pad_h, pad_w, config)
+    p = config.patch_size
+    return ProcessedImage(
+        pixel_values=pixel_values,
+        grid_thw=np.array([[1, pad_h // p, pad_w // p]], dtype=np.int64),
+        content_hash=digest,
+        redaction=record,
+        source_size=(height, width),
+        resized_size=(new_h, new_w),
+    )
+
+
+def describe(result: CachedResult) -> dict[str, Any]:
+    """JSON summary of a cached result (what jobs return; pixels stay in the blob store)."""
+    return {
+        "content_hash": result.image.content_hash,
+        "grid_thw": result.image.grid_list(),
+        "processed_sha256": result.processed_sha256,
+        "redaction": result.image.redaction.to_dict(),
+    }

@@ -1,0 +1,189 @@
+"""The Celery app: queues `preprocess` and `tools`, routing, at-least-once delivery, trace headers.
+
+Delivery: tasks ack late (after they finish) and are rejected back to the queue when the worker
+process dies, so a job killed mid-run is redelivered. Each job is idempotent (content-addressed
+results; tools carry an idempotency key), so a redelivery completes it once. On Redis, a message
+whose worker vanished entirely comes back after the visibility timeout, which is therefore longer
+than the longest hard time limit. (On RabbitMQ the broker redelivers when the connection drops;
+its `consumer_timeout` must likewise exceed the longest job.)
+
+Retries: Celery autoretry is off and publish retries are off. The orchestrator owns retry policy
+(STYLE.md rule 13), so each attempt is a row it can see.
+
+Tracing: the W3C `traceparent` (and `tracestate`) of the caller's current span rides in the
+message headers and is attached as the current context while the task runs.
+
+`celery -A workers.celery_app worker -Q preprocess` uses the module-level `app`, built from
+`CELERY_BROKER_URL` / `CELERY_RESULT_BACKEND`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import before_task_publish, task_postrun, task_prerun
+from kombu import Queue
+
+PREPROCESS_QUEUE = "preprocess"
+TOOLS_QUEUE = "tools"
+PREPROCESS_TASK = "dayzero.preprocess_attachment"
+RUN_TOOL_TASK = "dayzero.run_tool"
+
+# Hard limits are a backstop only: the orchestrator enforces per-attempt timeouts itself.
+PREPROCESS_SOFT_LIMIT_S = 120
+PREPROCESS_HARD_LIMIT_S = 180
+TOOLS_HARD_LIMIT_S = 3600
+LONGEST_JOB_S = max(PREPROCESS_HARD_LIMIT_S, TOOLS_HARD_LIMIT_S)
+# A message is redelivered by Redis only after this long without an ack: must exceed the longest job.
+DEFAULT_VISIBILITY_TIMEOUT_S = int(LONGEST_JOB_S * 1.25) + 60
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _default_result_backend(broker_url: str) -> str:
+    if broker_url.startswith(("redis://", "rediss://")):
+        return broker_url
+    if broker_url.startswith("memory://"):
+        return "cache+memory://"
+    return "rpc://"
+
+
+def make_celery_app(
+    broker_url: str,
+    result_backend: str | None = None,
+    *,
+    visibility_timeout_s: float | None = None,
+    broker_transport_options: dict[str, Any] | None = None,
+    main: str = "dayzero",
+) -> Celery:
+    """A configured Celery app with the dayzero tasks registered (tests pass short timeouts here)."""
+    visibility = float(visibility_timeout_s or DEFAULT_VISIBILITY_TIMEOUT_S)
+    transport = {"visibility_timeout": visibility, **(broker_transport_options or {})}
+    app = Celery(main, broker=broker_url, backend=result_backend or _default_result_backend(broker_url))
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_queues=(
+            Queue(PREPROCESS_QUEUE, routing_key=PREPROCESS_QUEUE),
+            Queue(TOOLS_QUEUE, routing_key=TOOLS_QUEUE),
+        ),
+        task_routes={
+            PREPROCESS_TASK: {"queue": PREPROCESS_QUEUE, "routing_key": PREPROCESS_QUEUE},
+            RUN_TOOL_TASK: {"queue": TOOLS_QUEUE, "routing_key": TOOLS_QUEUE},
+        },
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,  # a job that raised is finished, not redelivered
+        worker_prefetch_multiplier=1,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        task_track_started=True,
+        task_publish_retry=False,
+        broker_transport_options=transport,
+        result_backend_transport_options={"visibility_timeout": visibility},
+        result_expires=24 * 3600,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    _register_tasks(app)
+    return app
+
+
+def _register_tasks(app: Celery) -> None:
+    @app.task(
+        name=PREPROCESS_TASK,
+        queue=PREPROCESS_QUEUE,
+        soft_time_limit=PREPROCESS_SOFT_LIMIT_S,
+        time_limit=PREPROCESS_HARD_LIMIT_S,
+        max_retries=0,
+    )
+    def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
+        from workers import jobs
+
+        return jobs.preprocess_attachment(payload)
+
+    @app.task(name=RUN_TOOL_TASK, queue=TOOLS_QUEUE, time_limit=TOOLS_HARD_LIMIT_S, max_retries=0)
+    def run_tool(payload: dict[str, Any]) -> dict[str, Any]:
+        from workers import jobs
+
+        fn = getattr(jobs, "run_tool", None)
+        if fn is None:
+            raise NotImplementedError("workers.jobs.run_tool is not defined yet; tool jobs cannot run")
+        return fn(payload)
+
+
+# --- trace context -------------------------------------------------------------------------------
+
+
+def _propagator():
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
+
+
+def inject_trace_headers(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """`before_task_publish`: add the current span's traceparent unless the caller set one."""
+    if headers is None or headers.get("traceparent"):
+        return
+    carrier: dict[str, str] = {}
+    _propagator().inject(carrier)
+    for key in TRACE_HEADERS:
+        if key in carrier:
+            headers[key] = carrier[key]
+
+
+def _request_header(request: Any, key: str) -> str | None:
+    value = getattr(request, key, None)
+    if not value:
+        value = (getattr(request, "headers", None) or {}).get(key)
+    return str(value) if value else None
+
+
+_TOKENS: dict[str, object] = {}
+
+
+def attach_trace_context(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    """`task_prerun`: make the publisher's trace the current context while the task runs."""
+    if task is None or task_id is None:
+        return
+    carrier = {k: v for k in TRACE_HEADERS if (v := _request_header(task.request, k))}
+    if "traceparent" not in carrier:
+        return
+    from opentelemetry import context
+
+    _TOKENS[task_id] = context.attach(_propagator().extract(carrier))
+
+
+def detach_trace_context(task_id: str | None = None, **_: Any) -> None:
+    token = _TOKENS.pop(task_id or "", None)
+    if token is not None:
+        from opentelemetry import context
+
+        context.detach(token)
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current context (None when there is no valid span)."""
+    carrier: dict[str, str] = {}
+    _propagator().inject(carrier)
+    return carrier.get("traceparent")
+
+
+before_task_publish.connect(inject_trace_headers, weak=False, dispatch_uid="dayzero.trace.inject")
+task_prerun.connect(attach_trace_context, weak=False, dispatch_uid="dayzero.trace.attach")
+task_postrun.connect(detach_trace_context, weak=False, dispatch_uid="dayzero.trace.detach")
+
+
+def app_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> Celery:
+    """Build the app from CELERY_BROKER_URL / CELERY_RESULT_BACKEND (in-memory broker if unset)."""
+    broker = environ.get("CELERY_BROKER_URL") or "memory://"
+    vt = environ.get("DAYZERO_CELERY_VISIBILITY_TIMEOUT_S")
+    return make_celery_app(
+        broker, environ.get("CELERY_RESULT_BACKEND"), visibility_timeout_s=float(vt) if vt else None
+    )
+
+
+app = app_from_env()

@@ -1,0 +1,59 @@
+"""Job functions: plain Python, no Celery.
+
+The Celery tasks in `workers.celery_app` wrap these, and the embedded in-process dispatcher calls
+them directly, so both paths run the same code. Payloads and results are JSON; failures raise a
+typed exception (`preprocess.ImageError` and subclasses for bad images) that `describe_error`
+turns into a JSON description. No retries here: each call is one attempt (the orchestrator owns
+retry policy).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+PREPROCESS_PAYLOAD_KEYS = ("attachment_id", "blob_sha256", "blob_url")
+
+
+@functools.lru_cache(maxsize=8)
+def _store(url: str):
+    from preprocess import BlobStore
+
+    return BlobStore(url)
+
+
+def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
+    """Turn one stored attachment into model-ready patches, stored content-addressed.
+
+    payload: {"attachment_id": str, "blob_sha256": str, "blob_url": str (BlobStore root),
+              "config": {PreprocessConfig fields, optional}}
+    returns: {"attachment_id", "content_hash", "grid_thw": [[t, h, w]], "processed_sha256",
+              "redaction": {...}}; the patches are `ProcessedImage.from_bytes(store.get(processed_sha256))`.
+    Idempotent: the same blob and settings return the stored result without recomputing it.
+    """
+    from preprocess import PreprocessConfig, ProcessedCache
+    from preprocess.pipeline import describe
+
+    missing = [key for key in PREPROCESS_PAYLOAD_KEYS if not payload.get(key)]
+    if missing:
+        raise ValueError(f"preprocess_attachment payload lacks {missing}")
+    config = PreprocessConfig.from_dict(payload.get("config"))
+    store = _store(str(payload["blob_url"]))
+    blob_sha = str(payload["blob_sha256"])
+    result = ProcessedCache(store).process(store.get(blob_sha), config, source_sha256=blob_sha)
+    return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """JSON description of a job failure: image errors are permanent and say what to do."""
+    from preprocess import ImageError
+
+    if isinstance(exc, ImageError):
+        return exc.to_dict()
+    return {
+        "type": type(exc).__name__,
+        "code": "internal_error" if not isinstance(exc, (ValueError, KeyError)) else "bad_request",
+        "message": str(exc),
+        "details": {},
+        "retryable": not isinstance(exc, (ValueError, KeyError)),
+    }
