@@ -180,3 +180,22 @@ class Event(Base):
             sqlite_where=text("published_at IS NULL"),
         ),
     )
+
+
+class ApiKey(Base):
+    """An API key, stored hashed, mapping to a tenant. The secret is shown once, at creation.
+
+    Keys are 256-bit random secrets, so a plain SHA-256 of the secret is enough (a slow password
+    hash protects guessable secrets; these are not guessable) and keeps auth off the latency path.
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # public prefix of the key
+    tenant: Mapped[str] = mapped_column(String(128), nullable=False)
+    key_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    name: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_api_keys_tenant", "tenant"),)

@@ -1,0 +1,20 @@
+"""Limits and knobs of the ingress (REST and Kafka share the body limits)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class IngressSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DAYZERO_INGRESS_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="task body (REST) / message value (Kafka)"
+    )
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="one POST /v1/attachments upload")
+    sse_poll_s: float = Field(0.5, gt=0, description="SSE re-check interval without (or besides) NOTIFY")
+    sse_keepalive_s: float = Field(15.0, gt=0)
+    list_limit_max: int = Field(200, ge=1)

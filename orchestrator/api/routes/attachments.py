@@ -1,0 +1,104 @@
+"""`/v1/attachments`: streamed image upload with a size limit; tenant-scoped reads."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Query, Request
+from sqlalchemy import insert, select
+
+from orchestrator.api.blobs import BlobWriter, TooLarge
+from orchestrator.api.deps import EngineDep, IngressDep, SettingsDep, TenantDep
+from orchestrator.api.errors import ProblemError, problem_responses
+from orchestrator.api.schemas import IMAGE_MEDIA_TYPES, AttachmentOut
+from orchestrator.api.views import attachment_out
+from orchestrator.clock import utcnow
+from orchestrator.store import attachments_t
+
+router = APIRouter(prefix="/v1/attachments", tags=["attachments"])
+
+_UPLOAD_BODY = {
+    "required": True,
+    "content": {mt: {"schema": {"type": "string", "format": "binary"}} for mt in IMAGE_MEDIA_TYPES},
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=AttachmentOut,
+    summary="Upload an image (raw bytes; Content-Type = its media type)",
+    description="The body is streamed to storage; larger than the limit is 413. Reference the returned "
+    '`id` as `{"upload_id": id}` in a task\'s `attachments`.',
+    openapi_extra={"requestBody": _UPLOAD_BODY},
+    responses=problem_responses(401, 413, 415, 422),
+)
+async def upload(
+    request: Request,
+    tenant: TenantDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    ingress: IngressDep,
+    filename: Annotated[str | None, Query(max_length=255)] = None,
+) -> AttachmentOut:
+    media_type = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
+    if media_type not in IMAGE_MEDIA_TYPES:
+        raise ProblemError(
+            415, "Unsupported Media Type", f"Content-Type must be one of {list(IMAGE_MEDIA_TYPES)}"
+        )
+    limit = ingress.max_upload_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProblemError(413, "Content Too Large", f"uploads are limited to {limit} bytes")
+    writer = BlobWriter(settings.blob_dir, limit)
+    try:
+        async for chunk in request.stream():
+            writer.write(chunk)
+        if writer.size == 0:
+            raise ProblemError(422, "Unprocessable Content", "empty upload", type_="validation-error")
+        digest = writer.commit()
+    except TooLarge:
+        writer.discard()
+        raise ProblemError(413, "Content Too Large", f"uploads are limited to {limit} bytes") from None
+    except BaseException:
+        writer.discard()
+        raise
+    att_id = str(uuid.uuid4())
+    now = utcnow()
+    row = {
+        "id": att_id,
+        "tenant": tenant,
+        "status": "PENDING",
+        "media_type": media_type,
+        "filename": filename,
+        "size_bytes": writer.size,
+        "sha256": digest,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+    def save() -> None:
+        with engine.begin() as conn:
+            conn.execute(insert(attachments_t).values(**row))
+
+    await anyio.to_thread.run_sync(save)
+    return AttachmentOut(
+        **{
+            k: row[k]
+            for k in ("id", "status", "media_type", "filename", "size_bytes", "sha256", "created_at")
+        },
+        task_id=None,
+    )
+
+
+@router.get("/{attachment_id}", response_model=AttachmentOut, responses=problem_responses(401, 404, 422))
+def get_attachment(attachment_id: str, tenant: TenantDep, engine: EngineDep) -> AttachmentOut:
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(attachments_t).where(attachments_t.c.id == attachment_id, attachments_t.c.tenant == tenant)
+        ).first()
+    if row is None:
+        raise ProblemError(404, "Not Found", "no such attachment", type_="attachment-not-found")
+    return attachment_out(row)

@@ -1,0 +1,103 @@
+"""`GET /v1/tasks/{id}/events`: Server-Sent Events, resumable with `Last-Event-ID` (= event seq)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy import Engine
+
+from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
+from orchestrator.api.errors import problem_responses
+from orchestrator.metrics import SSE_STREAMS
+from orchestrator.relay import EventFeed, event_record
+from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
+from orchestrator.store import get_task, list_events
+
+router = APIRouter(prefix="/v1/tasks", tags=["events"])
+
+SSE_DESCRIPTION = """A `text/event-stream` of the task's events in order, from its creation (or
+after `Last-Event-ID`) until its final state. Each event: `id` = the event's per-task sequence
+number, `event` = its type (`task.created`, `task.running`, `step.started`, …), `data` = JSON
+`{task_id, tenant, seq, type, payload, created_at}`. The stream ends after the terminal event."""
+
+
+def _read(engine: Engine, task_id: str, after: int) -> tuple[bool, list[Any]]:
+    with engine.connect() as conn:
+        terminal = TaskStatus(get_task(conn, task_id).status) in TERMINAL_TASK_STATUSES
+        return terminal, list_events(conn, task_id, after_seq=after)[:500]
+
+
+def _frame(e: Any, tenant: str) -> bytes:
+    data = json.dumps(event_record(e.task_id, e.seq, e.type, e.payload, e.created_at, tenant), default=str)
+    return f"id: {e.seq}\nevent: {e.type}\ndata: {data}\n\n".encode()
+
+
+@router.get(
+    "/{task_id}/events",
+    summary="Follow a task live (Server-Sent Events)",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": SSE_DESCRIPTION,
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(401, 404, 422),
+    },
+)
+async def stream_events(
+    task_id: str,
+    request: Request,
+    tenant: TenantDep,
+    engine: EngineDep,
+    ingress: IngressDep,
+    last_event_id: Annotated[
+        int | None, Header(alias="Last-Event-ID", ge=0, description="resume after this seq")
+    ] = None,
+    after: Annotated[
+        int | None, Query(ge=0, description="resume after this seq (for clients without headers)")
+    ] = None,
+) -> StreamingResponse:
+    def check() -> None:
+        with engine.connect() as conn:
+            get_task(conn, task_id, tenant)  # 404 for a missing task or another tenant's
+
+    await anyio.to_thread.run_sync(check)
+    feed: EventFeed = request.app.state.feed
+    start = max(last_event_id or 0, after or 0)
+
+    async def body() -> AsyncIterator[bytes]:
+        last = start
+        SSE_STREAMS.inc()
+        try:
+            yield b"retry: 1000\n\n"
+            with feed.subscribe(task_id) as sub:
+                quiet_since = time.monotonic()
+                while True:
+                    sub.clear()  # before reading: a NOTIFY during the read is not lost
+                    terminal, events = await anyio.to_thread.run_sync(_read, engine, task_id, last)
+                    for e in events:
+                        yield _frame(e, tenant)
+                        last = e.seq
+                    if events:
+                        quiet_since = time.monotonic()
+                        continue
+                    if terminal:
+                        return
+                    if time.monotonic() - quiet_since > ingress.sse_keepalive_s:
+                        yield b": keep-alive\n\n"
+                        quiet_since = time.monotonic()
+                    await sub.wait(ingress.sse_keepalive_s)
+        finally:
+            SSE_STREAMS.dec()
+
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

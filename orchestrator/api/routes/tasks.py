@@ -1,0 +1,187 @@
+"""`/v1/tasks`: submit, get, list, cancel. Every query is scoped by the caller's tenant."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from orchestrator.api.deps import EngineDep, SettingsDep, TenantDep
+from orchestrator.api.errors import ProblemError, problem_responses
+from orchestrator.api.schemas import TRACEPARENT_RE, TaskCreate, TaskDetail, TaskPage, TaskSummary
+from orchestrator.api.submission import InvalidSubmission, submit_task
+from orchestrator.api.views import task_detail, task_summary
+from orchestrator.metrics import TASKS_SUBMITTED
+from orchestrator.store import get_task, list_attempts, list_steps, request_cancel, tasks_t
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+StatusName = Literal[
+    "PENDING", "PREPROCESSING", "READY", "RUNNING", "WAITING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"
+]
+_TRACEPARENT = re.compile(TRACEPARENT_RE)
+_META_FILTER = re.compile(r"^([^=]{1,128})=(.{0,1024})$", re.S)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=TaskSummary,
+    summary="Submit a task",
+    responses={
+        200: {
+            "model": TaskSummary,
+            "description": "The task this Idempotency-Key created before (same body)",
+        },
+        **problem_responses(401, 409, 413, 422),
+    },
+)
+def create_task(
+    body: TaskCreate,
+    tenant: TenantDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=255,
+            description="same key + same body = same task",
+        ),
+    ] = None,
+    traceparent: Annotated[str | None, Header(description="W3C trace context")] = None,
+) -> TaskSummary:
+    tp = traceparent if traceparent and _TRACEPARENT.match(traceparent) else None
+    for attempt in range(2):
+        try:
+            with engine.begin() as conn:
+                task_id, created = submit_task(
+                    conn,
+                    body,
+                    tenant,
+                    settings.budgets,
+                    settings.blob_dir,
+                    idempotency_key=idempotency_key,
+                    traceparent=tp,
+                )
+                row = get_task(conn, task_id, tenant)
+            break
+        except InvalidSubmission as exc:
+            raise ProblemError(422, "Unprocessable Content", exc.detail, type_=exc.reason) from None
+        except IntegrityError:
+            # A concurrent request with the same Idempotency-Key won the insert: the retry finds it.
+            if attempt == 1 or idempotency_key is None:
+                raise
+    TASKS_SUBMITTED.labels("rest", "created" if created else "replayed").inc()
+    response.status_code = 201 if created else 200
+    if created:
+        response.headers["Location"] = f"/v1/tasks/{task_id}"
+    return task_summary(row)
+
+
+def _encode_cursor(created_at: dt.datetime, task_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), task_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, task_id = json.loads(raw)
+        when = dt.datetime.fromisoformat(created)
+        if when.tzinfo is None or not isinstance(task_id, str):
+            raise ValueError
+        return when, task_id
+    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
+        raise ProblemError(422, "Unprocessable Content", "invalid cursor", type_="invalid-cursor") from None
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+@router.get(
+    "",
+    response_model=TaskPage,
+    summary="List tasks, newest first",
+    responses=problem_responses(401, 422),
+)
+def list_tasks(
+    tenant: TenantDep,
+    engine: EngineDep,
+    status: Annotated[list[StatusName] | None, Query(description="any of these states")] = None,
+    created_after: Annotated[dt.datetime | None, Query(description="inclusive; naive = UTC")] = None,
+    created_before: Annotated[dt.datetime | None, Query(description="exclusive; naive = UTC")] = None,
+    metadata: Annotated[
+        list[str] | None,
+        Query(description="`key=value`, repeatable; all must match (values compared as strings)"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> TaskPage:
+    q = select(tasks_t).where(tasks_t.c.tenant == tenant)
+    if status:
+        q = q.where(tasks_t.c.status.in_(status))
+    if (after := _utc(created_after)) is not None:
+        q = q.where(tasks_t.c.created_at >= after)
+    if (before := _utc(created_before)) is not None:
+        q = q.where(tasks_t.c.created_at < before)
+    for item in metadata or ():
+        m = _META_FILTER.match(item)
+        if m is None:
+            raise ProblemError(
+                422,
+                "Unprocessable Content",
+                f"metadata filter {item!r} is not key=value",
+                type_="validation-error",
+            )
+        q = q.where(tasks_t.c.metadata[m.group(1)].as_string() == m.group(2))
+    if cursor:
+        c_at, c_id = _decode_cursor(cursor)
+        q = q.where(or_(tasks_t.c.created_at < c_at, and_(tasks_t.c.created_at == c_at, tasks_t.c.id < c_id)))
+    q = q.order_by(tasks_t.c.created_at.desc(), tasks_t.c.id.desc()).limit(limit + 1)
+    with engine.connect() as conn:
+        rows = list(conn.execute(q))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    nxt = _encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
+    return TaskPage(items=[task_summary(r) for r in rows], next_cursor=nxt)
+
+
+@router.get(
+    "/{task_id}",
+    response_model=TaskDetail,
+    summary="A task with its steps and their attempts",
+    responses=problem_responses(401, 404, 422),
+)
+def get_one(task_id: str, tenant: TenantDep, engine: EngineDep) -> TaskDetail:
+    with engine.connect() as conn:
+        row = get_task(conn, task_id, tenant)
+        steps = list_steps(conn, task_id)
+        attempts = list_attempts(conn, task_id)
+    return task_detail(row, steps, attempts)
+
+
+@router.post(
+    "/{task_id}/cancel",
+    status_code=202,
+    response_model=TaskSummary,
+    summary="Cancel a task (now if no runner holds it, else at its next step boundary)",
+    responses=problem_responses(401, 404, 422),
+)
+def cancel(task_id: str, tenant: TenantDep, engine: EngineDep) -> Any:
+    with engine.begin() as conn:
+        request_cancel(conn, task_id, tenant)
+        row = get_task(conn, task_id, tenant)
+    return task_summary(row)

@@ -1,0 +1,195 @@
+"""API schemas (Pydantic), apart from the DB models. `TaskCreate` is the one task body shared by
+REST (`POST /v1/tasks`) and Kafka (`dayzero.tasks`: the same JSON plus `tenant`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+MAX_GOAL_CHARS = 32_000
+MAX_MESSAGES = 256
+MAX_ATTACHMENTS = 16
+MAX_TOOLS = 128
+MAX_METADATA_KEYS = 32
+IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
+
+ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
+TRACEPARENT_RE = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChatMessage(_Strict):
+    """A prior message of the conversation, in OpenAI chat format."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Annotated[str, StringConstraints(max_length=MAX_GOAL_CHARS)] | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+
+
+class UploadedAttachment(_Strict):
+    """An image uploaded before with `POST /v1/attachments`."""
+
+    upload_id: Annotated[str, StringConstraints(min_length=1, max_length=36)]
+
+
+class InlineAttachment(_Strict):
+    """An image sent inline, base64-encoded (bounded by the body size limit)."""
+
+    data: Annotated[str, StringConstraints(min_length=4, pattern=r"^[A-Za-z0-9+/=\s]+$")] = Field(
+        description="standard base64"
+    )
+    media_type: Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
+    filename: Annotated[str, StringConstraints(max_length=255)] | None = None
+
+
+class Budget(_Strict):
+    """Per-task limits; the server's defaults are the maximum."""
+
+    max_steps: int | None = Field(None, ge=1, le=100_000)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000_000)
+    deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
+
+
+class SamplingParams(_Strict):
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+
+class TaskCreate(_Strict):
+    """A task submission."""
+
+    goal: Annotated[str, StringConstraints(min_length=1, max_length=MAX_GOAL_CHARS)]
+    system_prompt: Annotated[str, StringConstraints(max_length=MAX_GOAL_CHARS)] | None = None
+    messages: list[ChatMessage] = Field(default_factory=list, max_length=MAX_MESSAGES)
+    attachments: list[UploadedAttachment | InlineAttachment] = Field(
+        default_factory=list, max_length=MAX_ATTACHMENTS
+    )
+    allowed_tools: list[ShortStr] | None = Field(None, max_length=MAX_TOOLS, description="default: all tools")
+    budget: Budget = Field(default_factory=Budget)
+    sampling: SamplingParams | None = None
+    metadata: dict[ShortStr, MetaValue] = Field(default_factory=dict, max_length=MAX_METADATA_KEYS)
+
+
+class KafkaTaskMessage(TaskCreate):
+    """The value of a `dayzero.tasks` message: the REST body plus the tenant (key = idempotency key)."""
+
+    tenant: ShortStr
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    steps: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class Limits(BaseModel):
+    max_steps: int
+    max_tokens: int
+    deadline_at: dt.datetime
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    status: str
+    runner_id: str
+    resumed: int
+    error: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+class StepOut(BaseModel):
+    index: int
+    kind: str
+    status: str
+    tool_name: str | None
+    tool_call_id: str | None
+    arguments: str | None
+    attempt_count: int
+    error: dict[str, Any] | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    attempts: list[AttemptOut]
+
+
+class TaskSummary(BaseModel):
+    id: str
+    status: Literal[
+        "PENDING",
+        "PREPROCESSING",
+        "READY",
+        "RUNNING",
+        "WAITING",
+        "SUCCEEDED",
+        "FAILED",
+        "CANCELLED",
+        "TIMED_OUT",
+    ]
+    idempotency_key: str | None
+    metadata: dict[str, Any] | None
+    allowed_tools: list[str] | None
+    limits: Limits
+    usage: Usage
+    result: str | None
+    error: dict[str, Any] | None
+    cancel_requested: bool
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+class TaskDetail(TaskSummary):
+    steps: list[StepOut]
+
+
+class TaskPage(BaseModel):
+    items: list[TaskSummary]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
+
+
+class AttachmentOut(BaseModel):
+    id: str
+    status: str
+    media_type: str
+    filename: str | None
+    size_bytes: int
+    sha256: str
+    task_id: str | None
+    created_at: dt.datetime
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"]
+    revision: str | None
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None
+    task_id: str | None = None

@@ -1,0 +1,155 @@
+"""One way in for a task, shared by REST and Kafka: `TaskCreate` → attachments → `store.create_task`."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select
+
+from orchestrator.api.blobs import put_blob
+from orchestrator.api.schemas import InlineAttachment, TaskCreate, UploadedAttachment
+from orchestrator.clock import utcnow
+from orchestrator.config import Budgets
+from orchestrator.store import IdempotencyConflict, NewTask, attachments_t, create_task, tasks_t
+
+_INLINE_NS = uuid.UUID("6f6c2b2e-4d0a-4c3e-9a55-0d1f3f0c6a21")
+
+
+class InvalidSubmission(ValueError):
+    """The body is well-formed but cannot become a task (e.g. an unknown attachment)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class _Inline:
+    id: str
+    sha256: str
+    data: bytes
+    media_type: str
+    filename: str | None
+
+
+def to_new_task(
+    body: TaskCreate,
+    tenant: str,
+    *,
+    idempotency_key: str | None,
+    attachment_ids: list[str],
+    traceparent: str | None = None,
+) -> NewTask:
+    return NewTask(
+        tenant=tenant,
+        goal=body.goal,
+        messages=[m.model_dump(exclude_none=True) for m in body.messages],
+        system_prompt=body.system_prompt,
+        allowed_tools=body.allowed_tools,
+        sampling=body.sampling.model_dump(exclude_none=True) if body.sampling else None,
+        metadata=body.metadata or None,
+        max_steps=body.budget.max_steps,
+        max_tokens=body.budget.max_tokens,
+        deadline_s=body.budget.deadline_s,
+        idempotency_key=idempotency_key,
+        attachment_ids=attachment_ids,
+        traceparent=traceparent,
+    )
+
+
+def _decode_inline(body: TaskCreate, tenant: str, idempotency_key: str | None) -> dict[int, _Inline]:
+    import hashlib
+
+    out: dict[int, _Inline] = {}
+    for i, a in enumerate(body.attachments):
+        if not isinstance(a, InlineAttachment):
+            continue
+        try:
+            data = base64.b64decode(a.data, validate=False)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidSubmission("bad_attachment", f"attachments[{i}].data is not base64: {exc}") from None
+        if not data:
+            raise InvalidSubmission("bad_attachment", f"attachments[{i}].data is empty")
+        sha = hashlib.sha256(data).hexdigest()
+        # With an idempotency key the id is derived, so a replay hashes to the same request.
+        att_id = (
+            str(uuid.uuid5(_INLINE_NS, f"{tenant}\0{idempotency_key}\0{i}\0{sha}"))
+            if idempotency_key is not None
+            else str(uuid.uuid4())
+        )
+        out[i] = _Inline(att_id, sha, data, a.media_type, a.filename)
+    return out
+
+
+def submit_task(
+    conn: Connection,
+    body: TaskCreate,
+    tenant: str,
+    budgets: Budgets,
+    blob_dir: str,
+    *,
+    idempotency_key: str | None = None,
+    traceparent: str | None = None,
+) -> tuple[str, bool]:
+    """Create the task (or find the one this idempotency key made). Never commits.
+
+    Raises `IdempotencyConflict` (same key, different body) and `InvalidSubmission`.
+    """
+    inline = _decode_inline(body, tenant, idempotency_key)
+    att_ids = [
+        inline[i].id if i in inline else a.upload_id  # type: ignore[union-attr]
+        for i, a in enumerate(body.attachments)
+    ]
+    if len(set(att_ids)) != len(att_ids):
+        raise InvalidSubmission("bad_attachment", "an attachment is listed twice")
+    spec = to_new_task(
+        body, tenant, idempotency_key=idempotency_key, attachment_ids=att_ids, traceparent=traceparent
+    )
+    if idempotency_key is not None:
+        # Checked before touching attachments: on a replay they already belong to the task.
+        existing = conn.execute(
+            select(tasks_t.c.id, tasks_t.c.request_hash).where(
+                tasks_t.c.tenant == tenant, tasks_t.c.idempotency_key == idempotency_key
+            )
+        ).first()
+        if existing is not None:
+            if existing.request_hash != spec.request_hash():
+                raise IdempotencyConflict(existing.id)
+            return existing.id, False
+    uploaded = [a.upload_id for a in body.attachments if isinstance(a, UploadedAttachment)]
+    if uploaded:
+        rows = conn.execute(
+            select(attachments_t.c.id, attachments_t.c.task_id, attachments_t.c.status).where(
+                attachments_t.c.id.in_(uploaded), attachments_t.c.tenant == tenant
+            )
+        ).all()
+        usable = {r.id for r in rows if r.task_id is None and r.status != "FAILED"}
+        missing = [u for u in uploaded if u not in usable]
+        if missing:
+            raise InvalidSubmission("unknown_attachment", f"unknown or already used attachment(s): {missing}")
+    if inline:
+        now = utcnow()
+        for a in inline.values():
+            put_blob(blob_dir, a.data)
+        conn.execute(
+            insert(attachments_t),
+            [
+                {
+                    "id": a.id,
+                    "tenant": tenant,
+                    "status": "PENDING",
+                    "media_type": a.media_type,
+                    "filename": a.filename,
+                    "size_bytes": len(a.data),
+                    "sha256": a.sha256,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for a in inline.values()
+            ],
+        )
+    return create_task(conn, spec, budgets)

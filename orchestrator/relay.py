@@ -1,0 +1,314 @@
+"""The outbox relay and the live event feed.
+
+Relay. Reads unpublished `events` rows in id order, publishes each to `dayzero.events` (key =
+task id, so one task's events share a partition and keep their order) and, for terminal task
+events, the task's outcome to `dayzero.results`; waits for the broker's acks, then marks the rows
+published. A relay killed between the ack and the mark republishes those rows on restart:
+delivery is at-least-once, and `(task_id, seq)` is the consumer's dedupe key. Per-task order
+holds because a task's events are written under its row lock (ids grow with seq) and the
+producer has one request in flight. On PostgreSQL one relay is active at a time (an advisory
+lock); others wait as hot standbys.
+
+Feed. The SSE endpoint re-reads the `events` table (the source of truth) and sleeps between
+reads on a `Subscription`: on PostgreSQL woken by `LISTEN dayzero_events` (the trigger in
+migration 0002 NOTIFYs the task id on commit), elsewhere — and as a safety net — by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select, text, update
+
+from orchestrator.clock import utcnow
+from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
+from orchestrator.store import events_t, tasks_t
+
+log = logging.getLogger(__name__)
+
+EVENTS_TOPIC = "dayzero.events"
+RESULTS_TOPIC = "dayzero.results"
+NOTIFY_CHANNEL = "dayzero_events"
+RELAY_LOCK_ID = 0x64617930  # pg advisory lock key of the active relay
+TERMINAL_EVENT_TYPES = frozenset({"task.succeeded", "task.failed", "task.cancelled", "task.timed_out"})
+
+
+def event_record(
+    task_id: str, seq: int, type_: str, payload: Any, created_at: dt.datetime, tenant: str | None
+) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "tenant": tenant,
+        "seq": seq,
+        "type": type_,
+        "payload": payload,
+        "created_at": created_at.isoformat(),
+    }
+
+
+# -- relay ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    events_topic: str = EVENTS_TOPIC
+    results_topic: str = RESULTS_TOPIC
+    batch_size: int = 500
+    idle_sleep_s: float = 0.1
+
+
+class Relay:
+    """Publishes the outbox to Kafka. `producer` is a kafka-python `KafkaProducer` (or look-alike)."""
+
+    def __init__(self, engine: Engine, producer: Any, config: RelayConfig | None = None):
+        self.engine = engine
+        self.producer = producer
+        self.config = config or RelayConfig()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        with self._active_lock():
+            while not self._stop.is_set():
+                if self.publish_batch() == 0:
+                    self._stop.wait(self.config.idle_sleep_s)
+
+    def run_until_drained(self, timeout_s: float = 30.0) -> int:
+        total, end = 0, time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            n = self.publish_batch()
+            if n == 0:
+                return total
+            total += n
+        raise TimeoutError("outbox not drained")
+
+    @contextmanager
+    def _active_lock(self) -> Iterator[None]:
+        if self.engine.dialect.name != "postgresql":
+            yield
+            return
+        with self.engine.connect() as conn:
+            while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RELAY_LOCK_ID}).scalar():
+                conn.rollback()
+                if self._stop.wait(1.0):
+                    return
+            conn.commit()
+            log.info("relay active")
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RELAY_LOCK_ID})
+                conn.commit()
+
+    def publish_batch(self) -> int:
+        """Publish up to `batch_size` unpublished events; returns how many."""
+        cfg = self.config
+        q = (
+            select(
+                events_t.c.id,
+                events_t.c.task_id,
+                events_t.c.seq,
+                events_t.c.type,
+                events_t.c.payload,
+                events_t.c.created_at,
+                tasks_t.c.tenant,
+                tasks_t.c.status,
+                tasks_t.c.result,
+                tasks_t.c.error,
+                tasks_t.c.step_count,
+                tasks_t.c.prompt_tokens,
+                tasks_t.c.cached_tokens,
+                tasks_t.c.completion_tokens,
+                tasks_t.c.finished_at,
+                tasks_t.c.traceparent,
+                tasks_t.c.metadata,
+            )
+            .select_from(events_t.outerjoin(tasks_t, tasks_t.c.id == events_t.c.task_id))
+            .where(events_t.c.published_at.is_(None))
+            .order_by(events_t.c.id)
+            .limit(cfg.batch_size)
+        )
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(q))
+        if not rows:
+            RELAY_LAG.set(0)
+            return 0
+        futures = []
+        for r in rows:
+            headers = [("dayzero-event-type", r.type.encode()), ("dayzero-seq", str(r.seq).encode())]
+            if r.traceparent:
+                headers.append(("traceparent", r.traceparent.encode()))
+            value = event_record(r.task_id, r.seq, r.type, r.payload, r.created_at, r.tenant)
+            futures.append(
+                self.producer.send(
+                    cfg.events_topic,
+                    key=r.task_id.encode(),
+                    value=json.dumps(value, default=str).encode(),
+                    headers=headers,
+                )
+            )
+            if r.type in TERMINAL_EVENT_TYPES:
+                futures.append(
+                    self.producer.send(
+                        cfg.results_topic,
+                        key=r.task_id.encode(),
+                        value=json.dumps(result_record(r), default=str).encode(),
+                        headers=headers,
+                    )
+                )
+        self.producer.flush()
+        for f in futures:
+            f.get(timeout=30)  # raises if any send failed: nothing is marked, all is retried
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(events_t).where(events_t.c.id.in_([r.id for r in rows])).values(published_at=utcnow())
+            )
+        n_results = sum(1 for r in rows if r.type in TERMINAL_EVENT_TYPES)
+        RELAY_PUBLISHED.labels(cfg.events_topic).inc(len(rows))
+        if n_results:
+            RELAY_PUBLISHED.labels(cfg.results_topic).inc(n_results)
+        RELAY_LAG.set(len(rows))
+        return len(rows)
+
+
+def result_record(r: Any) -> dict[str, Any]:
+    status = r.type.removeprefix("task.").upper()
+    return {
+        "task_id": r.task_id,
+        "tenant": r.tenant,
+        "status": status,
+        "result": r.result if status == "SUCCEEDED" else None,
+        "error": r.error,
+        "usage": {
+            "steps": r.step_count,
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "completion_tokens": r.completion_tokens,
+        },
+        "metadata": r.metadata,
+        "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+        "seq": r.seq,
+    }
+
+
+def make_relay_producer(bootstrap: str, **overrides: Any) -> Any:
+    from kafka import KafkaProducer
+
+    cfg: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "acks": "all",
+        "linger_ms": 5,
+        "retries": 5,
+        "max_in_flight_requests_per_connection": 1,  # retries never reorder a task's events
+        "client_id": "dayzero-relay",
+    }
+    cfg.update(overrides)
+    return KafkaProducer(**cfg)
+
+
+# -- live feed -------------------------------------------------------------------------------------
+
+
+class Subscription:
+    """Wakes an SSE stream when its task may have new events. Clear, read, then `wait`."""
+
+    def __init__(self, feed: EventFeed, task_id: str):
+        self.feed, self.task_id = feed, task_id
+        self.event = asyncio.Event()
+
+    def clear(self) -> None:
+        self.event.clear()
+
+    async def wait(self, timeout_s: float) -> None:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout=min(timeout_s, self.feed.poll_s))
+
+
+class EventFeed:
+    """Polling feed (every `poll_s`); the base of the NOTIFY feed."""
+
+    def __init__(self, poll_s: float = 0.5):
+        self.poll_s = poll_s
+        self._subs: dict[str, set[Subscription]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    def stop(self) -> None:
+        pass
+
+    @contextmanager
+    def subscribe(self, task_id: str) -> Iterator[Subscription]:
+        sub = Subscription(self, task_id)
+        self._subs.setdefault(task_id, set()).add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subs.get(task_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    self._subs.pop(task_id, None)
+
+    def _wake(self, task_id: str) -> None:  # on the event loop
+        for sub in list(self._subs.get(task_id, ())):
+            sub.event.set()
+
+
+class PgNotifyFeed(EventFeed):
+    """LISTEN on a dedicated psycopg connection in a thread; polling stays on as a safety net."""
+
+    def __init__(self, database_url: str, poll_s: float = 2.0):
+        super().__init__(poll_s)
+        self.url = database_url
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        super().start()
+        self._thread = threading.Thread(target=self._listen, name="pg-listen", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _listen(self) -> None:
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        u = make_url(self.url)
+        dsn = u.set(drivername="postgresql").render_as_string(hide_password=False)
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.connected.set()
+                    while not self._stop.is_set():
+                        for n in conn.notifies(timeout=0.5):
+                            if self._loop is not None:
+                                self._loop.call_soon_threadsafe(self._wake, n.payload)
+            except Exception as exc:  # reconnect; polling covers the gap
+                self.connected.clear()
+                log.warning("LISTEN connection lost (%s); reconnecting", exc)
+                self._stop.wait(1.0)
+
+
+def make_feed(engine: Engine, poll_s: float) -> EventFeed:
+    if engine.dialect.name == "postgresql":
+        return PgNotifyFeed(engine.url.render_as_string(hide_password=False), poll_s=max(poll_s, 2.0))
+    return EventFeed(poll_s)
