@@ -39,14 +39,20 @@ class Settings(BaseSettings):
     # Runner
     lease_s: float = Field(30.0, gt=0, alias="DAYZERO_LEASE_S")
     poll_interval_s: float = Field(0.2, gt=0, alias="DAYZERO_POLL_INTERVAL_S")
-    tool_modules: tuple[str, ...] = Field(
-        (), alias="DAYZERO_TOOL_MODULES", description="extra modules imported to register tools"
+    tool_modules_csv: str = Field(
+        "",
+        alias="DAYZERO_TOOL_MODULES",
+        description="comma-separated modules whose dayzero_tools() register tools",
     )
     budgets: Budgets = Field(default_factory=Budgets)
 
     # Tracing: OTLP endpoint, or none (spans still carry context across processes).
     otlp_endpoint: str | None = Field(None, alias="OTEL_EXPORTER_OTLP_ENDPOINT")
     service_name: str = Field("dayzero", alias="OTEL_SERVICE_NAME")
+
+    @property
+    def tool_modules(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.tool_modules_csv.split(",") if m.strip())
 
     @property
     def is_sqlite(self) -> bool:

@@ -30,6 +30,7 @@ from sqlalchemy import Engine, select
 
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
+from orchestrator.failpoints import failpoint
 from orchestrator.inference_client import InferenceClient, InferenceError, Sampling
 from orchestrator.runner.lease import LeaseLost, claim_next_task, renew_lease
 from orchestrator.runner.retry import full_jitter_delay
@@ -388,7 +389,9 @@ class Runner:
             policy = spec.retry if spec is not None else RetryPolicy()
             remaining = (task.deadline_at - utcnow()).total_seconds()
             timeout_s = max(0.001, min(policy.timeout_s, remaining))
+            failpoint("before_tool")
             outcome = self.dispatcher.run_tool(self._tool_payload(task, step, timeout_s))
+            failpoint("after_tool")
             lost = False
         with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
             self._record_tool_outcome(tx, step, spec, outcome, resumed=in_doubt and not lost, lost=lost)

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, insert, update
 
 from orchestrator.clock import utcnow
+from orchestrator.failpoints import failpoint
 from orchestrator.runner.lease import lock_leased_task
 from orchestrator.statemachine import (
     TERMINAL_TASK_STATUSES,
@@ -95,6 +96,8 @@ class StepTxn:
             tx = cls(conn, task, runner_id, lease_s)
             yield tx
             tx._flush()
+            failpoint("before_commit")
+        failpoint("after_commit")
 
     # -- events and the task row -------------------------------------------------------------
     def event(self, typ: str, payload: dict[str, Any]) -> None:
