@@ -1,0 +1,226 @@
+"""The OpenAI-compatible HTTP server (FastAPI) over the async engine.
+
+Routes: POST /v1/chat/completions, POST /v1/completions (both with SSE streaming), GET /v1/models,
+GET /health, GET /metrics (Prometheus). Every error is an OpenAI-style `{"error": {...}}` body;
+a bad request never stops the server. A streaming client that goes away aborts its request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inference.engine.async_engine import AsyncEngine, EngineDeadError
+from inference.server.protocol import ChatStreamFilter, OpenAIError, OpenAIServing, usage
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("dayzero_requests_running", "Requests being computed", registry=r)
+        self.waiting = Gauge("dayzero_requests_waiting", "Requests queued", registry=r)
+        self.kv = Gauge("dayzero_kv_pool_usage", "Fraction of KV blocks in use", registry=r)
+        self.state = Gauge(
+            "dayzero_state_pool_usage", "Fraction of state slots in use (live + checkpoints)", registry=r
+        )
+        self.hit = Gauge("dayzero_prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens", registry=r)
+        self.gen_tps = Gauge(
+            "dayzero_generation_tokens_per_second", "Generated tokens/s since the last scrape", registry=r
+        )
+        self.prompt_tokens = Counter("dayzero_prompt_tokens", "Prompt tokens received", registry=r)
+        self.gen_tokens = Counter("dayzero_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("dayzero_requests", "Requests by outcome", ["outcome"], registry=r)
+        self._last = (time.monotonic(), 0)
+
+    def refresh(self, stats: dict[str, float]) -> None:
+        self.running.set(stats["num_running"])
+        self.waiting.set(stats["num_waiting"])
+        self.kv.set(stats["kv_usage"])
+        self.state.set(stats["state_usage"])
+        self.hit.set(stats["prefix_hit_rate"])
+        now, gen = time.monotonic(), stats["generated_tokens"]
+        t0, g0 = self._last
+        if now > t0:
+            self.gen_tps.set((gen - g0) / (now - t0))
+        self._last = (now, gen)
+
+
+def _error(exc: OpenAIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
+    app = FastAPI(title="dayzero inference", docs_url=None, redoc_url=None)
+    metrics = _Metrics()
+    app.state.engine = engine
+    app.state.serving = serving
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_req: Request, exc: OpenAIError) -> JSONResponse:
+        metrics.requests.labels("error").inc()
+        return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(OpenAIError(str(exc.detail), status=exc.status_code, type=kind))
+
+    @app.exception_handler(Exception)
+    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
+        return _error(OpenAIError(f"internal error: {exc}", status=500, type="server_error"))
+
+    async def _body(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
+
+    async def _submit(prompt, sampling, **kw) -> tuple[AsyncIterator, Any]:
+        if not engine.alive:
+            raise OpenAIError("the engine is not running", status=503, type="server_error")
+        gen = engine.generate(prompt, sampling, **kw)
+        try:
+            first = await gen.__anext__()
+        except ValueError as exc:
+            raise OpenAIError(
+                str(exc), code="context_length_exceeded" if "context" in str(exc) else None
+            ) from None
+        except EngineDeadError as exc:
+            raise OpenAIError(str(exc), status=503, type="server_error") from None
+        except RuntimeError as exc:
+            raise OpenAIError(str(exc), status=500, type="server_error") from None
+        return gen, first
+
+    async def _collect(gen: AsyncIterator, first: Any) -> list:
+        outs = [first]
+        while not outs[-1].finished:
+            outs.append(await gen.__anext__())
+        return outs
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        p = serving.prepare_chat(await _body(request))
+        gen, first = await _submit(p.prompt_token_ids, p.sampling, mm_spans=p.mm_spans, mm_inputs=_mm(p))
+        metrics.prompt_tokens.inc(len(p.prompt_token_ids))
+        if not p.stream:
+            outs = await _collect(gen, first)
+            metrics.gen_tokens.inc(outs[-1].num_output_tokens)
+            metrics.requests.labels("ok").inc()
+            return serving.chat_response(first.request_id, outs, p)
+
+        async def events() -> AsyncIterator[str]:
+            rid, created = first.request_id, int(time.time())
+            filt = ChatStreamFilter(p)
+            yield serving.chat_chunk(rid, created, {"role": "assistant", "content": ""})
+            o = first
+            while True:
+                delta = filt.push(o.new_text)
+                if delta:
+                    yield serving.chat_chunk(rid, created, {"content": delta})
+                if o.finished:
+                    break
+                o = await gen.__anext__()
+            msg, errors = serving.chat_message(filt.text, p)
+            final: dict[str, Any] = {}
+            if msg.get("tool_calls"):
+                final["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
+            if errors:  # the raw text stays visible: send what the stream has not shown yet
+                raw = msg["content"] or ""
+                final["content"] = raw[len(filt.sent) :] if raw.startswith(filt.sent) else raw
+            finish = "tool_calls" if msg.get("tool_calls") else (o.finish_reason or "stop")
+            yield serving.chat_chunk(rid, created, final, finish)
+            if p.include_usage:
+                yield serving.chat_chunk(rid, created, None, usage_=usage(o))
+            metrics.gen_tokens.inc(o.num_output_tokens)
+            metrics.requests.labels("ok").inc()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(_closing(gen, events()), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        ids, sampling, stream = serving.prepare_completion(await _body(request))
+        gen, first = await _submit(ids, sampling)
+        metrics.prompt_tokens.inc(len(ids))
+        if not stream:
+            outs = await _collect(gen, first)
+            metrics.gen_tokens.inc(outs[-1].num_output_tokens)
+            metrics.requests.labels("ok").inc()
+            return serving.completion_response(first.request_id, outs, sampling)
+
+        async def events() -> AsyncIterator[str]:
+            created, o = int(time.time()), first
+            while True:
+                if o.new_text or o.finished:
+                    yield serving.completion_chunk(
+                        o.request_id, created, o.new_text, o.finish_reason if o.finished else None
+                    )
+                if o.finished:
+                    break
+                o = await gen.__anext__()
+            metrics.gen_tokens.inc(o.num_output_tokens)
+            metrics.requests.labels("ok").inc()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(_closing(gen, events()), media_type="text/event-stream")
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": serving.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "dayzero",
+                    "max_model_len": serving.max_model_len,
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            return JSONResponse({"status": "engine not running"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prom():
+        metrics.refresh(engine.stats())
+        return PlainTextResponse(
+            generate_latest(metrics.registry).decode(), media_type="text/plain; version=0.0.4"
+        )
+
+    return app
+
+
+async def _closing(gen: AsyncIterator, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Run `events`; however it ends (client gone included), close the engine stream: abort."""
+    try:
+        async for e in events:
+            yield e
+    finally:
+        await gen.aclose()
+
+
+def _mm(p) -> Any:
+    """Image embeddings of a prepared chat (the serving layer's image handler made them)."""
+    if not p.mm_payloads:
+        return None
+    import torch
+
+    from inference.engine.model_runner import MMInputs
+
+    embeds = torch.cat([e for e in p.mm_payloads])
+    positions = torch.cat([torch.arange(s.offset, s.offset + s.length) for s in p.mm_spans])
+    return MMInputs(embeds, positions)

@@ -1,0 +1,349 @@
+"""OpenAI request parsing and response building, shared by the HTTP server and the embedded client.
+
+No web framework here: a request body (a dict) becomes token ids + `SamplingParams`, and engine
+outputs become `chat.completion` / `text_completion` objects (and their streaming chunks).
+Malformed input raises `OpenAIError` carrying the HTTP status and OpenAI's error fields.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.chat import ChatTemplate, ImageHandler
+from inference.engine.engine import RequestOutput
+from inference.engine.request import SamplingParams, TokenLogprob
+from inference.tokenizer import Tokenizer
+from inference.toolparse import SECTION_BEGIN, ToolParser
+
+
+class OpenAIError(Exception):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.type, self.param, self.code = status, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _num(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, kind if kind is not float else (int, float)):
+        raise OpenAIError(f"'{key}' must be {'a number' if kind is float else 'an integer'}", param=key)
+    return v
+
+
+def parse_sampling(body: Mapping[str, Any], *, default_max_tokens: int, chat: bool) -> SamplingParams:
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop = tuple(stop)
+    else:
+        raise OpenAIError("'stop' must be a string or a list of strings", param="stop")
+    max_key = (
+        "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    logprobs: int | None = None
+    if chat:
+        if body.get("logprobs"):
+            logprobs = _num(body, "top_logprobs", int, 0)
+    elif body.get("logprobs") is not None:
+        logprobs = _num(body, "logprobs", int, 0)
+    n = _num(body, "n", int, 1)
+    if n != 1:
+        raise OpenAIError("only n=1 is supported", param="n")
+    stop_ids = body.get("stop_token_ids") or ()
+    if not isinstance(stop_ids, list | tuple) or not all(isinstance(t, int) for t in stop_ids):
+        raise OpenAIError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    kw = dict(
+        temperature=float(_num(body, "temperature", float, 1.0)),
+        top_p=float(_num(body, "top_p", float, 1.0)),
+        top_k=_num(body, "top_k", int, 0),
+        seed=_num(body, "seed", int, None),
+        max_tokens=_num(body, max_key, int, default_max_tokens),
+        min_tokens=_num(body, "min_tokens", int, 0),
+        stop=stop,
+        stop_token_ids=tuple(stop_ids),
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        logprobs=logprobs,
+        skip_special_tokens=not chat,
+    )
+    if kw["temperature"] > 2.0:
+        raise OpenAIError("'temperature' must be between 0 and 2", param="temperature")
+    try:
+        return SamplingParams(**kw)
+    except ValueError as exc:
+        param = str(exc).split(" ", 1)[0]
+        raise OpenAIError(str(exc), param=param) from None
+
+
+@dataclass(slots=True)
+class PreparedChat:
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+    tool_names: set[str] | None
+    parse_tools: bool
+    forced_prefix: str
+    mm_spans: list = field(default_factory=list)
+    mm_payloads: list = field(default_factory=list)
+
+
+class OpenAIServing:
+    """Turns OpenAI bodies into engine calls and engine outputs into OpenAI objects."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        tool_parser: ToolParser,
+        model_name: str,
+        max_model_len: int,
+        image_handler: ImageHandler | None = None,
+        default_max_tokens: int = 1024,
+    ) -> None:
+        self.tok = tokenizer
+        self.template = ChatTemplate(tokenizer)
+        self.tool_parser = tool_parser
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.image_handler = image_handler
+        self.default_max_tokens = default_max_tokens
+
+    def check_model(self, body: Mapping[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise OpenAIError(
+                f"The model `{model}` does not exist", status=404, param="model", code="model_not_found"
+            )
+
+    def _check_len(self, n: int) -> None:
+        if n >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has {n} tokens.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
+    # -- chat ------------------------------------------------------------------------------
+    def prepare_chat(self, body: Any) -> PreparedChat:
+        if not isinstance(body, Mapping):
+            raise OpenAIError("the request body must be a JSON object")
+        self.check_model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise OpenAIError("'messages' must be a non-empty array", param="messages")
+        tools = body.get("tools")
+        if tools is not None and (
+            not isinstance(tools, list)
+            or not all(
+                isinstance(t, Mapping)
+                and t.get("type") == "function"
+                and isinstance(t.get("function"), Mapping)
+                and isinstance(t["function"].get("name"), str)
+                for t in tools
+            )
+        ):
+            raise OpenAIError(
+                "'tools' must be a list of {type: 'function', function: {name, ...}}", param="tools"
+            )
+        tool_choice = body.get("tool_choice", "auto")
+        try:
+            rendered = self.template.render(
+                messages, tools, tool_choice=tool_choice if tools else None, image_handler=self.image_handler
+            )
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="messages") from None
+        self._check_len(len(rendered.token_ids))
+        sampling = parse_sampling(body, default_max_tokens=self.default_max_tokens, chat=True)
+        opts = body.get("stream_options") or {}
+        return PreparedChat(
+            rendered.token_ids,
+            sampling,
+            bool(body.get("stream", False)),
+            bool(isinstance(opts, Mapping) and opts.get("include_usage")),
+            {t["function"]["name"] for t in tools} if tools else None,
+            bool(tools) and tool_choice != "none",
+            rendered.forced_prefix,
+            rendered.mm_spans,
+            rendered.mm_payloads,
+        )
+
+    def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:
+        full = p.forced_prefix + text
+        if not p.parse_tools:
+            return {"role": "assistant", "content": full}, []
+        parsed = self.tool_parser.parse(full, p.tool_names)
+        msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            msg["tool_calls"] = parsed.tool_calls
+        return msg, parsed.errors
+
+    def chat_response(self, rid: str, outs: Sequence[RequestOutput], p: PreparedChat) -> dict[str, Any]:
+        last = outs[-1]
+        text = "".join(o.new_text for o in outs)
+        msg, errors = self.chat_message(text, p)
+        finish = "tool_calls" if msg.get("tool_calls") else (last.finish_reason or "stop")
+        choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": finish}
+        if p.sampling.logprobs is not None:
+            choice["logprobs"] = {"content": self._chat_logprobs([lp for o in outs for lp in o.new_logprobs])}
+        resp = {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": usage(last),
+            "dayzero": {"ttft_ms": (last.ttft_s or 0.0) * 1000.0},
+        }
+        if errors:
+            resp["dayzero"]["tool_call_errors"] = errors
+        return resp
+
+    def _tok_str(self, t: int) -> str:
+        return self.tok.decode([t])
+
+    def _chat_logprobs(self, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        return [
+            {
+                "token": self._tok_str(lp.token_id),
+                "logprob": lp.logprob,
+                "top_logprobs": [{"token": self._tok_str(t), "logprob": v} for t, v in lp.top],
+            }
+            for lp in lps
+        ]
+
+    def chat_chunk(
+        self,
+        rid: str,
+        created: int,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        usage_: dict | None = None,
+    ) -> str:
+        obj: dict[str, Any] = {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.model_name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if delta is not None else [],
+        }
+        if usage_ is not None:
+            obj["usage"] = usage_
+        return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+    # -- completions -----------------------------------------------------------------------
+    def prepare_completion(self, body: Any) -> tuple[list[int], SamplingParams, bool]:
+        if not isinstance(body, Mapping):
+            raise OpenAIError("the request body must be a JSON object")
+        self.check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = self.tok.encode(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            ids = list(prompt)
+            if any(not 0 <= t < self.tok.vocab_size for t in ids):
+                raise OpenAIError("prompt token ids are outside the vocabulary", param="prompt")
+        else:
+            raise OpenAIError("'prompt' must be a string or a list of token ids (one prompt)", param="prompt")
+        if not ids:
+            raise OpenAIError("the prompt is empty", param="prompt")
+        self._check_len(len(ids))
+        return ids, parse_sampling(body, default_max_tokens=16, chat=False), bool(body.get("stream", False))
+
+    def completion_response(
+        self, rid: str, outs: Sequence[RequestOutput], sampling: SamplingParams
+    ) -> dict[str, Any]:
+        last = outs[-1]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": "".join(o.new_text for o in outs),
+            "finish_reason": last.finish_reason or "stop",
+            "logprobs": None,
+        }
+        if sampling.logprobs is not None:
+            lps = [lp for o in outs for lp in o.new_logprobs]
+            choice["logprobs"] = {
+                "tokens": [self._tok_str(lp.token_id) for lp in lps],
+                "token_logprobs": [lp.logprob for lp in lps],
+                "top_logprobs": [{self._tok_str(t): v for t, v in lp.top} for lp in lps],
+            }
+        return {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": usage(last),
+            "dayzero": {"ttft_ms": (last.ttft_s or 0.0) * 1000.0},
+        }
+
+    def completion_chunk(self, rid: str, created: int, text: str, finish: str | None) -> str:
+        obj = {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        }
+        return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+
+def usage(o: RequestOutput) -> dict[str, Any]:
+    return {
+        "prompt_tokens": o.num_prompt_tokens,
+        "completion_tokens": o.num_output_tokens,
+        "total_tokens": o.num_prompt_tokens + o.num_output_tokens,
+        "prompt_tokens_details": {"cached_tokens": o.num_cached_tokens},
+    }
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+class ChatStreamFilter:
+    """Streams content deltas until a tool-calls section starts; the calls go out at the end."""
+
+    def __init__(self, p: PreparedChat) -> None:
+        self.p = p
+        self.text = ""
+        self.sent = ""  # content already streamed
+        self.in_tools = bool(p.forced_prefix) and p.parse_tools
+
+    def push(self, delta: str) -> str:
+        self.text += delta
+        if self.in_tools or not delta:
+            return ""
+        if self.p.parse_tools and SECTION_BEGIN in self.text:
+            self.in_tools = True
+            before = self.text.index(SECTION_BEGIN)
+            sent = len(self.text) - len(delta)
+            out = self.text[sent:before] if before > sent else ""
+            self.sent += out
+            return out
+        self.sent += delta
+        return delta

@@ -1,0 +1,62 @@
+"""Start the server: build the engine, wrap it, run uvicorn (on a given socket or host/port)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from inference.engine.async_engine import AsyncEngine
+from inference.engine.engine import Engine
+from inference.server.app import build_app
+from inference.server.protocol import OpenAIServing
+from inference.toolparse import get_tool_parser
+
+
+def make_app(engine: Engine, *, model_name: str, tool_parser: str = "kimi") -> tuple[Any, AsyncEngine]:
+    aeng = AsyncEngine(engine).start()
+    serving = OpenAIServing(
+        engine.tokenizer, get_tool_parser(tool_parser), model_name, engine.config.max_model_len
+    )
+    return build_app(aeng, serving), aeng
+
+
+def run_server(engine: Engine, *, host: str, port: int, model_name: str, tool_parser: str = "kimi") -> None:
+    import uvicorn
+
+    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info")
+    finally:
+        aeng.shutdown()
+
+
+class BackgroundServer:
+    """The server in a thread on an OS-chosen port (tests, the embedded default's own use)."""
+
+    def __init__(self, engine: Engine, *, model_name: str, host: str = "127.0.0.1") -> None:
+        import uvicorn
+
+        self.app, self.engine = make_app(engine, model_name=model_name)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        import time
+
+        for _ in range(200):
+            if self.server.started:
+                break
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.engine.shutdown()
+        self.sock.close()
