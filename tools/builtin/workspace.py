@@ -92,7 +92,9 @@ def _open_dir(root: Path, parts: list[str], *, create: bool) -> Iterator[int]:
 def _usage(root: Path) -> tuple[int, int]:
     """(bytes, files) used by the workspace, counting without following links."""
     total = files = 0
-    for dirpath, _dirs, names in os.walk(root, followlinks=False):
+    for dirpath, dirs, names in os.walk(root, followlinks=False):
+        if dirpath == str(root) and RESERVED_DIR in dirs:
+            dirs.remove(RESERVED_DIR)  # idempotency records: small, and not the model's files
         for name in names:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
