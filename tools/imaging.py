@@ -1,21 +1,24 @@
-"""Safe image decode for the image tools, behind one function so it can move to `preprocess`.
+"""Image access for the image tools, through `preprocess`'s safe decode.
 
-`preprocess/` (written in parallel) will own decode/validation; until its safe-decode API exists,
-`open_image` does the same checks here with Pillow: a format allow-list, the pixel limit checked
-from the header before any pixel is decoded (a decompression bomb is a clear error, not an OOM),
-`Image.verify()` on a first open, then a fresh open for the real decode, EXIF orientation applied.
+`open_image` is `preprocess.decode_image` (magic-byte format allow-list, byte and pixel limits
+checked before any pixel is decoded, truncation refused, EXIF orientation, RGB) with its typed
+`ImageError`s turned into a `ToolError` the model can read. `image_header` reads only the header
+(for `image_info`, which must not decode 50 Mpx to report a size), using the same magic-byte sniff
+and the same pixel limit.
 """
 
 from __future__ import annotations
 
 import warnings
+from io import BytesIO
 from pathlib import Path
 
-from PIL import Image, ImageOps
+from PIL import Image
 
+from preprocess import ImageError, PreprocessConfig, decode_image, sniff_format
+from preprocess.config import ALL_FORMATS
 from tools.base import PermanentToolError
 
-ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF"})
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
@@ -23,45 +26,42 @@ class ImageDecodeError(PermanentToolError):
     """The attachment is not an image we decode (format, size, corruption)."""
 
 
+def _read(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ImageDecodeError(f"cannot read the image: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ImageDecodeError(f"image file is larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
 def image_header(path: Path, *, max_pixels: int) -> tuple[str, int, int, str, int]:
     """(format, width, height, mode, frames) from the header only, with the pixel limit checked."""
-    _check_file(path)
+    data = _read(path)
+    fmt = sniff_format(data)
+    if fmt is None or fmt not in ALL_FORMATS:
+        raise ImageDecodeError("not an image in an accepted format (" + ", ".join(ALL_FORMATS) + ")")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path, formats=sorted(ALLOWED_FORMATS)) as im:
-                fmt, (w, h), mode = im.format or "?", im.size, im.mode
+            with Image.open(BytesIO(data), formats=[fmt]) as im:
+                (w, h), mode = im.size, im.mode
                 frames = int(getattr(im, "n_frames", 1))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ImageDecodeError("image is larger than the decoder's pixel limit") from None
-    except (OSError, ValueError, SyntaxError) as exc:  # PIL.UnidentifiedImageError is an OSError
-        raise ImageDecodeError(f"not a decodable image ({type(exc).__name__})") from None
+        raise ImageDecodeError("image header declares more pixels than the decoder's pixel limit") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise ImageDecodeError(f"the {fmt} header is unreadable ({type(exc).__name__})") from None
     if w * h > max_pixels:
         raise ImageDecodeError(f"image is {w}x{h} = {w * h} pixels; the limit is {max_pixels}")
     return fmt, w, h, mode, frames
 
 
 def open_image(path: Path, *, max_pixels: int) -> Image.Image:
-    """Decode the first frame to RGB(A) after verification; raises `ImageDecodeError`."""
-    image_header(path, max_pixels=max_pixels)
+    """Decode to 8-bit RGB via `preprocess.decode_image`; raises `ImageDecodeError`."""
+    data = _read(path)
     try:
-        with Image.open(path, formats=sorted(ALLOWED_FORMATS)) as im:
-            im.verify()  # structural check (truncation, bad CRCs) without decoding into memory
-        with Image.open(path, formats=sorted(ALLOWED_FORMATS)) as im:
-            im.seek(0)
-            im.load()
-            out = ImageOps.exif_transpose(im)
-            return out.convert("RGBA" if "A" in out.getbands() else "RGB")
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ImageDecodeError("image is larger than the decoder's pixel limit") from None
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageDecodeError(f"image is corrupt or truncated ({type(exc).__name__})") from None
-
-
-def _check_file(path: Path) -> None:
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise ImageDecodeError(f"cannot read the image: {exc.strerror}") from None
-    if size > MAX_FILE_BYTES:
-        raise ImageDecodeError(f"image file is {size} bytes; the limit is {MAX_FILE_BYTES}")
+        return decode_image(data, PreprocessConfig(max_pixels=max_pixels, max_bytes=MAX_FILE_BYTES))
+    except ImageError as exc:
+        raise ImageDecodeError(str(exc), details={"code": exc.code, **exc.details}) from None

@@ -96,9 +96,9 @@ def test_decompression_bomb_is_a_clear_error(tmp_path: Path) -> None:
     ctx = make_context(tmp_path, atts)
     reg = registry(max_pixels=10_000_000)
     for tool, args in (("image_info", {}), ("image_crop_zoom", {"box": [0, 0, 10, 10]})):
-        with pytest.raises(ImageDecodeError, match="16000000 pixels; the limit is 10000000"):
+        with pytest.raises(ImageDecodeError, match=r"16000000 pixels.*10000000"):
             reg.execute(tool, {"attachment_id": "big", **args}, ctx)
-        with pytest.raises(ImageDecodeError, match="pixel limit"):
+        with pytest.raises(ImageDecodeError, match="pixel"):
             reg.execute(tool, {"attachment_id": "bomb", **args}, ctx)
 
 
