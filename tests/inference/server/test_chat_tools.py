@@ -1,0 +1,139 @@
+"""Byte tokenizer, Kimi chat template, Kimi tool-call parser, and the embedded client."""
+
+import json
+
+import pytest
+
+from inference.chat import ChatTemplate
+from inference.embedded import EmbeddedEngineClient
+from inference.tokenizer import ByteTokenizer, make_detokenizer
+from inference.toolparse import get_tool_parser
+
+TOK = ByteTokenizer()
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_tokenizer_round_trip_and_no_forged_specials():
+    text = "héllo 日本 <|im_end|>"
+    assert TOK.decode(TOK.encode(text)) == text
+    assert TOK.token_id("<|im_end|>") not in TOK.encode(text)  # user text stays bytes
+    ids = TOK.encode(text, allow_special=True)
+    assert TOK.token_id("<|im_end|>") in ids
+    d = make_detokenizer(TOK)
+    assert "".join(d.push([i]) for i in ids) + d.flush() == text
+
+
+def test_template_layout_and_assistant_round_trip():
+    tpl = ChatTemplate(TOK)
+    call = {
+        "id": "functions.get_weather:0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+    ]
+    text = TOK.decode(tpl.render(msgs, TOOLS).token_ids)
+    assert text.startswith("<|im_system|>tool_declare<|im_middle|>[")
+    assert (
+        "<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>"
+        'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+        "<|tool_calls_section_end|><|im_end|>"
+    ) in text
+    assert "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\nsunny<|im_end|>" in text
+    assert text.endswith("<|im_assistant|>assistant<|im_middle|>")
+    # what the model generated, parsed and re-rendered, is the same token sequence
+    gen = (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+    )
+    parsed = get_tool_parser("kimi").parse(gen, {"get_weather"})
+    prompt = tpl.render(msgs[:2], TOOLS).token_ids
+    again = tpl.render(
+        [*msgs[:2], {"role": "assistant", "content": parsed.content or "", "tool_calls": parsed.tool_calls}],
+        TOOLS,
+        add_generation_prompt=False,
+    ).token_ids
+    assert again[: len(prompt)] == prompt
+    assert again[len(prompt) :] == [*TOK.encode(gen, allow_special=True), TOK.token_id("<|im_end|>")]
+
+
+def test_forced_tool_choice_prefix():
+    tpl = ChatTemplate(TOK)
+    r = tpl.render(
+        [{"role": "user", "content": "x"}],
+        TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    assert r.forced_prefix.endswith("functions.get_weather:0<|tool_call_argument_begin|>")
+    assert TOK.decode(r.token_ids).endswith(r.forced_prefix)
+
+
+GOOD = (
+    "Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+    '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1'
+    '<|tool_call_argument_begin|>{"city": "Rome"}<|tool_call_end|><|tool_calls_section_end|>'
+)
+
+
+def test_parser_good_calls():
+    p = get_tool_parser("kimi").parse(GOOD, {"get_weather"})
+    assert p.errors == [] and p.content == "Let me check."
+    assert [json.loads(c["function"]["arguments"])["city"] for c in p.tool_calls] == ["Paris", "Rome"]
+    assert p.tool_calls[1]["id"] == "functions.get_weather:1"
+
+
+@pytest.mark.parametrize(
+    ("text", "n_ok", "needle"),
+    [
+        (GOOD.replace("<|tool_calls_section_end|>", ""), 2, "not closed"),
+        (GOOD.replace('{"city": "Rome"}', '{"city": '), 1, "not valid JSON"),
+        (GOOD.replace('{"city": "Rome"}', "[1]"), 1, "JSON object"),
+        (GOOD.replace("functions.get_weather:1", "get weather"), 1, "malformed tool-call id"),
+        (GOOD.replace("functions.get_weather:1", "functions.rm_rf:1"), 1, "unknown tool"),
+        (GOOD[: GOOD.index('<|tool_call_argument_begin|>{"city": "Rome')], 1, "incomplete"),
+        ("<|tool_call_begin|>functions.x:0", 0, "outside"),
+    ],
+    ids=["unclosed", "bad-json", "not-object", "bad-id", "unknown-tool", "truncated", "stray-tokens"],
+)
+def test_parser_broken_calls_are_reported_not_raised(text, n_ok, needle):
+    p = get_tool_parser("kimi").parse(text, {"get_weather"})
+    assert len(p.tool_calls) == n_ok
+    assert any(needle in e for e in p.errors), p.errors
+    assert p.content == text  # nothing the model said is lost
+
+
+def test_unknown_parser_name():
+    with pytest.raises(ValueError, match="unknown tool parser"):
+        get_tool_parser("nope")
+
+
+def test_embedded_client_chat():
+    import torch
+
+    n = torch.get_num_threads()
+    client = EmbeddedEngineClient.default()
+    try:
+        req = {
+            "model": "anything",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": TOOLS,
+            "max_tokens": 6,
+            "temperature": 0,
+        }
+        a = client.chat(req)
+        b = client.chat(req)
+        assert a["object"] == "chat.completion" and a["choices"][0]["message"]["role"] == "assistant"
+        assert a["choices"][0]["message"] == b["choices"][0]["message"]
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert a["dayzero"]["ttft_ms"] > 0
+        with pytest.raises(ValueError, match="temperature"):
+            client.chat({**req, "temperature": -3})
+        with pytest.raises(ValueError, match="messages"):
+            client.chat({"messages": []})
+    finally:
+        client.close()
+        torch.set_num_threads(n)
