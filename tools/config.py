@@ -50,6 +50,12 @@ class SandboxConfig:
     gid: int = 65534
     # Refuse to run when the kernel lacks Landlock (otherwise: namespaces + uid + rlimits only).
     require_landlock: bool = False
+    # Off only to exercise the fallback (namespaces, read-only mounts, uid, rlimits) in tests.
+    use_landlock: bool = True
+
+    def __post_init__(self) -> None:
+        if self.require_landlock and not self.use_landlock:
+            raise ValueError("require_landlock needs use_landlock")
 
 
 @dataclass(frozen=True, slots=True)

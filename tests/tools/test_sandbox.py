@@ -110,6 +110,35 @@ def test_files_outside_the_workspace_are_denied(sandbox: Sandbox, tmp_path: Path
         assert "READ" not in res.stdout
 
 
+def test_without_landlock_the_fallback_still_contains(tmp_path: Path) -> None:
+    """Kernels without Landlock: private mounts, read-only remounts, uid drop and rlimits remain."""
+    sb = Sandbox(SandboxConfig(limits=LIMITS, use_landlock=False))
+    assert sb.probe().landlock_abi == 0
+    code = (
+        "import os\n"
+        "for p in ['/etc/shadow', '/root/.bashrc']:\n"
+        "    try:\n"
+        "        open(p).read(); print(p, 'READ')\n"
+        "    except OSError as e:\n"
+        "        print(p, 'DENIED', e.strerror)\n"
+        "for p in ['/etc/dz-pwn', '/var/lib/dz-pwn', '/dev/shm/dz-pwn', '/var/tmp/dz-pwn', '/tmp/dz-pwn']:\n"
+        "    try:\n"
+        "        open(p, 'w').write('x'); print(p, 'WROTE')\n"
+        "    except OSError as e:\n"
+        "        print(p, 'DENIED', e.strerror)\n"
+    )
+    res = run(sb, code)
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    if os.geteuid() == 0:
+        assert all("DENIED" in line for line in lines[:2]), lines
+    for line in lines[2:]:
+        path = line.split()[0]
+        # scratch dirs are private tmpfs copies: a write there never reaches the host
+        assert "DENIED" in line or path in ("/dev/shm/dz-pwn", "/var/tmp/dz-pwn", "/tmp/dz-pwn"), line
+        assert not Path(path).exists(), path
+
+
 def test_dot_dot_paths_do_not_leave_the_working_dir(sandbox: Sandbox) -> None:
     code = (
         "import os\n"

@@ -35,9 +35,12 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 
@@ -118,8 +121,34 @@ def write_file(path: str, text: str) -> None:
         os.close(fd)
 
 
+def remount_read_only(skip: set[str]) -> None:
+    """Make every other mount read-only in this mount namespace (defence in depth under Landlock,
+    and the main write barrier where the kernel has no Landlock). Best effort per mount; nosuid,
+    nodev and noexec are kept, since a remount that dropped them would widen access."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            points = [line.split()[4].replace("\\040", " ") for line in f]
+    except OSError:
+        return
+    keep = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC}
+    for point in points:
+        if point in skip:
+            continue
+        try:
+            st = os.statvfs(point)
+        except OSError:
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for st_flag, ms_flag in keep.items():
+            if st.f_flag & st_flag:
+                flags |= ms_flag
+        mount("none", point, None, flags, None)
+
+
 def landlock(job: dict) -> int:
     """Apply the Landlock ruleset; returns the ABI used (0 when Landlock is unavailable)."""
+    if not job["use_landlock"]:
+        return 0
     abi = _libc.syscall(
         SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
     )
@@ -238,6 +267,7 @@ def main() -> None:
     for extra in ("/dev/shm", "/var/tmp", "/run/lock"):
         if os.path.isdir(extra):
             mount("tmpfs", extra, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,nr_inodes=64,mode=1777")
+    remount_read_only(skip={"/tmp", "/dev/shm", "/var/tmp", "/run/lock"})
     workdir = "/tmp/work"
     os.mkdir(workdir, 0o700)
     for name, content in job["files"].items():

@@ -96,10 +96,11 @@ class Sandbox:
             "uid": self.config.uid,
             "gid": self.config.gid,
             "require_landlock": self.config.require_landlock,
+            "use_landlock": self.config.use_landlock,
             "limits": {k: (int(v) if k != "timeout_s" else v) for k, v in asdict(lim).items()},
             "files": {"main.py": code},
             "read_paths": _read_paths(self.python),
-            "write_paths": ["/tmp/work"],
+            "write_paths": ["/tmp/work", "/dev/null"],
         }
         job["limits"]["cpu_s"] = max(1, min(lim.cpu_s, int(lim.timeout_s) + 1))
         return _execute(job, lim)
