@@ -58,7 +58,7 @@ class PythonTool:
             retry=RetryPolicy(max_attempts=2, timeout_s=lim.timeout_s + 15.0, retry_on_timeout=False),
             idempotent=True,
             resources=("cpu", "memory", "sandbox"),
-            max_argument_bytes=lim.max_code_bytes + 1024,
+            max_argument_bytes=2 * lim.max_code_bytes + 1024,  # JSON escaping can double the code
         )
 
     def run(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ class SearchDocumentsTool:
     def __init__(self, config: SearchConfig | None = None) -> None:
         self.config = config or SearchConfig()
         self._cache = OrderedDict()
+        self._lock = threading.Lock()  # the in-process dispatcher runs tools from a thread pool
         self.spec = ToolSpec(
             name="search_documents",
             description=(
@@ -189,13 +191,15 @@ class SearchDocumentsTool:
         for doc_id, text in docs:
             h.update(doc_id.encode() + b"\0" + hashlib.sha256(text.encode()).digest())
         key = h.hexdigest()
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
         index = BM25Index(docs, k1=self.config.k1, b=self.config.b)
-        self._cache[key] = index
-        while len(self._cache) > 16:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = index
+            while len(self._cache) > 16:
+                self._cache.popitem(last=False)
         return index
 
 

@@ -173,8 +173,8 @@ class _BoundedStreams:
 
     def pump(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
-            try:
-                chunk = key.fileobj.read1(65536)  # type: ignore[union-attr]
+            try:  # os.read, not read1: a buffered read1 reports "would block" as b"" (EOF)
+                chunk = os.read(key.fd, 65536)
             except BlockingIOError:
                 continue
             if not chunk:
