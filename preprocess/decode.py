@@ -124,6 +124,9 @@ def decode_image(data: bytes, config: PreprocessConfig | None = None) -> Image.I
             f"{fmt} images are not accepted here; convert it to one of {', '.join(cfg.allowed_formats)}",
             {"format": fmt, "allowed": list(cfg.allowed_formats)},
         )
+    declared = _declared_size(data, fmt)
+    if declared is not None:
+        _check_size(*declared, fmt, cfg)
     im = _open_header(data, fmt, cfg)
     im = _load_first_frame(im, fmt)
     if cfg.apply_exif_orientation:
@@ -148,7 +151,27 @@ def _open_header(data: bytes, fmt: str, cfg: PreprocessConfig) -> Image.Image:
             f"the {fmt} header is unreadable (truncated or corrupt file); re-export or re-upload the complete file",
             {"format": fmt, "detail": str(exc)},
         ) from None
-    width, height = im.size
+    _check_size(*im.size, fmt, cfg)
+    return im
+
+
+def _declared_size(data: bytes, fmt: str) -> tuple[int, int] | None:
+    """(width, height) read straight from the header for formats with a fixed layout, so a zero
+    or absurd size is reported as such even where Pillow would refuse the header outright."""
+    try:
+        if fmt == "PNG" and data[12:16] == b"IHDR":
+            return struct.unpack(">II", data[16:24])
+        if fmt == "GIF":
+            return struct.unpack("<HH", data[6:10])
+        if fmt == "BMP" and struct.unpack("<I", data[14:18])[0] >= 40:
+            width, height = struct.unpack("<ii", data[18:26])
+            return abs(width), abs(height)
+    except struct.error:
+        return None
+    return None
+
+
+def _check_size(width: int, height: int, fmt: str, cfg: PreprocessConfig) -> None:
     if width <= 0 or height <= 0:
         raise ZeroSizeImageError(
             f"the {fmt} image is {width}x{height} pixels; send an image with a visible area",
@@ -160,7 +183,6 @@ def _open_header(data: bytes, fmt: str, cfg: PreprocessConfig) -> Image.Image:
             "limit (a decompression bomb is refused before decoding); downscale it before sending",
             {"reason": "pixels", "format": fmt, "width": width, "height": height, "limit": cfg.max_pixels},
         )
-    return im
 
 
 def _load_first_frame(im: Image.Image, fmt: str) -> Image.Image:

@@ -150,30 +150,34 @@ def detect_documents(gray: np.ndarray) -> list[tuple[int, int, int, int]]:
         return []
     link = max(9, w // 80)
     closed = cv2.morphologyEx(binary, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_RECT, (link, 1)))
-    contours, _ = cv2.findContours(closed, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-    lines = np.zeros_like(binary)
-    n_lines = 0
-    for contour in contours:
-        x, y, cw, ch = cv2.boundingRect(contour)
-        if not (6 <= ch <= max(8, h // 10) and cw >= max(3 * ch, 24)):
-            continue
-        fill = cv2.countNonZero(closed[y : y + ch, x : x + cw]) / float(cw * ch)
-        if fill < 0.45:
-            continue
-        lines[y : y + ch, x : x + cw] = 255
-        n_lines += 1
-    if n_lines < 2:
+    # Connected components, not external contours: a page's own outline must not hide its lines.
+    n, _, stats, _ = cv2.connectedComponentsWithStats(closed, connectivity=8)
+    lines: list[tuple[int, int, int, int]] = []
+    for x, y, cw, ch, area in stats[1:n]:
+        if 6 <= ch <= max(8, h // 10) and cw >= max(3 * ch, 24) and area >= 0.45 * cw * ch:
+            lines.append((int(x), int(y), int(cw), int(ch)))
+    if len(lines) < 2:
         return []
-    # Lines of one block are close vertically; join them and keep groups of >= 2 lines.
-    joined = cv2.dilate(lines, cv2.getStructuringElement(cv2.MORPH_RECT, (link, max(5, h // 60))))
-    blocks, _ = cv2.findContours(joined, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    # Lines of one block are about a line height or two apart; join them, keep groups of >= 2 lines.
+    mask = np.zeros_like(binary)
+    for x, y, cw, ch in lines:
+        mask[y : y + ch, x : x + cw] = 255
+    line_h = int(np.median([ch for _, _, _, ch in lines]))
+    joined = cv2.dilate(mask, cv2.getStructuringElement(cv2.MORPH_RECT, (3 * link, 2 * line_h + 1)))
+    n_blocks, labels = cv2.connectedComponents(joined, connectivity=8)
+    per_block = np.zeros(n_blocks, dtype=np.int64)
+    for x, y, cw, ch in lines:
+        per_block[labels[y + ch // 2, x + cw // 2]] += 1
     found = []
-    for block in blocks:
-        x, y, bw, bh = cv2.boundingRect(block)
-        sub = lines[y : y + bh, x : x + bw]
-        count, _ = cv2.connectedComponents(sub)
-        if count - 1 >= 2:
-            found.append((x, y, bw, bh))
+    for label in range(1, n_blocks):
+        if per_block[label] >= 2:
+            # The dilated block overshoots the text by the kernel; shrink back to the lines it holds.
+            members = [ln for ln in lines if labels[ln[1] + ln[3] // 2, ln[0] + ln[2] // 2] == label]
+            x0 = min(x for x, _, _, _ in members)
+            y0 = min(y for _, y, _, _ in members)
+            x1 = max(x + cw for x, _, cw, _ in members)
+            y1 = max(y + ch for _, y, _, ch in members)
+            found.append((x0, y0, x1 - x0, y1 - y0))
     return found
 
 
