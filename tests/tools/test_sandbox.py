@@ -7,7 +7,9 @@ CI runs as root, so reading root-only files is the real test of the privilege dr
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from tools.builtin import PythonTool, builtin_tools
 from tools.config import MiB, SandboxConfig, SandboxLimits, ToolsConfig
 from tools.registry import ToolRegistry
-from tools.sandbox import Sandbox, SandboxResult, SandboxUnavailableError
+from tools.sandbox import Sandbox, SandboxResult, SandboxUnavailableError, runner
 
 LIMITS = SandboxLimits(
     timeout_s=5.0,
@@ -137,6 +139,41 @@ def test_without_landlock_the_fallback_still_contains(tmp_path: Path) -> None:
         # scratch dirs are private tmpfs copies: a write there never reaches the host
         assert "DENIED" in line or path in ("/dev/shm/dz-pwn", "/var/tmp/dz-pwn", "/tmp/dz-pwn"), line
         assert not Path(path).exists(), path
+
+
+def test_unprivileged_caller_gets_a_user_namespace(tmp_path: Path) -> None:
+    """The same launcher started by a non-root user: user namespace instead of a uid drop."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root (to become a non-root user), setpriv and /usr/bin/python3")
+    shared = Path(tempfile.mkdtemp(prefix="dz-launcher-"))
+    try:
+        shared.chmod(0o755)
+        launcher = shared / "_launcher.py"
+        shutil.copy(runner.LAUNCHER, launcher)
+        launcher.chmod(0o644)
+        sb = Sandbox(SandboxConfig(limits=LIMITS, python_executable="/usr/bin/python3"))
+        code = (
+            "import os, socket\n"
+            "print(os.getuid(), os.getpid())\n"
+            "try:\n"
+            "    socket.create_connection(('127.0.0.1', 9), timeout=1); print('CONNECTED')\n"
+            "except OSError as e:\n"
+            "    print('net', type(e).__name__)\n"
+            "try:\n"
+            "    open('/etc/passwd').read(); print('READ')\n"
+            "except OSError as e:\n"
+            "    print('passwd', type(e).__name__)\n"
+        )
+        cmd = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "/usr/bin/python3", "-I", "-S"]
+        res = runner._execute(sb.job(code, LIMITS), LIMITS, launcher=[*cmd, str(launcher)])
+    finally:
+        shutil.rmtree(shared)
+    assert res.exit_code == 0, res.stderr
+    uid, pid = res.stdout.split()[:2]
+    assert (uid, pid) == ("4242", "1")
+    assert "CONNECTED" not in res.stdout
+    if sb.info.landlock_abi > 0:
+        assert "READ" not in res.stdout
 
 
 def test_dot_dot_paths_do_not_leave_the_working_dir(sandbox: Sandbox) -> None:

@@ -89,6 +89,10 @@ class Sandbox:
 
     def run(self, code: str, *, limits: SandboxLimits | None = None) -> SandboxResult:
         lim = limits or self.config.limits
+        return _execute(self.job(code, lim), lim)
+
+    def job(self, code: str, lim: SandboxLimits) -> dict:
+        """The JSON job the launcher reads on stdin."""
         if len(code.encode()) > lim.max_code_bytes:
             raise ValueError(f"code is larger than {lim.max_code_bytes} bytes")
         job = {
@@ -103,13 +107,14 @@ class Sandbox:
             "write_paths": ["/tmp/work", "/dev/null"],
         }
         job["limits"]["cpu_s"] = max(1, min(lim.cpu_s, int(lim.timeout_s) + 1))
-        return _execute(job, lim)
+        return job
 
 
-def _execute(job: dict, lim: SandboxLimits) -> SandboxResult:
+def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -> SandboxResult:
+    """Run the launcher (`launcher` overrides its command line, for tests) and collect the result."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-B", str(LAUNCHER)],
+        launcher or [sys.executable, "-I", "-S", "-B", str(LAUNCHER)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
