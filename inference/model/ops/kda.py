@@ -192,7 +192,7 @@ def kda_varlen(
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
         cu = cu_seqlens.to(torch.long)
-        args = (q[None], k[None], v[None], g[None], beta[None])
+        args = (q[None], k[None], v[None], g.float()[None], beta.to(q.dtype)[None])
         if all(n == 1 for n in query_lens_cpu):
             o, final = fused_recurrent_kda(
                 *args, scale=scale, initial_state=states, output_final_state=True,

@@ -1,0 +1,266 @@
+"""GPU equivalence of our hybrid model (bf16, fla KDA kernels) against transformers' KimiLinear.
+
+Builds a larger random model (hidden 2048, 8 layers: 6 KDA + 2 MLA, 32 experts), loads the same
+weights into `transformers.KimiLinearForCausalLM` (fp32, pure-PyTorch reference path) and compares
+logits of a long prefill plus 20 decode steps; also the reference's own bf16 error (baseline), a
+chunked + batched run of ours, and step timings. Prints JSON and writes it to `$OUT` if set.
+
+    python benchmarks/model_equivalence_gpu.py            # on a CUDA machine with fla installed
+    python benchmarks/model_equivalence_gpu.py --tiny --device cpu   # smoke run of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "inference" / "model"))
+
+from kimi_hf_mapping import published_to_hf, tiny_kimi_linear_config
+
+from inference.config import parse_config
+from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
+
+
+class _BlockFla(importlib.abc.MetaPathFinder):
+    """Hide `fla` while transformers' KimiLinear module binds its kernels: the reference stays torch."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "fla" or name.startswith("fla."):
+            raise ImportError("hidden from the reference")
+        return None
+
+
+def reference_class():
+    blocker = _BlockFla()
+    sys.meta_path.insert(0, blocker)
+    try:
+        from transformers.models.kimi_linear import modeling_kimi_linear
+    finally:
+        sys.meta_path.remove(blocker)
+    return modeling_kimi_linear.KimiLinearForCausalLM
+
+
+def large_config() -> dict[str, Any]:
+    return tiny_kimi_linear_config(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=32,
+        num_experts_per_token=4,
+        moe_intermediate_size=512,
+        num_expert_group=1,
+        topk_group=1,
+        linear_attn_config={
+            "kda_layers": [1, 2, 3, 5, 6, 7],
+            "full_attn_layers": [4, 8],
+            "num_heads": 16,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+        },
+    )
+
+
+def errors(ours: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    d = (ours.double() - ref.double()).abs()
+    scale = ref.double().abs()
+    return {
+        "max_abs": float(d.max()),
+        "mean_abs": float(d.mean()),
+        "max_rel": float(d.max() / scale.max()),  # max error relative to the largest logit
+        "mean_rel": float(d.mean() / scale.mean()),
+        "top1_agree": float((ours.argmax(-1) == ref.argmax(-1)).double().mean()),
+    }
+
+
+def run_ours(model, ids_list, chunks, decode_steps, device, dtype, block_size=64):
+    """Run sequences with per-step chunk sizes; returns per-sequence logits [len, V] (fp32, host)."""
+    spec = model.spec if hasattr(model, "spec") else model.language_model.spec
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, dtype), num_blocks=256, block_size=block_size,
+        num_slots=8, device=device, dtype=dtype,
+    )  # fmt: skip
+    n = len(ids_list)
+    tables = [list(range(1 + 40 * i, 1 + 40 * (i + 1)))[::-1] for i in range(n)]
+    done = [0] * n
+    outs: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    for step in chunks + [[1] * n] * decode_steps:
+        q_lens, ctx, toks, seqs = [], [], [], []
+        for i, q in enumerate(step):
+            if q:
+                q_lens.append(q), ctx.append(done[i]), seqs.append(i)
+                toks.append(ids_list[i][done[i] : done[i] + q])
+        meta = ForwardMeta.for_sequences(
+            q_lens, ctx, [tables[i] for i in seqs], block_size, [i + 3 for i in seqs], device
+        )
+        logits = model(torch.cat(toks).to(device), meta, cache).float()
+        start = 0
+        for i, q in zip(seqs, q_lens, strict=True):
+            outs[i].append(logits[start : start + q].cpu())
+            done[i] += q
+            start += q
+    return [torch.cat(o) for o in outs]
+
+
+def run_reference(ref, ids, prompt_len, decode_steps, device):
+    with torch.no_grad():
+        out = ref(ids[None, :prompt_len].to(device), use_cache=True)
+        logits, pkv = [out.logits[0].float().cpu()], out.past_key_values
+        for i in range(decode_steps):
+            o = ref(
+                ids[None, prompt_len + i : prompt_len + i + 1].to(device), past_key_values=pkv, use_cache=True
+            )
+            pkv = o.past_key_values
+            logits.append(o.logits[0].float().cpu())
+    return torch.cat(logits)
+
+
+def timed(fn, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def _timing(res, ours, spec, ids, args, dev) -> None:
+    """Eager batch-1 prefill and decode latency of ours in bf16 (no CUDA graphs)."""
+    if dev != "cuda":
+        return
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, torch.bfloat16), 256, 64, 8, dev, torch.bfloat16
+    )
+    table = list(range(64))
+    meta = ForwardMeta.for_sequences(
+        [args.prompt], [0], [table], 64, [0], dev, logits_indices=[args.prompt - 1]
+    )
+    x = ids[: args.prompt].to(dev)
+    _, t_pre = timed(lambda: ours(x, meta, cache), dev)
+    step = ForwardMeta.for_sequences([1], [args.prompt], [table], 64, [0], dev)
+    y = ids[args.prompt : args.prompt + 1].to(dev)
+    _, t_dec = timed(lambda: [ours(y, step, cache) for _ in range(10)], dev)
+    res["timing_bf16_batch1"] = {
+        "prefill_s": t_pre,
+        "prefill_tok_per_s": args.prompt / t_pre,
+        "decode_step_ms_eager": 1000 * t_dec / 10,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--decode", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    dev = args.device
+    cfg = tiny_kimi_linear_config() if args.tiny else large_config()
+    spec = parse_config(cfg)
+    res: dict[str, Any] = {"config": {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_experts",
+                                                          "num_experts_per_token", "vocab_size")},
+                           "linear_attn_config": cfg["linear_attn_config"], "prompt": args.prompt,
+                           "decode_steps": args.decode}  # fmt: skip
+    if dev == "cuda":
+        res["device"] = torch.cuda.get_device_name()
+        try:
+            import fla
+
+            res["fla_version"] = getattr(fla, "__version__", "?")
+        except ImportError as exc:
+            res["fla_version"] = f"missing: {exc}"
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg["vocab_size"], (args.prompt + args.decode,), generator=gen)
+    ids_b = torch.randint(0, cfg["vocab_size"], (300 + args.decode,), generator=gen)
+
+    def save():
+        text = json.dumps(res, indent=2)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "gpu_equivalence.json").write_text(text)
+        return text
+
+    master = build_model(spec, seed=0, dtype=torch.float32, device="cpu")
+    res["params"] = sum(p.numel() for p in master.parameters())
+    ref_cls = reference_class()
+    from transformers import KimiLinearConfig
+
+    hcfg = KimiLinearConfig(**cfg)
+    hcfg._attn_implementation = "eager"
+    with torch.device(dev):
+        ref = ref_cls(hcfg).eval()
+    ref.load_state_dict(published_to_hf(master.state_dict()), strict=True)
+    ref_fp32, t = timed(lambda: run_reference(ref, ids, args.prompt, args.decode, dev), dev)
+    res["ref_fp32_s"] = t
+    ref_b = run_reference(ref, ids_b, 300, args.decode, dev)
+    print(save(), flush=True)
+
+    ours = build_model(spec, seed=0, dtype=torch.bfloat16, device=dev)
+    chunks_single = [[args.prompt]]
+    (o,), t_cold = timed(lambda: run_ours(ours, [ids], chunks_single, args.decode, dev, torch.bfloat16), dev)
+    (o,), t_warm = timed(lambda: run_ours(ours, [ids], chunks_single, args.decode, dev, torch.bfloat16), dev)
+    res["ours_bf16_vs_ref_fp32"] = {"prefill": errors(o[: args.prompt], ref_fp32[: args.prompt]),
+                                    "decode": errors(o[args.prompt :], ref_fp32[args.prompt :])}  # fmt: skip
+    res["ours_bf16_wall_s"] = {"cold_incl_autotune": t_cold, "warm_prefill_plus_decodes": t_warm}
+    print(save(), flush=True)
+
+    half = args.prompt // 2
+    chunks = [[half, 200], [args.prompt - half, 100]]
+    oa, ob = run_ours(ours, [ids, ids_b], chunks, args.decode, dev, torch.bfloat16)
+    res["ours_bf16_chunked_batched_vs_ref_fp32"] = {
+        "seq_a": errors(oa, ref_fp32), "seq_b": errors(ob, ref_b),
+        "seq_a_vs_ours_single": errors(oa, o),
+    }  # fmt: skip
+    print(save(), flush=True)
+
+    ref.to(torch.bfloat16)
+    ref_bf16 = run_reference(ref, ids, args.prompt, args.decode, dev)
+    res["ref_bf16_vs_ref_fp32_baseline"] = {"prefill": errors(ref_bf16[: args.prompt], ref_fp32[: args.prompt]),
+                                            "decode": errors(ref_bf16[args.prompt :], ref_fp32[args.prompt :])}  # fmt: skip
+
+    print(save(), flush=True)
+
+    try:
+        _timing(res, ours, spec, ids, args, dev)
+    except Exception as exc:  # record and go on: the remaining checks still matter
+        res["timing_bf16_batch1"] = f"failed: {exc!r}"
+    print(save(), flush=True)
+
+    if time.perf_counter() - t_start < args.budget_s * 0.55:
+        try:
+            ours32 = build_model(spec, seed=0, dtype=torch.float32, device=dev)
+            (o32,) = run_ours(ours32, [ids], chunks_single, args.decode, dev, torch.float32)
+            res["ours_fp32_fla_vs_ref_fp32"] = {
+                "prefill": errors(o32[: args.prompt], ref_fp32[: args.prompt]),
+                "decode": errors(o32[args.prompt :], ref_fp32[args.prompt :]),
+            }
+        except Exception as exc:
+            res["ours_fp32_fla_vs_ref_fp32"] = f"failed: {exc!r}"
+    else:
+        res["ours_fp32_fla_vs_ref_fp32"] = "skipped: time budget"
+    res["total_wall_s"] = time.perf_counter() - t_start
+    print(save(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        sys.exit(main())
