@@ -1,0 +1,326 @@
+"""Engine benchmark (issue 4): exactness, decode throughput vs transformers `generate`, and
+turn-10 TTFT with vs without the prefix cache at a 16K shared context.
+
+Model: a Kimi-Linear-shaped random-weight config of about 2.7B total parameters (16 layers:
+12 KDA + 4 MLA, 32 experts top-4 + a shared expert, dense first layer), bf16 on the GPU.
+
+    python benchmarks/engine.py                  # CUDA + fla installed; prints JSON, writes $OUT/engine_bench.json
+    python benchmarks/engine.py --quick          # CPU smoke run with the bundled small model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "inference" / "model"))
+
+from inference.config import parse_config  # noqa: E402
+from inference.engine.engine import Engine, EngineConfig  # noqa: E402
+from inference.engine.factory import small_model_config  # noqa: E402
+from inference.engine.request import SamplingParams  # noqa: E402
+from inference.model.cache_tensors import HybridCacheSpec  # noqa: E402
+from inference.model.factory import build_model  # noqa: E402
+from inference.tokenizer import ByteTokenizer  # noqa: E402
+
+RESULTS: dict[str, Any] = {}
+
+
+def bench_config() -> dict[str, Any]:
+    cfg = small_model_config()
+    kda = [i for i in range(1, 17) if i % 4]
+    cfg.update(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, num_experts=32, num_experts_per_token=4,
+        moe_intermediate_size=768, num_shared_experts=1, num_expert_group=1, topk_group=1,
+        first_k_dense_replace=1,
+        linear_attn_config={"kda_layers": kda, "full_attn_layers": [4, 8, 12, 16], "num_heads": 16,
+                            "head_dim": 128, "short_conv_kernel_size": 4},
+    )  # fmt: skip
+    return cfg
+
+
+def emit(out_dir: str | None) -> None:
+    text = json.dumps(RESULTS, indent=2, default=str)
+    if out_dir:
+        Path(out_dir, "engine_bench.json").write_text(text)
+
+
+def section(name: str, out_dir: str | None):
+    def deco(fn):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                RESULTS[name] = fn(*a, **kw)
+            except Exception as exc:  # one failed section must not lose the others
+                RESULTS[name] = {"error": repr(exc), "trace": traceback.format_exc()[-3000:]}
+            RESULTS.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 2)
+            print(f"[{name}] {json.dumps(RESULTS[name], default=str)[:1500]}", flush=True)
+            emit(out_dir)
+
+        return run
+
+    return deco
+
+
+def make_engine(model, spec, dtype, device, **kw) -> Engine:
+    cfg = EngineConfig(
+        **{
+            **dict(
+                block_size=64,
+                num_blocks=1024,
+                num_state_slots=64,
+                max_num_seqs=128,
+                max_num_batched_tokens=8192,
+                max_model_len=40000,
+                checkpoint_interval=2048,
+            ),
+            **kw,
+        }
+    )
+    tok = ByteTokenizer()
+    tok.vocab_size = spec.vocab_size  # sample over the model's whole vocabulary, as transformers does
+    return Engine(
+        model, tok, cfg, cache_spec=HybridCacheSpec.from_model_spec(spec, dtype), device=device, dtype=dtype
+    )
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def rand_prompts(n, length, seed, shared=0):
+    rng = random.Random(seed)
+    pre = [rng.randrange(256) for _ in range(shared)]
+    return [pre + [rng.randrange(256) for _ in range(length - shared)] for _ in range(n)]
+
+
+def exactness(model, spec, dtype, device, n_tok: int) -> dict[str, Any]:
+    prompts = rand_prompts(8, 300, 1, shared=200)
+    sp = SamplingParams(temperature=0, max_tokens=n_tok, ignore_eos=True)
+    base = make_engine(model, spec, dtype, device, enable_prefix_caching=False, enable_chunked_prefill=False)
+    alone = [base.generate([p], sp)[0].output_token_ids for p in prompts]
+    res: dict[str, Any] = {"dtype": str(dtype), "sequences": len(prompts), "tokens_each": n_tok}
+    variants = {
+        "batched": dict(enable_prefix_caching=False, enable_chunked_prefill=False),
+        "batched_chunked_64": dict(
+            enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=64
+        ),
+        "prefix_cache_second_wave": dict(enable_prefix_caching=True, checkpoint_interval=64),
+    }
+    for name, kw in variants.items():
+        eng = make_engine(model, spec, dtype, device, **kw)
+        outs = [r.output_token_ids for r in eng.generate(prompts, sp)]
+        if name.startswith("prefix"):
+            outs = [r.output_token_ids for r in eng.generate(prompts, sp)]  # hits the first wave
+            res["prefix_cached_tokens"] = eng.scheduler.cached_tokens_admitted
+        same = sum(a == b for a, b in zip(alone, outs, strict=True))
+        first_diff = [
+            next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+            for a, b in zip(alone, outs, strict=True)
+        ]
+        res[name] = {"identical_sequences": same, "first_divergence": first_diff}
+    return res
+
+
+def engine_decode(model, spec, dtype, device, batch: int, prompt_len: int, steps: int) -> dict[str, float]:
+    eng = make_engine(
+        model,
+        spec,
+        dtype,
+        device,
+        num_state_slots=2 * batch + 8,
+        num_blocks=batch * ((prompt_len + steps + 80) // 64 + 2),
+    )
+    rids = [
+        eng.add_request(p, SamplingParams(temperature=0, max_tokens=steps + 40, ignore_eos=True))
+        for p in rand_prompts(batch, prompt_len, 7)
+    ]
+    first = eng.get_request(rids[0])
+    while any(r.num_output_tokens == 0 for r in eng.scheduler.requests.values()):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    sync(device)
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(steps):
+        n += sum(len(o.new_token_ids) for o in eng.step())
+    sync(device)
+    dt = time.perf_counter() - t0
+    return {
+        "batch": batch,
+        "tokens": n,
+        "seconds": round(dt, 4),
+        "tok_per_s": round(n / dt, 1),
+        "ms_per_step": round(1000 * dt / steps, 2),
+        "first_tokens": first.output_token_ids[:8],
+    }
+
+
+def hf_model(model, cfg, dtype, device):
+    from kimi_hf_mapping import published_to_hf
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    hc = KimiLinearConfig(**cfg, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    with torch.device(device):
+        hf = KimiLinearForCausalLM(hc)
+    hf = hf.to(dtype).eval()
+    missing, unexpected = hf.load_state_dict(published_to_hf(model.state_dict()), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"weight mapping: missing {missing[:5]} unexpected {unexpected[:5]}")
+    return hf
+
+
+@torch.inference_mode()
+def hf_decode(hf, device, batch: int, prompt_len: int, steps: int) -> dict[str, float]:
+    ids = torch.tensor(rand_prompts(batch, prompt_len, 7), device=device)
+    kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+
+    def timed(n):
+        sync(device)
+        t0 = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        sync(device)
+        return time.perf_counter() - t0, out
+
+    timed(2)  # warm-up
+    t_pre, _ = timed(1)
+    t_all, out = timed(steps + 1)
+    dt = t_all - t_pre
+    return {
+        "batch": batch,
+        "tokens": batch * steps,
+        "seconds": round(dt, 4),
+        "tok_per_s": round(batch * steps / dt, 1),
+        "ms_per_step": round(1000 * dt / steps, 2),
+        "first_tokens": out[0, prompt_len : prompt_len + 8].tolist(),
+    }
+
+
+def _first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
+    """TTFT of one request on an otherwise idle engine; runs it to the end. Returns (ttft s,
+    output ids, cached prompt tokens)."""
+    sync(device)
+    t0 = time.perf_counter()
+    rid = eng.add_request(prompt, sp)
+    ttft, out, cached = None, [], 0
+    while eng.has_unfinished:
+        for o in eng.step():
+            if o.request_id == rid:
+                if ttft is None and o.new_token_ids:
+                    sync(device)
+                    ttft = time.perf_counter() - t0
+                out += o.new_token_ids
+                cached = o.num_cached_tokens
+    return ttft, out, cached
+
+
+def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_len: int) -> dict[str, Any]:
+    """One agent conversation: a `context`-token shared start, then 10 turns, each re-sending the
+    whole transcript (previous prompt + reply) plus a new user message."""
+    rng = random.Random(11)
+    transcript = [rng.randrange(256) for _ in range(context)]
+    sp = SamplingParams(temperature=0, max_tokens=reply_len, ignore_eos=True)
+    cached = make_engine(model, spec, dtype, device, enable_prefix_caching=True)
+    per_turn = []
+    for turn in range(10):
+        prompt = transcript + [rng.randrange(256) for _ in range(user_len)]
+        ttft, reply, hit = _first_token(cached, prompt, sp, device)
+        per_turn.append(
+            {
+                "turn": turn + 1,
+                "prompt_tokens": len(prompt),
+                "cached_tokens": hit,
+                "ttft_ms": round(1000 * ttft, 2),
+            }
+        )
+        transcript = prompt + reply
+    nocache = make_engine(model, spec, dtype, device, enable_prefix_caching=False)
+    _first_token(nocache, [rng.randrange(256) for _ in range(len(prompt))], sp, device)  # warm-up, same size
+    t_nc, reply_nc, _ = _first_token(nocache, prompt, sp, device)
+    t_c = per_turn[-1]["ttft_ms"] / 1000
+    return {
+        "context": context,
+        "turns": per_turn,
+        "turn10_prompt_tokens": len(prompt),
+        "turn10_ttft_ms_with_cache": round(1000 * t_c, 2),
+        "turn10_ttft_ms_without_cache": round(1000 * t_nc, 2),
+        "ratio": round(t_c / t_nc, 4),
+        "turn10_reply_identical": reply_nc == reply,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run with the bundled small model")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    out_dir = os.environ.get("OUT")
+    quick = args.quick or not torch.cuda.is_available()
+    device = torch.device("cpu" if quick else "cuda")
+    if quick:
+        torch.set_num_threads(1)
+    cfg = small_model_config() if quick else bench_config()
+    spec = parse_config(cfg)
+    t0 = time.perf_counter()
+    model = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
+    RESULTS["config"] = cfg
+    RESULTS["params_total"] = sum(p.numel() for p in model.parameters())
+    RESULTS["device"] = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    RESULTS["build_s"] = round(time.perf_counter() - t0, 2)
+    n_tok = 8 if quick else 32
+    section("exactness_fp32", out_dir)(exactness)(model, spec, torch.float32, device, n_tok)
+    dtype = torch.float32 if quick else torch.bfloat16
+    for name, p in model.named_parameters():
+        if not name.endswith(("A_log", "dt_bias")):
+            p.data = p.data.to(dtype)
+    if not quick:
+        section("exactness_bf16", out_dir)(exactness)(model, spec, dtype, device, n_tok)
+    batches = (1, 4) if quick else (1, 32, 128)
+    plen, steps = (32, 8) if quick else (128, 64)
+    for b in batches:
+        section(f"engine_decode_b{b}", out_dir)(engine_decode)(model, spec, dtype, device, b, plen, steps)
+    if not args.skip_hf:
+        holder: dict[str, Any] = {}
+        section("hf_build", out_dir)(
+            lambda: holder.update(hf=hf_model(model, cfg, dtype, device)) or {"ok": True}
+        )()
+        if "hf" in holder:
+            for b in batches:
+                section(f"hf_decode_b{b}", out_dir)(hf_decode)(holder["hf"], device, b, plen, steps)
+            del holder["hf"]
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    ctx = (256, 16, 4) if quick else (16384, 64, 32)
+    section("ttft", out_dir)(ttft_turn10)(model, spec, dtype, device, *ctx)
+    summary = {}
+    for b in batches:
+        e, h = RESULTS.get(f"engine_decode_b{b}", {}), RESULTS.get(f"hf_decode_b{b}", {})
+        if "tok_per_s" in e and "tok_per_s" in h:
+            summary[f"speedup_b{b}"] = round(e["tok_per_s"] / h["tok_per_s"], 2)
+    RESULTS["summary"] = summary
+    emit(out_dir)
+    print(
+        json.dumps(
+            {"summary": summary, "ttft": {k: v for k, v in RESULTS.get("ttft", {}).items() if k != "turns"}},
+            default=str,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
