@@ -209,6 +209,8 @@ def test_schemes_and_credentials_refused(no_outside_network, ctx: ToolContext) -
     for url in ("file:///etc/passwd", "gopher://example.org/", "ftp://example.org/"):
         with pytest.raises(InvalidArgumentsError):
             reg.execute("http_get", {"url": url}, ctx)
+    with pytest.raises(InvalidArgumentsError, match="control characters"):
+        t.run({"url": "http://example.org/a\r\nX-Injected: 1"}, ctx)
     with pytest.raises(AddressRefusedError, match="credentials"):
         t.run({"url": "http://user:pw@example.org/"}, ctx)
     assert no_outside_network.connections == []

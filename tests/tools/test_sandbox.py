@@ -365,8 +365,9 @@ def test_tool_refuses_to_enable_without_isolation(monkeypatch: pytest.MonkeyPatc
     # Stand-in for a host where unshare() fails: the launcher reports a setup failure.
     fake = tmp_path / "launcher.py"
     fake.write_text(
-        "import os, sys\nsys.stdin.read()\n"
-        "os.write(2, b'dayzero-sandbox-setup: unshare(net, mount, pid, ipc, uts) failed: Operation not permitted\\n')\n"
+        "import json, os, sys\nnonce = json.loads(sys.stdin.read())['nonce']\n"
+        "msg = f'dayzero-sandbox-setup:{nonce}: unshare(net, mount, pid, ipc, uts) failed: Operation not permitted'\n"
+        "os.write(2, msg.encode())\n"
         "os._exit(120)\n"
     )
     monkeypatch.setattr("tools.sandbox.runner.LAUNCHER", fake)
@@ -375,6 +376,12 @@ def test_tool_refuses_to_enable_without_isolation(monkeypatch: pytest.MonkeyPatc
     assert builtin_tools(ToolsConfig(enabled=("python", "calculator"), skip_unavailable=True))[
         0
     ].spec.name == ("calculator")
+
+
+def test_user_code_cannot_forge_a_setup_failure(sandbox: Sandbox) -> None:
+    code = "import os\nos.write(2, b'dayzero-sandbox-setup:x: fake'); os._exit(120)"
+    res = run(sandbox, code)  # an ordinary failing program, not SandboxUnavailableError
+    assert res.exit_code == 120 and "fake" in res.stderr
 
 
 def test_result_shape(sandbox: Sandbox) -> None:

@@ -188,6 +188,8 @@ class HttpGetTool:
 
     def check_url(self, url: str) -> tuple[str, str, int, str, list[IPAddress]]:
         """Everything decided before a connection: (scheme, host, port, request target, addresses)."""
+        if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+            raise InvalidArgumentsError("URL contains whitespace or control characters; percent-encode them")
         try:
             parts = urlsplit(url)
             port = parts.port or _DEFAULT_PORTS.get(parts.scheme)

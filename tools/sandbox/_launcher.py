@@ -13,8 +13,8 @@ path never reaches the sandbox. Order of operations:
    no_new_privs, Landlock (filesystem: read-only system paths, read-write working dir only;
    TCP bind/connect denied; abstract unix sockets and signals scoped), then exec the interpreter.
 
-Setup failures exit with SETUP_FAILED and a `dayzero-sandbox-setup:` line on stderr, so the caller
-can tell a broken host from a failing user program.
+Setup failures exit with SETUP_FAILED and a `dayzero-sandbox-setup:<nonce>:` line on stderr, so
+the caller can tell a broken host from a failing user program (which cannot know the nonce).
 """
 
 import ctypes
@@ -27,6 +27,8 @@ import sys
 
 SETUP_FAILED = 120
 MARK = "dayzero-sandbox-setup:"
+# Set from the job: the caller's secret nonce, so user code cannot forge a setup failure.
+_nonce = ""
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -93,7 +95,7 @@ class _PathBeneath(ctypes.Structure):
 
 
 def fail(msg: str) -> None:
-    os.write(2, f"{MARK} {msg}\n".encode())
+    os.write(2, f"{MARK}{_nonce}: {msg}\n".encode())
     os._exit(SETUP_FAILED)
 
 
@@ -244,7 +246,9 @@ def child(job: dict, workdir: str, alive_fd: int) -> None:
 
 
 def main() -> None:
+    global _nonce
     job = json.loads(sys.stdin.buffer.read())
+    _nonce = job["nonce"]
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

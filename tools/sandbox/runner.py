@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import os
+import secrets
 import selectors
 import signal
 import stat
@@ -103,6 +104,7 @@ class Sandbox:
             "use_landlock": self.config.use_landlock,
             "limits": {k: (int(v) if k != "timeout_s" else v) for k, v in asdict(lim).items()},
             "files": {"main.py": code},
+            "nonce": secrets.token_hex(16),
             "read_paths": _read_paths(self.python),
             "write_paths": ["/tmp/work", "/dev/null"],
         }
@@ -146,8 +148,9 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
         _kill_group(proc)
         rc = proc.wait()
     exit_code, sig = _decode_status(rc)
-    if exit_code == SETUP_FAILED and SETUP_MARK in streams.text("stderr"):
-        raise SandboxUnavailableError(streams.text("stderr").split(SETUP_MARK, 1)[1].strip()[:500])
+    mark = f"{SETUP_MARK}{job['nonce']}:"
+    if exit_code == SETUP_FAILED and mark in streams.text("stderr"):
+        raise SandboxUnavailableError(streams.text("stderr").split(mark, 1)[1].strip()[:500])
     return SandboxResult(
         exit_code=None if timed_out else exit_code,
         signal="SIGKILL" if timed_out else sig,
