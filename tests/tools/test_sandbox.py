@@ -298,6 +298,12 @@ def test_infinite_loop_is_killed_at_the_deadline(sandbox: Sandbox) -> None:
     assert 1.0 <= res.duration_s < 5
 
 
+def test_closing_its_output_does_not_escape_the_deadline(sandbox: Sandbox) -> None:
+    res = run(sandbox, "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)\n", timeout_s=1.0)
+    assert res.timed_out and res.signal == "SIGKILL"
+    assert res.duration_s < 4
+
+
 def test_cpu_limit_applies_even_with_a_long_wall_clock(sandbox: Sandbox) -> None:
     res = run(sandbox, "while True:\n    pass\n", timeout_s=5.0, cpu_s=1)
     assert not res.timed_out

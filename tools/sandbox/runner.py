@@ -133,12 +133,18 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
     timed_out = False
     streams = _BoundedStreams(proc, lim.max_output_bytes)
     deadline = start + lim.timeout_s
-    while not streams.done():
+    while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
             _kill_group(proc)
             break
+        if streams.done():  # both pipes closed; the program may still run (it can close them)
+            try:
+                proc.wait(timeout=remaining)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         streams.pump(min(remaining, 0.5))
     # After a kill the namespace dies with its PID 1; drain what is left, but never wait forever.
     streams.drain(grace_s=2.0)
