@@ -75,6 +75,7 @@ class HttpConfig:
     max_bytes: int = 1 * MiB
     max_redirects: int = 5
     user_agent: str = "dayzero-http-get/0.1"
+    ca_file: str | None = None  # extra CA bundle (PEM) instead of the system store
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,15 +7,19 @@ DNS answers come from the test, so nothing leaves the machine.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tools.base import InvalidArgumentsError, ToolContext, ToolTimeoutError
+from tools.base import InvalidArgumentsError, PermanentToolError, ToolContext, ToolTimeoutError
 from tools.builtin.http_get import HostNotAllowedError, HttpGetTool
 from tools.config import HttpConfig
 from tools.netguard import AddressPolicy, AddressRefusedError
@@ -296,3 +300,80 @@ def test_trickled_headers_hit_the_deadline(no_outside_network, server: int, ctx:
 def test_disabled_without_allow_list() -> None:
     with pytest.raises(ValueError, match="allow-list"):
         HttpGetTool(HttpConfig())
+
+
+def _make_certs(d: Path) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for svc.test, made with the openssl CLI."""
+    ca_key, ca_crt, key, csr, crt, ext = (
+        d / n for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt", "ext")
+    )
+    ext.write_text("subjectAltName=DNS:svc.test\nbasicConstraints=CA:FALSE\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for cmd in (
+        [
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            ca_key,
+            "-out",
+            ca_crt,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=dayzero test CA",
+        ],
+        ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=svc.test"],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca_crt,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            crt,
+            "-days",
+            "2",
+        ],
+    ):
+        extra = ["-extfile", str(ext)] if cmd[0] == "x509" else []
+        subprocess.run(["openssl", *map(str, cmd), *extra], check=True, capture_output=True, timeout=30)
+    return ca_crt, crt, key
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    if not shutil.which("openssl"):
+        pytest.skip("the openssl CLI is needed to make test certificates")
+    ca, crt, key = _make_certs(tmp_path_factory.mktemp("certs"))
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(crt, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1], ca
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_https_to_the_vetted_address_verifies_the_host_name(
+    no_outside_network, tls_server, ctx: ToolContext
+) -> None:  # type: ignore[no-untyped-def]
+    port, ca = tls_server
+    no_outside_network.dns["svc.test"] = ["127.0.0.1"]
+    no_outside_network.dns["other.test"] = ["127.0.0.1"]
+    t = tool(f"svc.test:{port}", f"other.test:{port}", networks=("127.0.0.1/32",), ca_file=str(ca))
+    out = t.run({"url": f"https://svc.test:{port}/ok"}, ctx).content
+    assert out["status"] == 200 and out["body"] == "hello from loopback"
+    # same vetted address, a name the certificate does not carry: refused, and not retryable
+    with pytest.raises(PermanentToolError, match="certificate"):
+        t.run({"url": f"https://other.test:{port}/ok"}, ctx)
+    # without the test CA the system store does not trust it either
+    with pytest.raises(PermanentToolError, match="certificate"):
+        tool(f"svc.test:{port}", networks=("127.0.0.1/32",)).run({"url": f"https://svc.test:{port}/ok"}, ctx)

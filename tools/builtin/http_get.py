@@ -101,9 +101,13 @@ class _PinnedConnection(http.client.HTTPConnection):
 
 
 class _PinnedTLSConnection(_PinnedConnection):
-    def __init__(self, host: str, port: int, address: IPAddress, timeout: float) -> None:
+    """TLS to the vetted address; the certificate is still verified against the host *name*."""
+
+    def __init__(
+        self, host: str, port: int, address: IPAddress, timeout: float, context: ssl.SSLContext
+    ) -> None:
         super().__init__(host, port, address, timeout)
-        self._context = ssl.create_default_context()
+        self._context = context
 
     def connect(self) -> None:
         super().connect()
@@ -117,6 +121,7 @@ class HttpGetTool:
         self.config = config
         self.allow = AllowList(config.allow_hosts)
         self.policy = AddressPolicy(config.allow_networks)
+        self._tls = ssl.create_default_context(cafile=config.ca_file)
         self.spec = ToolSpec(
             name="http_get",
             description=(
@@ -219,16 +224,26 @@ class HttpGetTool:
 
     def _fetch_once(self, url: str, deadline: float) -> tuple[int, dict[str, str], bytes, bool, str | None]:
         scheme, host, port, target, addresses = self.check_url(url)
-        conn_cls = _PinnedTLSConnection if scheme == "https" else _PinnedConnection
         last_exc: Exception | None = None
         for address in addresses[:2]:  # all vetted; try the next one only on a connect failure
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            conn = conn_cls(host, port, address, timeout=remaining)
+            conn = (
+                _PinnedTLSConnection(host, port, address, remaining, self._tls)
+                if scheme == "https"
+                else _PinnedConnection(host, port, address, remaining)
+            )
             try:
                 conn.connect()
-            except (OSError, ssl.SSLError) as exc:
+            except ssl.SSLCertVerificationError as exc:
+                conn.close()  # a wrong certificate stays wrong: do not retry
+                raise PermanentToolError(
+                    f"TLS certificate of {host} not accepted: {exc.verify_message}",
+                    details={"url": url},
+                    started=False,
+                ) from None
+            except OSError as exc:  # ssl.SSLError is an OSError
                 conn.close()
                 last_exc = exc
                 continue
