@@ -82,7 +82,9 @@ def published_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
         out[name.replace(".block_sparse_moe.", ".mlp.")] = t
     for prefix, per in experts.items():
         ids = sorted(per)
-        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat([per[e]["w1"], per[e]["w3"]]) for e in ids])
+        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([per[e]["w1"], per[e]["w3"]]) for e in ids]
+        )
         out[f"{prefix}.mlp.experts.down_proj"] = torch.stack([per[e]["w2"] for e in ids])
     for prefix, qkv in convs.items():
         out[f"{prefix}.conv1d.weight"] = torch.cat([qkv["q"], qkv["k"], qkv["v"]])

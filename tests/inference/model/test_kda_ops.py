@@ -1,0 +1,58 @@
+"""KDA op references against each other and against transformers' conv/KDA references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
+
+from inference.model.ops.kda import causal_conv_varlen, kda_chunk_ref, kda_recurrent_ref, kda_varlen, l2norm
+
+
+def _inputs(length: int, h: int = 2, d: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(length, h, d, generator=g) for _ in range(3))
+    gate = -torch.rand(length, h, d, generator=g) * 2
+    beta = torch.rand(length, h, generator=g)
+    return q, k, v, gate, beta
+
+
+@pytest.mark.parametrize("length", [1, 31, 32, 77], ids=lambda n: f"len{n}")
+def test_chunked_reference_equals_recurrence(length):
+    q, k, v, g, b = _inputs(length)
+    s0 = torch.randn(2, 16, 16)
+    qn, kn = l2norm(q) * 16**-0.5, l2norm(k)
+    o1, s1 = kda_recurrent_ref(qn, kn, v, g, b, s0)
+    o2, s2 = kda_chunk_ref(qn, kn, v, g, b, s0, chunk=32)
+    assert_close_rel(o2, o1, FP32_REL_TOL, "chunk vs recurrent output")
+    assert_close_rel(s2, s1, FP32_REL_TOL, "chunk vs recurrent state")
+
+
+def test_matches_transformers_kda_references():
+    mod = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    q, k, v, g, b = _inputs(70)
+    s0 = torch.randn(1, 2, 16, 16)
+    ref_o, ref_s = mod.chunk_kimi_delta_attention(
+        q[None], k[None], v[None], g[None], b[None], initial_state=s0, output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    o, s = kda_varlen(q, k, v, g, b, s0, torch.tensor([0, 70]), (70,), use_fla=False)
+    assert_close_rel(o, ref_o[0], FP32_REL_TOL, "KDA output vs transformers")
+    assert_close_rel(s, ref_s, FP32_REL_TOL, "KDA final state vs transformers")
+
+
+def test_varlen_conv_continues_each_window():
+    g = torch.Generator().manual_seed(1)
+    c, kernel = 6, 4
+    weight = torch.randn(c, kernel, generator=g)
+    seqs = [torch.randn(n, c, generator=g) for n in (5, 1, 9)]
+    windows = torch.randn(3, c, kernel - 1, generator=g)
+    cu = torch.tensor([0, 5, 6, 15])
+    y, new = causal_conv_varlen(torch.cat(seqs), windows, weight, cu, (5, 1, 9))
+    for i, x in enumerate(seqs):
+        full = torch.cat([windows[i].t(), x])  # [W + n, C]
+        want = torch.stack(
+            [torch.nn.functional.silu((full[j : j + kernel] * weight.t()).sum(0)) for j in range(x.shape[0])]
+        )
+        assert_close_rel(y[cu[i] : cu[i + 1]], want, FP32_REL_TOL, f"conv output of sequence {i}")
+        assert torch.equal(new[i], full[-(kernel - 1) :].t()), f"window of sequence {i}"
