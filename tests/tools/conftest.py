@@ -1,8 +1,8 @@
 """Shared fixtures for tool tests: a context with a workspace, and a network guard.
 
-`no_outside_network` makes any connection to a non-loopback address fail the test instead of
-leaving the machine, and lets a test give fake DNS answers (the resolver is patched, so no DNS
-query is ever sent either).
+`no_outside_network` (on for every test here) makes any connection to a non-loopback address fail
+the test instead of leaving the machine, and lets a test give fake DNS answers (the resolver is
+patched, so no DNS query is ever sent either).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class NetworkGuard:
         self.lookups: list[str] = []
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[NetworkGuard]:
     guard = NetworkGuard()
     real_connect = socket.socket.connect
