@@ -1,0 +1,197 @@
+"""Weights: sharded safetensors via the index file, a SHA-256 manifest checked before use, dummy init.
+
+Checkpoint folder layout (Hugging Face conventions):
+
+* `model.safetensors` (one file) or `model-0000i-of-0000N.safetensors` + `model.safetensors.index.json`
+  (`{"metadata": {"total_size": ...}, "weight_map": {tensor name: file}}`);
+* optional `checksums.sha256.json`: `{"algorithm": "sha256", "files": {file name: hex digest}}`.
+  When present, every file it lists is hashed before any tensor is read; one wrong byte refuses
+  the load with an error naming the file.
+
+Tensor names are the published checkpoint names, which are our module names, so no renaming
+happens here; values are cast to the dtype of the parameter they fill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+__all__ = [
+    "INDEX_FILE",
+    "MANIFEST_FILE",
+    "ChecksumError",
+    "WeightLoadError",
+    "load_weights",
+    "save_sharded",
+    "sha256_file",
+    "verify_manifest",
+]
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+MANIFEST_FILE = "checksums.sha256.json"
+# Published KDA checkpoints may store A_log as [H] instead of [1, 1, H, 1]; same values.
+_RESHAPE_OK = ("A_log",)
+
+
+class WeightLoadError(ValueError):
+    """The checkpoint does not fit the model (missing, unexpected or mis-shaped tensors)."""
+
+
+class ChecksumError(WeightLoadError):
+    """A checkpoint file does not match its SHA-256 manifest entry (or is missing)."""
+
+    def __init__(self, file: str, message: str) -> None:
+        super().__init__(f"checkpoint file '{file}': {message}; refusing to load")
+        self.file = file
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, streamed."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_sharded(
+    state: dict[str, torch.Tensor],
+    folder: str | Path,
+    *,
+    max_shard_bytes: int = 2 << 30,
+    manifest: bool = True,
+) -> list[str]:
+    """Write `state` as sharded safetensors + index (+ manifest). Returns the shard file names."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    stored: set[tuple[int, int]] = set()
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in stored:  # tied weights are stored once; the loader re-ties them
+            continue
+        stored.add(key)
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.detach().contiguous().cpu()
+        size += nbytes
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map: dict[str, str] = {}
+    for fname, shard in zip(files, shards, strict=True):
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (out / INDEX_FILE).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
+    if manifest:
+        digests = {f: sha256_file(out / f) for f in [*files, INDEX_FILE]}
+        (out / MANIFEST_FILE).write_text(json.dumps({"algorithm": "sha256", "files": digests}, indent=1))
+    return files
+
+
+def verify_manifest(folder: str | Path) -> bool:
+    """Check every file of the manifest; returns False when the folder has no manifest."""
+    root = Path(folder)
+    path = root / MANIFEST_FILE
+    if not path.exists():
+        return False
+    try:
+        data = json.loads(path.read_text())
+        algorithm, files = data["algorithm"], data["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ChecksumError(MANIFEST_FILE, f"unreadable manifest ({exc})") from exc
+    if algorithm != "sha256":
+        raise ChecksumError(MANIFEST_FILE, f"unsupported algorithm {algorithm!r}")
+    for name, want in files.items():
+        f = root / name
+        if not f.is_file():
+            raise ChecksumError(name, "listed in the manifest but missing")
+        got = sha256_file(f)
+        if got != want:
+            raise ChecksumError(name, f"SHA-256 mismatch (expected {want[:16]}..., got {got[:16]}...)")
+    return True
+
+
+def _shard_map(root: Path) -> dict[str, list[str]]:
+    """file -> tensor names, from the index file or the single-file checkpoint."""
+    if (root / INDEX_FILE).exists():
+        weight_map = json.loads((root / INDEX_FILE).read_text())["weight_map"]
+        files: dict[str, list[str]] = {}
+        for name, f in weight_map.items():
+            files.setdefault(f, []).append(name)
+        return files
+    if (root / SINGLE_FILE).exists():
+        with safe_open(str(root / SINGLE_FILE), framework="pt") as f:
+            return {SINGLE_FILE: list(f.keys())}
+    raise WeightLoadError(f"no {INDEX_FILE} or {SINGLE_FILE} in {root}")
+
+
+def _progress(items: Iterable, total: int, enabled: bool) -> Iterable:
+    if not enabled:
+        yield from items
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("loading weights", total=total)
+        for item in items:
+            yield item
+            bar.advance(task)
+
+
+@torch.no_grad()
+def load_weights(
+    model: nn.Module,
+    folder: str | Path,
+    *,
+    verify: bool = True,
+    progress: bool = False,
+    ignore_unexpected: tuple[str, ...] = ("rotary_emb.inv_freq",),
+) -> None:
+    """Fill `model`'s parameters and buffers from the checkpoint in `folder` (strict).
+
+    Raises `ChecksumError` (before reading any tensor) when the manifest disagrees, and
+    `WeightLoadError` for missing, unexpected or mis-shaped tensors.
+    """
+    root = Path(folder)
+    if verify:
+        verify_manifest(root)
+    targets = dict(model.named_parameters())
+    targets.update(dict(model.named_buffers()))
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False) if n not in targets}
+    seen: set[str] = set()
+    shards = _shard_map(root)
+    for fname, names in _progress(shards.items(), len(shards), progress):
+        with safe_open(str(root / fname), framework="pt") as f:
+            for name in names:
+                if name not in targets:
+                    if name in tied or name.endswith(ignore_unexpected):
+                        continue
+                    raise WeightLoadError(f"unexpected tensor '{name}' in {fname}")
+                src, dst = f.get_tensor(name), targets[name]
+                if src.shape != dst.shape:
+                    if name.endswith(_RESHAPE_OK) and src.numel() == dst.numel():
+                        src = src.reshape(dst.shape)
+                    else:
+                        raise WeightLoadError(
+                            f"tensor '{name}' in {fname}: shape {tuple(src.shape)} != {tuple(dst.shape)}"
+                        )
+                dst.copy_(src.to(dst.dtype))
+                seen.add(name)
+    missing = sorted(set(targets) - seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise WeightLoadError(f"{len(missing)} tensors missing from the checkpoint: {shown}")
