@@ -75,6 +75,16 @@ def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[NetworkGuard
             out.append((fam, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", sockaddr))
         return out
 
+    real_sendto = socket.socket.sendto
+
+    def checked_sendto(self: socket.socket, data, *args):  # type: ignore[no-untyped-def]
+        address = args[-1]
+        inet = self.family in (socket.AF_INET, socket.AF_INET6)
+        if inet and not ipaddress.ip_address(str(address[0]).split("%", 1)[0]).is_loopback:
+            pytest.fail(f"test tried to send a datagram to non-loopback address {address!r}")
+        return real_sendto(self, data, *args)
+
+    monkeypatch.setattr(socket.socket, "sendto", checked_sendto)
     monkeypatch.setattr(socket.socket, "connect", checked_connect)
     monkeypatch.setattr(
         socket.socket, "connect_ex", lambda *a, **k: pytest.fail("connect_ex is not expected")

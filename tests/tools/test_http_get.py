@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -295,6 +296,22 @@ def test_trickled_headers_hit_the_deadline(no_outside_network, server: int, ctx:
     with pytest.raises(ToolTimeoutError):
         t.run({"url": f"http://127.0.0.1:{server}/slow-headers"}, ctx)  # a header line every 0.05 s
     assert time.monotonic() - t0 < 1.5
+
+
+def test_the_guard_itself_fails_outside_traffic() -> None:
+    """The autouse guard is what makes 'refused before any connection' observable."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="non-loopback"):
+            s.sendto(b"x", ("192.0.2.1", 9))  # TEST-NET-1; never actually sent
+    finally:
+        s.close()
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="non-loopback"):
+            s.connect(("192.0.2.1", 80))
+    finally:
+        s.close()
 
 
 def test_disabled_without_allow_list() -> None:
