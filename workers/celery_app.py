@@ -95,17 +95,17 @@ def make_celery_app(
 def _register_tasks(app: Celery) -> None:
     @app.task(
         name=PREPROCESS_TASK,
-        queue=PREPROCESS_QUEUE,
         soft_time_limit=PREPROCESS_SOFT_LIMIT_S,
         time_limit=PREPROCESS_HARD_LIMIT_S,
         max_retries=0,
+        shared=False,  # per-app: several apps in one process must not share task objects
     )
     def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
         from workers import jobs
 
         return jobs.preprocess_attachment(payload)
 
-    @app.task(name=RUN_TOOL_TASK, queue=TOOLS_QUEUE, time_limit=TOOLS_HARD_LIMIT_S, max_retries=0)
+    @app.task(name=RUN_TOOL_TASK, time_limit=TOOLS_HARD_LIMIT_S, max_retries=0, shared=False)
     def run_tool(payload: dict[str, Any]) -> dict[str, Any]:
         from workers import jobs
 

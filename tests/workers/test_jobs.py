@@ -1,0 +1,62 @@
+"""`workers.jobs`: plain functions, JSON in and out, typed errors, idempotent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from preprocess import BlobNotFoundError, BlobStore, NotAnImageError, ProcessedImage
+from workers import jobs
+
+
+def test_preprocess_attachment(image_blob):
+    url, sha = image_blob
+    payload = {
+        "attachment_id": "a-1",
+        "blob_sha256": sha,
+        "blob_url": url,
+        "config": {"redact_documents": True},
+    }
+    out = jobs.preprocess_attachment(payload)
+    assert json.loads(json.dumps(out)) == out
+    assert set(out) == {"attachment_id", "content_hash", "grid_thw", "processed_sha256", "redaction"}
+    assert out["grid_thw"] == [[1, 36, 46]]  # 640x480 -> padded 644x504 -> 46x36 patches
+    assert out["redaction"]["enabled"] is True and out["redaction"]["documents"] == 0
+    processed = ProcessedImage.from_bytes(BlobStore(url).get(out["processed_sha256"]))
+    assert processed.pixel_values.shape == (36 * 46, 3, 14, 14)
+    assert jobs.preprocess_attachment(payload) == out  # idempotent: same blob + settings, same result
+
+
+def test_config_defaults_when_absent(image_blob):
+    url, sha = image_blob
+    out = jobs.preprocess_attachment({"attachment_id": "a", "blob_sha256": sha, "blob_url": url})
+    assert out["redaction"]["enabled"] is False
+
+
+def test_image_error_is_typed_and_described(tmp_path):
+    url = str(tmp_path)
+    sha = BlobStore(url).put(b"GIF? no. plain text in a .gif")
+    with pytest.raises(NotAnImageError) as info:
+        jobs.preprocess_attachment({"attachment_id": "a", "blob_sha256": sha, "blob_url": url, "config": {}})
+    desc = jobs.describe_error(info.value)
+    assert json.loads(json.dumps(desc)) == desc
+    assert desc["code"] == "not_an_image" and desc["retryable"] is False
+
+
+@pytest.mark.parametrize(
+    ("change", "exc"),
+    [
+        ({"attachment_id": ""}, ValueError),
+        ({"config": {"no_such_setting": 1}}, ValueError),
+        ({"blob_sha256": "0" * 64}, BlobNotFoundError),
+    ],
+    ids=["missing-id", "unknown-setting", "missing-blob"],
+)
+def test_bad_payloads(image_blob, change, exc):
+    url, sha = image_blob
+    payload = {"attachment_id": "a", "blob_sha256": sha, "blob_url": url, "config": {}, **change}
+    with pytest.raises(exc) as info:
+        jobs.preprocess_attachment(payload)
+    desc = jobs.describe_error(info.value)
+    assert desc["code"] == "bad_request" and desc["retryable"] is False
