@@ -305,8 +305,10 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[str, ...]:
             field = f"linear_attn_config.{name}"
             if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= num_layers:
                 raise ConfigError(field, f"layer {layer!r} is not a 1-based index in 1..{num_layers}")
-            if kinds[layer - 1] is not None:
+            if kinds[layer - 1] == kind:
                 raise ConfigError(field, f"layer {layer} is listed twice")
+            if kinds[layer - 1] is not None:
+                raise ConfigError(field, f"layer {layer} is in both kda_layers and full_attn_layers")
             kinds[layer - 1] = kind
     missing = [i + 1 for i, k in enumerate(kinds) if k is None]
     if missing:
