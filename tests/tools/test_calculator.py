@@ -82,7 +82,7 @@ def test_huge_results_refused_quickly(ctx: ToolContext, expr: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(InvalidArgumentsError, match=r"too large|out of range"):
         calc(ctx, expr)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 2.0  # refused before computing, not after
 
 
 def test_long_expression_refused_by_schema(ctx: ToolContext) -> None:
