@@ -309,3 +309,13 @@ def list_events(conn: Connection, task_id: str, after_seq: int = 0) -> list[Row[
             .order_by(events_t.c.seq)
         )
     )
+
+
+def delete_task(conn: Connection, task_id: str, tenant: str | None = None) -> None:
+    """Delete a finished task and everything it owns (the per-step tables carry no FKs)."""
+    task = get_task(conn, task_id, tenant)
+    if TaskStatus(task.status) not in TERMINAL_TASK_STATUSES:
+        raise IllegalTransition("task", task.status, "delete")
+    for table in (attempts_t, steps_t, messages_t, events_t):
+        conn.execute(table.delete().where(table.c.task_id == task_id))
+    conn.execute(tasks_t.delete().where(tasks_t.c.id == task_id))

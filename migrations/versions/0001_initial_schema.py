@@ -108,7 +108,6 @@ def upgrade() -> None:
         sa.Column("tool_call_id", sa.String(length=128), nullable=True),
         sa.Column("step_index", sa.Integer(), nullable=True),
         sa.Column("created_at", UTCDateTime(), nullable=False),
-        sa.ForeignKeyConstraint(["task_id"], ["tasks.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("task_id", "seq"),
     )
     op.create_table(
@@ -122,10 +121,11 @@ def upgrade() -> None:
         sa.Column("arguments", sa.Text(), nullable=True),
         sa.Column("attempt_count", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("next_attempt_at", UTCDateTime(), nullable=True),
+        sa.Column("started_at", UTCDateTime(), nullable=True),
+        sa.Column("runner_id", sa.String(length=64), nullable=True),
         sa.Column("error", JSONType, nullable=True),
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("finished_at", UTCDateTime(), nullable=True),
-        sa.ForeignKeyConstraint(["task_id"], ["tasks.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("task_id", "step_index"),
     )
     op.create_table(
@@ -140,9 +140,6 @@ def upgrade() -> None:
         sa.Column("usage", JSONType, nullable=True),
         sa.Column("started_at", UTCDateTime(), nullable=False),
         sa.Column("finished_at", UTCDateTime(), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["task_id", "step_index"], ["steps.task_id", "steps.step_index"], ondelete="CASCADE"
-        ),
         sa.PrimaryKeyConstraint("task_id", "step_index", "attempt"),
     )
 

@@ -1,6 +1,9 @@
 """SQLAlchemy 2.0 models: the schema of record. Alembic migrations must match it exactly.
 
 Write-path notes (they keep WAL per step small):
+- The per-step tables (`steps`, `step_attempts`, `messages`) carry no foreign keys: each FK check
+  locks the parent row and logs that lock, on every insert. Only the runner, holding the task's
+  lease, writes them; deleting a task deletes them explicitly (`store.delete_task`).
 - `tasks` rows stay narrow; the goal and the transcript live in `messages`, appended, never rewritten.
 - Steps, attempts and messages use natural composite keys `(task_id, step_index[, attempt])`,
   so no surrogate key index is written per row.
@@ -16,7 +19,6 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     ForeignKey,
-    ForeignKeyConstraint,
     Index,
     Integer,
     String,
@@ -77,9 +79,7 @@ class Step(Base):
 
     __tablename__ = "steps"
 
-    task_id: Mapped[str] = mapped_column(
-        String(36), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
-    )
+    task_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(8), nullable=False)  # "model" | "tool"
     status: Mapped[str] = mapped_column(String(16), nullable=False)
@@ -88,20 +88,24 @@ class Step(Base):
     arguments: Mapped[str | None] = mapped_column(Text)
     attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # The current attempt: when and by whom it was started (its attempt row is written when it ends).
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    runner_id: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
 class StepAttempt(Base):
-    """One try of a step. The idempotency key a tool sees is `task_id:step_index:attempt`."""
+    """One finished try of a step (append-only). The idempotency key a tool sees is
+    `task_id:step_index:attempt`; the attempt in flight is described by its step row."""
 
     __tablename__ = "step_attempts"
 
     task_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), nullable=False)  # RUNNING | SUCCEEDED | FAILED | LOST
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # SUCCEEDED | FAILED | LOST
     runner_id: Mapped[str] = mapped_column(String(64), nullable=False)
     # How often a runner took over this attempt after another died mid-way (same idempotency key).
     resumed: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
@@ -110,21 +114,13 @@ class StepAttempt(Base):
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
-    __table_args__ = (
-        ForeignKeyConstraint(
-            ["task_id", "step_index"], ["steps.task_id", "steps.step_index"], ondelete="CASCADE"
-        ),
-    )
-
 
 class Message(Base):
     """The transcript, in OpenAI chat format, appended in order (`seq` dense per task)."""
 
     __tablename__ = "messages"
 
-    task_id: Mapped[str] = mapped_column(
-        String(36), ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
-    )
+    task_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     role: Mapped[str] = mapped_column(String(16), nullable=False)
     content: Mapped[Any] = mapped_column(JSONType)  # str, or a list of content parts

@@ -50,21 +50,6 @@ def renew_lease(conn: Connection, task_id: str, runner_id: str, lease_s: float) 
         raise LeaseLost(task_id)
 
 
-def lock_leased_task(conn: Connection, task_id: str, runner_id: str) -> tuple[bool, int, str]:
-    """Lock our task row for this transaction; returns (cancel_requested, event_seq, status).
-
-    Raises `LeaseLost` when another runner has taken the task over."""
-    q = select(tasks_t.c.cancel_requested, tasks_t.c.event_seq, tasks_t.c.status).where(
-        tasks_t.c.id == task_id, tasks_t.c.lease_owner == runner_id
-    )
-    if conn.dialect.name == "postgresql":
-        q = q.with_for_update()
-    row = conn.execute(q).first()
-    if row is None:
-        raise LeaseLost(task_id)
-    return bool(row.cancel_requested), int(row.event_seq), str(row.status)
-
-
 def release_lease(conn: Connection, task_id: str, runner_id: str) -> None:
     conn.execute(
         update(tasks_t)

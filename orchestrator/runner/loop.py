@@ -9,7 +9,7 @@ and finds the open step:
   number, hence the same key `task_id:step_index:attempt`; other tools are not run again and the
   model is told the outcome is unknown.
 - PENDING or RETRY_WAIT: a new attempt starts.
-Every transaction is fenced on the lease (`lock_leased_task`), so a runner that lost its lease
+Every transaction is fenced on the lease (see `txn.StepTxn`), so a runner that lost its lease
 can never write.
 """
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
+from sqlalchemy.exc import DBAPIError
 
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
@@ -41,6 +42,8 @@ from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
+
+_TERMINAL = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ class _Heartbeat:
     def __init__(self, engine: Engine, task_id: str, runner_id: str, lease_s: float):
         self._args = (engine, task_id, runner_id, lease_s)
         self._stop = threading.Event()
+        self._conn: Connection | None = None
         self.lost = False
         self._thread = threading.Thread(target=self._run, name=f"lease-{task_id[:8]}", daemon=True)
 
@@ -111,8 +115,20 @@ class Runner:
         self._stop.set()
 
     def run_forever(self) -> None:
+        """Loop until `stop()`. A lost database connection is logged and retried with backoff: the
+        lease of whatever was in flight expires and the work resumes from the last commit."""
+        failures = 0
         while not self._stop.is_set():
-            if not self.run_once():
+            try:
+                worked = self.run_once()
+                failures = 0
+            except DBAPIError as exc:
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                log.warning("database error (%s); retrying in %.1f s", exc.__class__.__name__, delay)
+                self._stop.wait(delay)
+                continue
+            if not worked:
                 self._stop.wait(self.config.poll_interval_s)
 
     def run_until_idle(self, *, timeout_s: float = 60.0, until: Callable[[], bool] | None = None) -> None:
@@ -180,6 +196,8 @@ class Runner:
                 arguments=r.arguments,
                 attempt_count=r.attempt_count,
                 next_attempt_at=r.next_attempt_at,
+                started_at=r.started_at,
+                runner_id=r.runner_id,
             )
             for r in rows
             if r.status not in (StepStatus.SUCCEEDED, StepStatus.FAILED) or r is rows[-1]
@@ -201,137 +219,150 @@ class Runner:
             next_step_index=(rows[-1].step_index + 1) if rows else 0,
             traceparent=t.traceparent,
             attachments=atts,
+            cancel_requested=t.cancel_requested,
         )
 
     def _drive(self, task_id: str) -> None:
         task = self._load(task_id)
-        while not self._stop.is_set():
-            if task.status in (
-                TaskStatus.SUCCEEDED,
-                TaskStatus.FAILED,
-                TaskStatus.CANCELLED,
-                TaskStatus.TIMED_OUT,
-            ):
-                return
-            step = task.open_step()
-            if step is not None and step.status == StepStatus.RUNNING:
-                self._execute(task, step)
-                continue
-            if step is not None and step.status == StepStatus.RETRY_WAIT and step.next_attempt_at is not None:
-                wait = (step.next_attempt_at - utcnow()).total_seconds()
-                if wait > self.config.local_wait_max_s:
-                    self._park(task, step.next_attempt_at)
-                    return
-                if wait > 0:
-                    time.sleep(wait)
-            with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
+        # One connection for the whole drive: checked out (and pinged) once, not once per step.
+        with (
+            self.engine.connect() as self._conn,
+            _Heartbeat(self.engine, task.id, self.config.runner_id, self.config.lease_s),
+        ):
+            while not self._stop.is_set() and task.status not in _TERMINAL:
+                step = task.open_step()
+                if task.cancel_requested or utcnow() >= task.deadline_at:
+                    self._commit(self._end_if_asked(self._txn(task)))
+                    continue
+                if step is not None and step.status == StepStatus.RUNNING:
+                    self._execute(task, step)
+                    continue
+                if (
+                    step is not None
+                    and step.status == StepStatus.RETRY_WAIT
+                    and step.next_attempt_at is not None
+                ):
+                    wait = (step.next_attempt_at - utcnow()).total_seconds()
+                    if wait > self.config.local_wait_max_s:
+                        self._park(task, step.next_attempt_at)
+                        return
+                    if wait > 0:
+                        time.sleep(wait)
+                tx = self._txn(task)
                 self._advance(tx, step)
+                self._commit(tx)
+
+    def _txn(self, task: TaskView) -> StepTxn:
+        return StepTxn(task, self.config.runner_id, self.config.lease_s)
+
+    def _commit(self, tx: StepTxn | None) -> None:
+        if tx is not None:
+            tx.commit(self._conn)
 
     def _park(self, task: TaskView, until: dt.datetime) -> None:
         """Release the task until its next retry is due (RUNNING → WAITING)."""
-        with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
-            if self._stop_boundary(tx):
-                return
-            tx.task_transition(TaskEvent.WAIT, _payload={"until": until.isoformat()})
-            tx.set_task(next_run_at=until, lease_owner=None, lease_until=None)
+        tx = self._txn(task)
+        tx.task_transition(TaskEvent.WAIT, _payload={"until": until.isoformat()})
+        tx.set_task(next_run_at=until, lease_owner=None, lease_until=None)
+        tx.commit(self._conn)
 
-    def _stop_boundary(self, tx: StepTxn) -> bool:
-        """At a step boundary: honour cancellation, the deadline and the budgets. True = task ended."""
+    def _end_if_asked(self, tx: StepTxn) -> StepTxn | None:
+        """At a step boundary: honour cancellation and the deadline. Returns `tx` if the task ended."""
         task = tx.task
-        if tx.cancel_requested:
+        if task.status == TaskStatus.WAITING:
+            tx.task_transition(TaskEvent.RESUME)
+        if task.cancel_requested:
             self._abandon_open_steps(tx)
             tx.task_transition(
                 TaskEvent.CANCEL, error={"kind": "cancelled", "message": "cancelled by request"}
             )
-            return True
+            return tx
         if tx.now >= task.deadline_at:
             self._abandon_open_steps(tx)
             tx.task_transition(
                 TaskEvent.TIME_OUT, error={"kind": "deadline", "message": "task deadline passed"}
             )
-            return True
-        return False
+            return tx
+        return None
 
     def _abandon_open_steps(self, tx: StepTxn) -> None:
+        err = {"kind": "abandoned", "message": "the task ended before this step finished"}
         for s in sorted(tx.task.steps.values(), key=lambda s: s.index):
             if s.status == StepStatus.RUNNING:
-                tx.finish_attempt(s, "LOST", error={"kind": "abandoned", "message": "task ended"})
+                tx.finish_attempt(s, "LOST", error=err)
             if s.status in (StepStatus.PENDING, StepStatus.RUNNING, StepStatus.RETRY_WAIT):
-                tx.step_transition(s, StepEvent.ABANDON, error={"kind": "abandoned", "message": "task ended"})
+                tx.step_transition(s, StepEvent.ABANDON, error=err)
 
     def _advance(self, tx: StepTxn, step: StepView | None) -> None:
         """Start the next attempt: of `step` if given (PENDING/RETRY_WAIT), else a new model turn."""
         task = tx.task
         if task.status == TaskStatus.WAITING:
             tx.task_transition(TaskEvent.RESUME)
-        if self._stop_boundary(tx):
-            return
         if task.status == TaskStatus.READY:
             tx.task_transition(TaskEvent.START)
-        if step is None:
-            if task.step_count >= task.max_steps:
-                tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
-                return
-            step = StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING)
-            tx.add_step(step)
-        tx.start_attempt(step)
+        if step is not None:
+            tx.start_attempt(step)
+        elif task.step_count >= task.max_steps:
+            tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
+        else:
+            tx.add_step(
+                StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING), start=True
+            )
 
     # -- executing an attempt ----------------------------------------------------------------
     def _execute(self, task: TaskView, step: StepView) -> None:
         in_doubt = (step.index, step.attempt_count) not in task.fresh_attempts
-        with _Heartbeat(self.engine, task.id, self.config.runner_id, self.config.lease_s):
-            if step.kind == "model":
-                self._execute_model(task, step, resumed=in_doubt)
-            else:
-                self._execute_tool(task, step, in_doubt=in_doubt)
+        if step.kind == "model":
+            self._execute_model(task, step)
+        else:
+            self._execute_tool(task, step, in_doubt=in_doubt)
 
-    def _execute_model(self, task: TaskView, step: StepView, *, resumed: bool) -> None:
-        allowed = task.allowed_tools
-        tools = self.tools.openai_tools(allowed)
+    def _execute_model(self, task: TaskView, step: StepView) -> None:
+        tools = self.tools.openai_tools(task.allowed_tools)
         try:
             turn = self.inference.chat(task.transcript, tools, Sampling.from_mapping(task.sampling))
             error: InferenceError | None = None
         except InferenceError as exc:
             turn, error = None, exc
-        with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
-            if error is not None:
-                policy = self.config.model_retry
-                err = {"kind": "inference", "message": str(error), "retryable": error.retryable}
-                tx.finish_attempt(step, "FAILED", error=err, resumed=resumed)
-                if error.retryable and step.attempt_count < policy.max_attempts:
-                    self._schedule_retry(tx, step, policy, err)
-                else:
-                    tx.step_transition(step, StepEvent.FAIL, error=err)
-                    tx.event("step.failed", {"step": step.index, "kind": "model", "error": err})
-                    tx.task_transition(TaskEvent.FAIL, error=err)
-                return
-            assert turn is not None
-            usage = turn.usage
-            tx.finish_attempt(step, "SUCCEEDED", usage=usage.to_dict(), resumed=resumed)
-            tx.step_transition(step, StepEvent.SUCCEED)
-            task.step_count += 1
-            task.prompt_tokens += usage.prompt_tokens
-            task.cached_tokens += usage.cached_tokens
-            task.completion_tokens += usage.completion_tokens
-            tx.append_transcript([turn.message()], step.index)
-            tx.event(
-                "step.succeeded",
-                {
-                    "step": step.index,
-                    "kind": "model",
-                    "tool_calls": len(turn.tool_calls),
-                    "usage": usage.to_dict(),
-                },
-            )
-            if not turn.tool_calls:
-                tx.task_transition(TaskEvent.SUCCEED, result=turn.content or "")
-                return
-            if task.total_tokens >= task.max_tokens:
-                tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_tokens", task.max_tokens))
-                return
-            first = None
-            for call in turn.tool_calls:
-                s = StepView(
+        tx = self._txn(task)
+        if error is not None or turn is None:
+            policy = self.config.model_retry
+            err = {"kind": "inference", "message": str(error), "retryable": bool(error and error.retryable)}
+            tx.finish_attempt(step, "FAILED", error=err)
+            if err["retryable"] and step.attempt_count < policy.max_attempts:
+                self._schedule_retry(tx, step, policy, err)
+            else:
+                tx.step_transition(step, StepEvent.FAIL, error=err)
+                tx.event("step.failed", {"step": step.index, "kind": "model", "error": err})
+                tx.task_transition(TaskEvent.FAIL, error=err)
+            tx.commit(self._conn)
+            return
+        usage = turn.usage
+        tx.finish_attempt(step, "SUCCEEDED", usage=usage.to_dict())
+        tx.step_transition(step, StepEvent.SUCCEED)
+        task.step_count += 1
+        task.prompt_tokens += usage.prompt_tokens
+        task.cached_tokens += usage.cached_tokens
+        task.completion_tokens += usage.completion_tokens
+        tx.append_transcript([turn.message()], step.index)
+        tx.event(
+            "step.succeeded",
+            {
+                "step": step.index,
+                "kind": "model",
+                "tool_calls": len(turn.tool_calls),
+                "usage": usage.to_dict(),
+            },
+        )
+        if not turn.tool_calls:
+            tx.task_transition(TaskEvent.SUCCEED, result=turn.content or "")
+        elif task.total_tokens >= task.max_tokens:
+            tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_tokens", task.max_tokens))
+        elif task.step_count >= task.max_steps:
+            tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
+        elif not (task.cancel_requested or tx.now >= task.deadline_at):
+            for i, call in enumerate(turn.tool_calls):
+                tool_step = StepView(
                     index=task.next_step_index,
                     kind="tool",
                     status=StepStatus.PENDING,
@@ -339,18 +370,8 @@ class Runner:
                     tool_call_id=call.id,
                     arguments=call.arguments,
                 )
-                tx.add_step(s)
-                first = first or s
-            if not self._stop_boundary(tx):
-                self._start_or_fail_budget(tx, first)
-
-    def _start_or_fail_budget(self, tx: StepTxn, step: StepView) -> None:
-        task = tx.task
-        if task.step_count >= task.max_steps:
-            self._abandon_open_steps(tx)
-            tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
-        else:
-            tx.start_attempt(step)
+                tx.add_step(tool_step, start=i == 0)
+        tx.commit(self._conn)
 
     def _tool_spec(self, name: str | None) -> ToolSpec | None:
         try:
@@ -379,7 +400,7 @@ class Runner:
             outcome: dict[str, Any] = {
                 "ok": False,
                 "error": {
-                    "error": f"the outcome of {step.tool_name!r} is unknown: the worker running it stopped, "
+                    "error": f"the outcome of {step.tool_name!r} is unknown: the runner executing it stopped, "
                     "and the tool is not safe to run twice",
                     "kind": ErrorKind.PERMANENT.value,
                 },
@@ -393,29 +414,23 @@ class Runner:
             outcome = self.dispatcher.run_tool(self._tool_payload(task, step, timeout_s))
             failpoint("after_tool")
             lost = False
-        with StepTxn.open(self.engine, task, self.config.runner_id, self.config.lease_s) as tx:
-            self._record_tool_outcome(tx, step, spec, outcome, resumed=in_doubt and not lost, lost=lost)
+        tx = self._txn(task)
+        self._record_tool_outcome(tx, step, spec, outcome, lost=lost)
+        tx.commit(self._conn)
 
     def _record_tool_outcome(
-        self,
-        tx: StepTxn,
-        step: StepView,
-        spec: ToolSpec | None,
-        outcome: dict[str, Any],
-        *,
-        resumed: bool,
-        lost: bool,
+        self, tx: StepTxn, step: StepView, spec: ToolSpec | None, outcome: dict[str, Any], *, lost: bool
     ) -> None:
         task = tx.task
         if outcome.get("ok"):
             content = outcome.get("content")
-            tx.finish_attempt(step, "SUCCEEDED", resumed=resumed)
+            tx.finish_attempt(step, "SUCCEEDED")
             tx.step_transition(step, StepEvent.SUCCEED)
             tx.event("step.succeeded", {"step": step.index, "kind": "tool", "tool": step.tool_name})
         else:
             err = dict(outcome.get("error") or {"error": "tool failed", "kind": ErrorKind.PERMANENT.value})
             kind = err.get("kind")
-            tx.finish_attempt(step, "LOST" if lost else "FAILED", error=err, resumed=resumed)
+            tx.finish_attempt(step, "LOST" if lost else "FAILED", error=err)
             policy = spec.retry if spec is not None else None
             safe_to_repeat = spec is not None and (spec.idempotent or spec.accepts_idempotency_key)
             retryable = kind == ErrorKind.RETRYABLE.value or (
@@ -440,17 +455,18 @@ class Runner:
         tx.append_transcript(
             [{"role": "tool", "tool_call_id": step.tool_call_id, "content": text}], step.index
         )
-        if self._stop_boundary(tx):
-            return
+        if task.cancel_requested or tx.now >= task.deadline_at:
+            return  # the next loop turn ends the task at this boundary
         nxt = task.open_step()
-        if nxt is not None:
-            self._start_or_fail_budget(tx, nxt)
-        elif task.step_count >= task.max_steps:
+        if task.step_count >= task.max_steps:
+            self._abandon_open_steps(tx)
             tx.task_transition(TaskEvent.FAIL, error=_budget_error("max_steps", task.max_steps))
+        elif nxt is not None:
+            tx.start_attempt(nxt)
         else:
-            model = StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING)
-            tx.add_step(model)
-            tx.start_attempt(model)
+            tx.add_step(
+                StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING), start=True
+            )
 
     def _schedule_retry(self, tx: StepTxn, step: StepView, policy: RetryPolicy, err: dict[str, Any]) -> None:
         cap = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (step.attempt_count - 1))

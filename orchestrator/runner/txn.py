@@ -1,22 +1,39 @@
-"""One step's transaction: fenced on the lease, every status change checked against the tables,
-outbox events appended, the task row written once at the end.
+"""One step's transaction: decided in memory, then written at once, fenced on the lease.
 
-Use as `with StepTxn.open(engine, task, runner_id, lease_s) as tx: …`; leaving the block commits.
+The runner holds the task's lease, so its in-memory `TaskView` is the truth while it works; a
+`StepTxn` records the writes a step needs and `commit()` sends them:
+- on PostgreSQL as ONE statement of data-modifying CTEs (one round trip, then COMMIT), whose
+  result says whether the lease still held and every conditional update hit its row;
+- on SQLite as the same statements one after another inside `BEGIN IMMEDIATE`.
+If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
+(`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
+`cancel_requested`, which the runner honours at the next step boundary.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, update
+from sqlalchemy import (
+    Connection,
+    Insert,
+    Update,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    union_all,
+    update,
+)
 
 from orchestrator.clock import utcnow
+from orchestrator.db.types import JSONType, UTCDateTime
 from orchestrator.failpoints import failpoint
-from orchestrator.runner.lease import lock_leased_task
+from orchestrator.runner.lease import LeaseLost
 from orchestrator.statemachine import (
     TERMINAL_TASK_STATUSES,
     StepEvent,
@@ -25,7 +42,7 @@ from orchestrator.statemachine import (
     next_step_status,
     next_task_status,
 )
-from orchestrator.store import StaleTransition, append_events, append_messages, attempts_t, steps_t, tasks_t
+from orchestrator.store import StaleTransition, attempts_t, events_t, messages_t, steps_t, tasks_t
 
 
 @dataclass
@@ -40,6 +57,8 @@ class StepView:
     arguments: str | None = None
     attempt_count: int = 0
     next_attempt_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    runner_id: str | None = None  # who started the current attempt
 
 
 @dataclass
@@ -62,6 +81,7 @@ class TaskView:
     next_step_index: int
     traceparent: str | None = None
     attachments: list[dict[str, Any]] = field(default_factory=list)
+    cancel_requested: bool = False
     # Attempts this runner started itself and has not executed yet: not in doubt.
     fresh_attempts: set[tuple[int, int]] = field(default_factory=set)
 
@@ -78,26 +98,17 @@ class TaskView:
 
 
 class StepTxn:
-    def __init__(self, conn: Connection, task: TaskView, runner_id: str, lease_s: float):
-        self.conn = conn
+    """Collects one step's writes; `commit(engine)` applies them atomically or not at all."""
+
+    def __init__(self, task: TaskView, runner_id: str, lease_s: float):
         self.task = task
         self.runner_id = runner_id
         self.lease_s = lease_s
         self.now = utcnow()
-        self.cancel_requested, self._event_seq, db_status = lock_leased_task(conn, task.id, runner_id)
-        task.status = db_status
         self._events: list[tuple[str, dict[str, Any]]] = []
         self._task_values: dict[str, Any] = {}
-
-    @classmethod
-    @contextmanager
-    def open(cls, engine: Engine, task: TaskView, runner_id: str, lease_s: float) -> Iterator[StepTxn]:
-        with engine.begin() as conn:
-            tx = cls(conn, task, runner_id, lease_s)
-            yield tx
-            tx._flush()
-            failpoint("before_commit")
-        failpoint("after_commit")
+        self._writes: list[tuple[Insert | Update, bool]] = []  # (statement, must hit exactly one row)
+        self._finished_steps: list[int] = []
 
     # -- events and the task row -------------------------------------------------------------
     def event(self, typ: str, payload: dict[str, Any]) -> None:
@@ -105,50 +116,39 @@ class StepTxn:
 
     def task_transition(self, event: TaskEvent, **values: Any) -> None:
         new = next_task_status(self.task.status, event)
-        self.event(
-            "task." + new.value.lower(),
-            {"from": self.task.status, "to": new.value, **values.pop("_payload", {})},
-        )
-        self._task_values.update(values)
-        self._task_values["status"] = new.value
+        payload = values.pop("_payload", {})
+        self.event("task." + new.value.lower(), {"from": self.task.status, "to": new.value, **payload})
+        self._task_values.update(values, status=new.value)
         if new in TERMINAL_TASK_STATUSES:
-            self._task_values.update(finished_at=self.now)
+            self._task_values.update(finished_at=self.now, lease_owner=None, lease_until=None)
         self.task.status = new.value
 
     def set_task(self, **values: Any) -> None:
         self._task_values.update(values)
 
-    def _flush(self) -> None:
-        t = self.task
-        vals: dict[str, Any] = {
-            "updated_at": self.now,
-            "step_count": t.step_count,
-            "prompt_tokens": t.prompt_tokens,
-            "cached_tokens": t.cached_tokens,
-            "completion_tokens": t.completion_tokens,
-            "event_seq": self._event_seq + len(self._events),
-            **self._task_values,
-        }
-        if t.status in TERMINAL_TASK_STATUSES:
-            vals.update(lease_owner=None, lease_until=None)
-        elif "lease_until" not in vals:
-            vals["lease_until"] = self.now + dt.timedelta(seconds=self.lease_s)
-        self.conn.execute(update(tasks_t).where(tasks_t.c.id == t.id).values(**vals))
-        append_events(self.conn, t.id, self._event_seq + 1, self._events)
-
     # -- steps, attempts, messages -----------------------------------------------------------
-    def add_step(self, step: StepView) -> None:
-        self.conn.execute(
-            insert(steps_t).values(
-                task_id=self.task.id,
-                step_index=step.index,
-                kind=step.kind,
-                status=step.status,
-                tool_name=step.tool_name,
-                tool_call_id=step.tool_call_id,
-                arguments=step.arguments,
-                attempt_count=0,
-                created_at=self.now,
+    def add_step(self, step: StepView, *, start: bool = False) -> None:
+        """Insert a new step; with `start`, directly RUNNING with attempt 1 (one row version)."""
+        if start:
+            step.status = next_step_status(step.status, StepEvent.START).value
+            self._mark_started(step)
+            self._started_event(step)
+        self._writes.append(
+            (
+                insert(steps_t).values(
+                    task_id=self.task.id,
+                    step_index=step.index,
+                    kind=step.kind,
+                    status=step.status,
+                    tool_name=step.tool_name,
+                    tool_call_id=step.tool_call_id,
+                    arguments=step.arguments,
+                    attempt_count=step.attempt_count,
+                    started_at=step.started_at,
+                    runner_id=step.runner_id,
+                    created_at=self.now,
+                ),
+                False,
             )
         )
         self.task.steps[step.index] = step
@@ -158,41 +158,57 @@ class StepTxn:
         new = next_step_status(step.status, event)
         if new in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             values.setdefault("finished_at", self.now)
-        res = self.conn.execute(
-            update(steps_t)
-            .where(
-                steps_t.c.task_id == self.task.id,
-                steps_t.c.step_index == step.index,
-                steps_t.c.status == step.status,
+        self._writes.append(
+            (
+                update(steps_t)
+                .where(
+                    steps_t.c.task_id == self.task.id,
+                    steps_t.c.step_index == step.index,
+                    steps_t.c.status == step.status,
+                )
+                .values(status=new.value, **values),
+                True,
             )
-            .values(status=new.value, **values)
         )
-        if res.rowcount != 1:
-            raise StaleTransition(f"step {self.task.id}:{step.index} is no longer {step.status}")
         step.status = new.value
-        for k in ("attempt_count", "next_attempt_at"):
+        for k in ("attempt_count", "next_attempt_at", "started_at", "runner_id"):
             if k in values:
                 setattr(step, k, values[k])
 
+    def _started_event(self, step: StepView) -> None:
+        """One event per state change, but a step that finishes and the next one that starts in the
+        same transaction share a row: the start rides on the finish event as `next`."""
+        started = {
+            "step": step.index,
+            "kind": step.kind,
+            "attempt": step.attempt_count,
+            "tool": step.tool_name,
+        }
+        if self._events and self._events[-1][0] in ("step.succeeded", "step.failed"):
+            self._events[-1][1]["next"] = started
+        else:
+            self.event("step.started", started)
+
+    def _mark_started(self, step: StepView) -> None:
+        step.attempt_count += 1
+        step.started_at = self.now
+        step.runner_id = self.runner_id
+        step.next_attempt_at = None
+        self.task.fresh_attempts.add((step.index, step.attempt_count))
+
     def start_attempt(self, step: StepView) -> int:
-        """PENDING/RETRY_WAIT → RUNNING with a new attempt row; returns the attempt number."""
+        """PENDING/RETRY_WAIT → RUNNING as attempt n+1; returns n+1."""
         attempt = step.attempt_count + 1
-        self.step_transition(step, StepEvent.START, attempt_count=attempt, next_attempt_at=None)
-        self.conn.execute(
-            insert(attempts_t).values(
-                task_id=self.task.id,
-                step_index=step.index,
-                attempt=attempt,
-                status="RUNNING",
-                runner_id=self.runner_id,
-                started_at=self.now,
-            )
+        self.step_transition(
+            step,
+            StepEvent.START,
+            attempt_count=attempt,
+            next_attempt_at=None,
+            started_at=self.now,
+            runner_id=self.runner_id,
         )
         self.task.fresh_attempts.add((step.index, attempt))
-        self.event(
-            "step.started",
-            {"step": step.index, "kind": step.kind, "attempt": attempt, "tool": step.tool_name},
-        )
+        self._started_event(step)
         return attempt
 
     def finish_attempt(
@@ -202,25 +218,143 @@ class StepTxn:
         *,
         error: Mapping[str, Any] | None = None,
         usage: Mapping[str, Any] | None = None,
-        resumed: bool = False,
     ) -> None:
-        values: dict[str, Any] = {"status": status, "finished_at": self.now, "error": error, "usage": usage}
-        if resumed:
-            values.update(resumed=attempts_t.c.resumed + 1, runner_id=self.runner_id)
-        res = self.conn.execute(
-            update(attempts_t)
-            .where(
-                attempts_t.c.task_id == self.task.id,
-                attempts_t.c.step_index == step.index,
-                attempts_t.c.attempt == step.attempt_count,
-                attempts_t.c.status == "RUNNING",
+        """Record the outcome of the step's current attempt (the attempt table is append-only).
+
+        `resumed` is 1 when this runner did not start the attempt itself: it took the attempt
+        over after the runner that started it died, under the same idempotency key."""
+        fresh = (step.index, step.attempt_count) in self.task.fresh_attempts
+        self._writes.append(
+            (
+                insert(attempts_t).values(
+                    task_id=self.task.id,
+                    step_index=step.index,
+                    attempt=step.attempt_count,
+                    status=status,
+                    runner_id=self.runner_id,
+                    resumed=0 if fresh else 1,
+                    error=error,
+                    usage=usage,
+                    started_at=step.started_at or self.now,
+                    finished_at=self.now,
+                ),
+                False,
             )
-            .values(**values)
         )
-        if res.rowcount != 1:
-            raise StaleTransition(f"attempt {self.task.id}:{step.index}:{step.attempt_count} is not RUNNING")
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
     def append_transcript(self, messages: Sequence[dict[str, Any]], step_index: int) -> None:
-        append_messages(self.conn, self.task.id, len(self.task.transcript), messages, step_index=step_index)
+        # One single-row INSERT per message: a multi-row VALUES insert is never statement-cached.
+        first = len(self.task.transcript)
+        for i, m in enumerate(messages):
+            row = {
+                "task_id": self.task.id,
+                "seq": first + i,
+                "role": m["role"],
+                "content": m.get("content"),
+                "tool_calls": m.get("tool_calls"),
+                "tool_call_id": m.get("tool_call_id"),
+                "step_index": step_index,
+                "created_at": self.now,
+            }
+            self._writes.append((insert(messages_t).values(**row), False))
         self.task.transcript.extend(messages)
+
+    # -- commit ------------------------------------------------------------------------------
+    def _task_update(self) -> Update:
+        t = self.task
+        vals: dict[str, Any] = {
+            "updated_at": self.now,
+            "step_count": t.step_count,
+            "prompt_tokens": t.prompt_tokens,
+            "cached_tokens": t.cached_tokens,
+            "completion_tokens": t.completion_tokens,
+            "event_seq": tasks_t.c.event_seq + len(self._events),
+            "lease_until": self.now + dt.timedelta(seconds=self.lease_s),
+            **self._task_values,
+        }
+        return (
+            update(tasks_t)
+            .where(tasks_t.c.id == t.id, tasks_t.c.lease_owner == self.runner_id)
+            .values(**vals)
+            .returning(tasks_t.c.event_seq, tasks_t.c.cancel_requested)
+        )
+
+    def commit(self, conn: Connection) -> None:
+        """Apply every write in one transaction on `conn` (which must not be in a transaction)."""
+        if conn.dialect.name == "postgresql":
+            self._commit_single_statement(conn)
+        else:
+            self._commit_sequential(conn)
+        failpoint("after_commit")
+
+    def _commit_sequential(self, conn: Connection) -> None:
+        with conn.begin():
+            row = conn.execute(self._task_update()).first()
+            if row is None:
+                raise LeaseLost(self.task.id)
+            for stmt, must_hit in self._writes:
+                res = conn.execute(stmt)
+                if must_hit and res.rowcount != 1:
+                    raise StaleTransition(f"task {self.task.id}: a row was not in its expected state")
+            if self._events:
+                first = row.event_seq - len(self._events) + 1
+                conn.execute(
+                    insert(events_t),
+                    [
+                        {
+                            "task_id": self.task.id,
+                            "seq": first + i,
+                            "type": typ,
+                            "payload": p,
+                            "created_at": self.now,
+                        }
+                        for i, (typ, p) in enumerate(self._events)
+                    ],
+                )
+            failpoint("before_commit")
+        self.task.cancel_requested = bool(row.cancel_requested)
+
+    def _commit_single_statement(self, conn: Connection) -> None:
+        t_cte = self._task_update().cte("t")
+        ctes = [t_cte]
+        checks = []
+        for i, (stmt, must_hit) in enumerate(self._writes):
+            if must_hit:
+                c = stmt.returning(literal_column("1").label("hit")).cte(f"w{i}")
+                checks.append(select(func.count()).select_from(c).scalar_subquery())
+            else:
+                c = stmt.cte(f"w{i}")
+            ctes.append(c)
+        if self._events:
+            # One SELECT per event, UNION ALL: bound parameters only, so the statement's compiled
+            # form is cached by shape (a VALUES list with data would be recompiled every time).
+            n = len(self._events)
+            rows = [
+                select(
+                    literal(self.task.id, type_=events_t.c.task_id.type),
+                    t_cte.c.event_seq + literal(i - n + 1),
+                    literal(typ, type_=events_t.c.type.type),
+                    literal(payload, type_=JSONType),
+                    literal(self.now, type_=UTCDateTime()),
+                ).select_from(t_cte)
+                for i, (typ, payload) in enumerate(self._events)
+            ]
+            ev_select = rows[0] if n == 1 else union_all(*rows)
+            ctes.append(
+                insert(events_t)
+                .from_select(["task_id", "seq", "type", "payload", "created_at"], ev_select)
+                .cte("ev_ins")
+            )
+        stmt = select(
+            select(t_cte.c.cancel_requested).scalar_subquery().label("cancel_requested"),
+            *[c.label(f"c{i}") for i, c in enumerate(checks)],
+        ).add_cte(*ctes)
+        with conn.begin():
+            row = conn.execute(stmt).one()
+            if row.cancel_requested is None:
+                raise LeaseLost(self.task.id)
+            if any(v != 1 for v in row[1:]):
+                raise StaleTransition(f"task {self.task.id}: a row was not in its expected state")
+            failpoint("before_commit")
+        self.task.cancel_requested = bool(row.cancel_requested)

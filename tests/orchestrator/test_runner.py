@@ -7,6 +7,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from orchestrator.store import get_task, list_attempts, list_events, list_messages, list_steps, request_cancel
 from tests.orchestrator.conftest import submit
 
@@ -32,7 +34,10 @@ def test_twenty_step_task_completes_with_full_history(db, make_runner):
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     types = [e.type for e in events]
     assert types[:2] == ["task.created", "task.ready"] and types[-1] == "task.succeeded"
-    assert types.count("step.started") == 21 and types.count("step.succeeded") == 21
+    # a step that ends and the next that starts in the same transaction share one event
+    assert types.count("step.started") == 1 and types.count("step.succeeded") == 21
+    started = [e.payload.get("next") for e in events if e.type == "step.succeeded"][:-1]
+    assert [(s["step"], s["attempt"]) for s in started] == [(i, 1) for i in range(1, 21)]
     assert task.prompt_tokens > 0 and task.completion_tokens == 12 * 11
 
 
@@ -139,3 +144,20 @@ def test_deadline_times_the_task_out(db, make_runner):
     with db.connect() as conn:
         task = get_task(conn, task_id)
     assert task.status == "TIMED_OUT" and task.error["kind"] == "deadline"
+
+
+def test_delete_removes_a_finished_task_and_all_it_owns(db, make_runner):
+    from orchestrator.statemachine import IllegalTransition
+    from orchestrator.store import TaskNotFound, delete_task
+
+    task_id = submit(db, {"cycles": 2, "tool": "echo"})
+    with db.begin() as conn, pytest.raises(IllegalTransition):
+        delete_task(conn, task_id)  # still READY
+    make_runner().run_until_idle(timeout_s=30)
+    with db.begin() as conn:
+        delete_task(conn, task_id)
+    with db.connect() as conn:
+        with pytest.raises(TaskNotFound):
+            get_task(conn, task_id)
+        assert not list_steps(conn, task_id) and not list_attempts(conn, task_id)
+        assert not list_messages(conn, task_id) and not list_events(conn, task_id)

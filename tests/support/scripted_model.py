@@ -94,11 +94,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(out)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients killed mid-request (crash tests) are expected
+
+
 class ScriptedModelServer:
     """Serve on 127.0.0.1 on a free port in a background thread."""
 
     def __init__(self) -> None:
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

@@ -1,0 +1,194 @@
+"""Orchestrator overhead per step on PostgreSQL with default durability.
+
+A 20-cycle task (model step, tool step, repeated; then the final answer: 41 steps) with an
+instant in-process model and an instant tool (~200-byte result), so what is measured is the
+orchestrator: claim, transactions, outbox, transcript. Prints JSON.
+
+    python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.config import Budgets  # noqa: E402
+from orchestrator.db import migrate  # noqa: E402
+from orchestrator.db.engine import make_engine  # noqa: E402
+from orchestrator.dispatch import InProcessDispatcher  # noqa: E402
+from orchestrator.inference_client import AssistantTurn, Sampling, parse_chat_completion  # noqa: E402
+from orchestrator.runner import Runner, RunnerConfig  # noqa: E402
+from orchestrator.store import NewTask, create_task  # noqa: E402
+from tests.support.scripted_model import reply  # noqa: E402
+from workers.tool_jobs import build_registry  # noqa: E402
+
+ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+CYCLES = 20
+SCRIPT = "script:" + json.dumps({"cycles": CYCLES, "tool": "echo"})
+
+
+class InstantModel:
+    """The scripted agent, called in-process: no network, no model time."""
+
+    def chat(self, messages: Any, tools: Any, sampling: Sampling) -> AssistantTurn:
+        return parse_chat_completion(reply(list(messages)), 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def make_runner(url: str, runner_id: str) -> Runner:
+    registry = build_registry(("tests.support.test_tools",))
+    return Runner(
+        make_engine(url),
+        InstantModel(),
+        InProcessDispatcher(registry),
+        registry,
+        RunnerConfig(runner_id=runner_id, lease_s=30, poll_interval_s=0.01),
+    )
+
+
+def submit(url: str, n: int) -> list[str]:
+    engine = make_engine(url)
+    ids = []
+    with engine.begin() as conn:
+        for _ in range(n):
+            ids.append(create_task(conn, NewTask(tenant="bench", goal=SCRIPT), Budgets())[0])
+    engine.dispose()
+    return ids
+
+
+def wal_and_sizes(url: str) -> tuple[int, int]:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        lsn = conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar_one()
+        size = conn.execute(
+            text(
+                "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind = 'r'"
+            )
+        ).scalar_one()
+    engine.dispose()
+    return int(lsn), int(size)
+
+
+def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
+    """Per-step latency: time of each step's execute+commit, one runner, tasks one after another."""
+    submit(url, 2)  # warm-up tasks: connection pool, statement caches
+    runner = make_runner(url, "bench-1")
+    runner.run_until_idle(timeout_s=120)
+    ids = submit(url, n_tasks)
+    durations: list[float] = []
+    execute = runner._execute
+
+    def timed(task: Any, step: Any) -> None:
+        t0 = time.perf_counter()
+        execute(task, step)
+        durations.append(time.perf_counter() - t0)
+
+    runner._execute = timed  # type: ignore[method-assign]
+    wal0, size0 = wal_and_sizes(url)
+    t0 = time.perf_counter()
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("1 runner", total=n_tasks)
+        while runner.run_once():
+            progress.update(bar, completed=len(durations) // (2 * CYCLES + 1))
+    wall = time.perf_counter() - t0
+    wal1, size1 = wal_and_sizes(url)
+    steps = len(durations) + n_tasks  # + the first step of each task, started at claim
+    durations.sort()
+    return {
+        "tasks": len(ids),
+        "steps": steps,
+        "steps_per_s": steps / wall,
+        "step_ms_p50": 1000 * statistics.median(durations),
+        "step_ms_p99": 1000 * durations[int(0.99 * (len(durations) - 1))],
+        "wal_bytes_per_task": (wal1 - wal0) / n_tasks,
+        "table_bytes_per_task": (size1 - size0) / n_tasks,
+    }
+
+
+def _worker(url: str, runner_id: str, start: Any, counts: Any, idx: int) -> None:
+    runner = make_runner(url, runner_id)
+    n = 0
+    execute = runner._execute
+
+    def counted(task: Any, step: Any) -> None:
+        nonlocal n
+        execute(task, step)
+        n += 1
+
+    runner._execute = counted  # type: ignore[method-assign]
+    start.wait()
+    while runner.run_once():
+        pass
+    counts[idx] = n
+
+
+def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
+    ids = submit(url, n_tasks)
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    counts = ctx.Array("i", n_runners)
+    procs = [ctx.Process(target=_worker, args=(url, f"bench-{i}", start, counts, i)) for i in range(n_runners)]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)  # let every process import and connect before the clock starts
+    t0 = time.perf_counter()
+    start.set()
+    for p in procs:
+        p.join()
+    wall = time.perf_counter() - t0
+    steps = sum(counts) + len(ids)
+    return {"runners": n_runners, "tasks": len(ids), "steps": steps, "steps_per_s": steps / wall, "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tasks", type=int, default=40)
+    ap.add_argument("--runners", type=int, default=4)
+    args = ap.parse_args()
+    name = f"dz_bench_{uuid.uuid4().hex[:8]}"
+    admin = make_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        sync = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    url = ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    try:
+        migrate.upgrade(make_engine(url))
+        one = single_runner(url, args.tasks)
+        many = many_runners(url, args.runners, args.tasks * 2)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(
+        json.dumps(
+            {
+                "benchmark": "orchestrator_overhead",
+                "cycles_per_task": CYCLES,
+                "steps_per_task": 2 * CYCLES + 1,
+                "synchronous_commit": sync,
+                "cpus": os.cpu_count(),
+                "one_runner": one,
+                "many_runners": many,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
