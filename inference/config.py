@@ -162,101 +162,35 @@ class ModelSpec:
         return tuple(i for i, k in enumerate(self.layer_kinds) if k == MLA)
 
 
+def _keys(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
 # Keys that describe provenance or generation defaults and do not change the computed function.
-_METADATA_KEYS = frozenset(
-    {
-        "architectures",
-        "auto_map",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "dtype",
-        "torch_dtype",
-        "transformers_version",
-        "initializer_range",
-        "model_max_length",
-        "max_position_embeddings",
-        "use_cache",
-        "_name_or_path",
-        "_commit_hash",
-        "attention_dropout",
-        "head_dim",  # legacy field; KDA/MLA geometry is explicit
-        "num_nextn_predict_layers",
-    }
+_METADATA_KEYS = _keys(
+    "architectures auto_map bos_token_id eos_token_id pad_token_id dtype torch_dtype "
+    "transformers_version initializer_range model_max_length max_position_embeddings use_cache "
+    "_name_or_path _commit_hash attention_dropout head_dim num_nextn_predict_layers"
 )
-_TEXT_KEYS = frozenset(
-    {
-        "model_type",
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_act",
-        "rms_norm_eps",
-        "tie_word_embeddings",
-        "rope_theta",
-        "rope_scaling",
-        "attention_bias",
-        "linear_attn_config",
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_nope_head_dim",
-        "qk_rope_head_dim",
-        "v_head_dim",
-        "mla_use_nope",
-        "num_experts",
-        "num_experts_per_token",
-        "moe_intermediate_size",
-        "num_shared_experts",
-        "routed_scaling_factor",
-        "moe_renormalize",
-        "moe_router_activation_func",
-        "use_grouped_topk",
-        "num_expert_group",
-        "topk_group",
-        "first_k_dense_replace",
-        "moe_layer_freq",
-        "index_topk",
-        "index_n_heads",
-        "index_head_dim",
-    }
+_TEXT_KEYS = _keys(
+    "model_type vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
+    "num_key_value_heads hidden_act rms_norm_eps tie_word_embeddings rope_theta rope_scaling "
+    "attention_bias linear_attn_config q_lora_rank kv_lora_rank qk_nope_head_dim "
+    "qk_rope_head_dim v_head_dim mla_use_nope num_experts num_experts_per_token "
+    "moe_intermediate_size num_shared_experts routed_scaling_factor moe_renormalize "
+    "moe_router_activation_func use_grouped_topk num_expert_group topk_group "
+    "first_k_dense_replace moe_layer_freq index_topk index_n_heads index_head_dim"
 )
-_LINEAR_KEYS = frozenset(
-    {"kda_layers", "full_attn_layers", "num_heads", "head_dim", "short_conv_kernel_size"}
+_LINEAR_KEYS = _keys("kda_layers full_attn_layers num_heads head_dim short_conv_kernel_size")
+_VISION_KEYS = _keys(
+    "model_type patch_size hidden_size intermediate_size num_attention_heads num_hidden_layers "
+    "pos_emb_height pos_emb_width pos_emb_time merge_kernel_size hidden_act rope_parameters "
+    "rope_theta"
 )
-_VISION_KEYS = frozenset(
-    {
-        "model_type",
-        "patch_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_attention_heads",
-        "num_hidden_layers",
-        "pos_emb_height",
-        "pos_emb_width",
-        "pos_emb_time",
-        "merge_kernel_size",
-        "hidden_act",
-        "rope_parameters",
-        "rope_theta",
-    }
-)
-_WRAPPER_KEYS = frozenset(
-    {
-        "model_type",
-        "text_config",
-        "vision_config",
-        "projection_hidden_size",
-        "projection_layer_norm_eps",
-        "image_token_id",
-        "video_token_id",
-        "vision_start_token_id",
-        "vision_end_token_id",
-        "tie_word_embeddings",
-        "media_placeholder_token_id",
-    }
+_WRAPPER_KEYS = _keys(
+    "model_type text_config vision_config projection_hidden_size projection_layer_norm_eps "
+    "image_token_id video_token_id vision_start_token_id vision_end_token_id "
+    "tie_word_embeddings media_placeholder_token_id"
 )
 _TEXT_MODEL_TYPES = frozenset({"kimi_linear"})
 _WRAPPER_MODEL_TYPES = frozenset({"kimi_k25", "kimi_vl", "kimi_k3"})
