@@ -220,6 +220,38 @@ def test_opening_a_socket_is_contained(sandbox: Sandbox) -> None:
     assert "Error" in res.stderr
 
 
+def test_host_unix_sockets_are_unreachable(sandbox: Sandbox) -> None:
+    """A world-writable daemon socket (think docker.sock at 0666) outside the jail stays out of reach:
+    the network namespace does not cover filesystem sockets, the seccomp filter does."""
+    base = "/run" if os.access("/run", os.W_OK) else "/"
+    d = Path(tempfile.mkdtemp(prefix="dz-sock-", dir=base))
+    d.chmod(0o755)
+    path = d / "daemon.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        srv.bind(str(path))
+        path.chmod(0o777)
+        srv.listen(1)
+        srv.settimeout(0.2)
+        code = (
+            "import socket\n"
+            "a, b = socket.socketpair(); a.send(b'x'); print('socketpair', b.recv(1) == b'x')\n"
+            "try:\n"
+            f"    s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); print('CONNECTED')\n"
+            "except OSError as e:\n"
+            "    print('denied', e.errno)\n"
+        )
+        res = run(sandbox, code)
+        with pytest.raises(TimeoutError):
+            srv.accept()
+    finally:
+        srv.close()
+        shutil.rmtree(d)
+    assert res.exit_code == 0, res.stderr
+    assert "socketpair True" in res.stdout  # multiprocessing still works
+    assert "CONNECTED" not in res.stdout and "denied 1" in res.stdout
+
+
 def test_network_namespace_has_no_usable_interface(sandbox: Sandbox) -> None:
     code = (
         "import socket\n"

@@ -11,7 +11,8 @@ path never reaches the sandbox. Order of operations:
    process it left behind (fork bombs, daemonised children) and nothing outlives the run.
 4. in the child: rlimits, drop to the unprivileged uid/gid (when root), parent-death signal,
    no_new_privs, Landlock (filesystem: read-only system paths, read-write working dir only;
-   TCP bind/connect denied; abstract unix sockets and signals scoped), then exec the interpreter.
+   TCP bind/connect denied; abstract unix sockets and signals scoped), a seccomp filter (no
+   AF_UNIX sockets, no io_uring, native syscall ABI only), then exec the interpreter.
 
 Setup failures exit with SETUP_FAILED and a `dayzero-sandbox-setup:<nonce>:` line on stderr, so
 the caller can tell a broken host from a failing user program (which cannot know the nonce).
@@ -190,6 +191,63 @@ def landlock(job: dict) -> int:
     return abi
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+# (audit arch, socket(2) number) for the architectures we build a filter for.
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+SYS_IO_URING_SETUP = 425
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+RET_ALLOW = 0x7FFF0000
+RET_KILL_PROCESS = 0x80000000
+RET_EPERM = 0x00050000 | 1
+AF_UNIX = 1
+
+
+def seccomp_filter() -> None:
+    """Deny socket(AF_UNIX, ...) and io_uring; kill on a foreign syscall ABI (i386, x32).
+
+    A network namespace does not cover filesystem unix sockets and Landlock (up to ABI 7) does not
+    mediate connecting to one, so a world-writable socket of a host daemon would otherwise be
+    reachable. socketpair(2) stays allowed (multiprocessing uses it); io_uring could open sockets
+    behind the filter's back. Must run after no_new_privs.
+    """
+    arch = _SECCOMP_ARCH.get(os.uname().machine)
+    if arch is None:
+        fail(f"no seccomp filter for {os.uname().machine}; the sandbox supports x86_64 and aarch64")
+    audit_arch, nr_socket = arch
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    prog = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, RET_KILL_PROCESS),
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jge, 0, 1, 0x40000000),  # x32 syscalls share the x86-64 arch value
+        (ret, 0, 0, RET_KILL_PROCESS),
+        (jeq, 0, 1, SYS_IO_URING_SETUP),
+        (ret, 0, 0, RET_EPERM),
+        (jeq, 0, 3, nr_socket),
+        (ld, 0, 0, 16),  # low half of args[0]: the address family
+        (jeq, 0, 1, AF_UNIX),
+        (ret, 0, 0, RET_EPERM),
+        (ret, 0, 0, RET_ALLOW),
+    ]
+    filters = (_SockFilter * len(prog))(*(_SockFilter(*ins) for ins in prog))
+    fprog = _SockFprog(len(prog), filters)
+    check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
+
+
 def child(job: dict, workdir: str, alive_fd: int) -> None:
     """PID 1 of the new namespace: limits, privileges, Landlock, then exec the user program."""
     # A /proc of this PID namespace only (best effort: without it the code simply sees no /proc).
@@ -228,6 +286,7 @@ def child(job: dict, workdir: str, alive_fd: int) -> None:
     os.close(alive_fd)
     check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     abi = landlock(job)
+    seccomp_filter()
     os.chdir(workdir)
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
