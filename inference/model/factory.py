@@ -22,9 +22,14 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Deterministic random weights that keep activations O(1) at any width.
 
     Linear/conv weights ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm scales ~ U(0.5, 1.5), biases
-    and the router correction ~ N(0, 0.1); KDA decay parameters as fla initialises them. Every
-    tensor is drawn on the CPU from one generator, so the same seed gives the same model anywhere.
+    and the router correction ~ N(0, 0.1); KDA decay parameters as fla initialises them. Projections
+    that write into the residual stream (`o_proj`, `down_proj`, `w2`) are scaled by
+    `1/sqrt(2 * num_layers)` (GPT-2 style): without it a random deep model is chaotic, and bf16
+    rounding alone moves its logits by tens of percent. Every tensor is drawn on the CPU from one
+    generator, so the same seed gives the same model anywhere.
     """
+    num_layers = sum(1 for name, _ in model.named_modules() if name.endswith("input_layernorm"))
+    residual_scale = (2 * max(num_layers, 1)) ** -0.5
     gen = torch.Generator().manual_seed(seed)
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if name.endswith(("A_log", "dt_bias")):
@@ -40,6 +45,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
         else:
             fan_in = shape[1:].numel() if tensor.dim() > 1 else 1
             value = torch.randn(shape, generator=gen) / fan_in**0.5
+            if name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")) and "vision" not in name:
+                value = value * residual_scale
         tensor.copy_(value.to(tensor.dtype))
     for module in model.modules():
         if isinstance(module, KimiDeltaAttention):
