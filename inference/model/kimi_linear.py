@@ -101,6 +101,7 @@ class KimiLinearForCausalLM(nn.Module):
         Returns:
             logits `[M, vocab]` for `meta.logits_indices` (all `T` rows when it is None).
         """
+        meta.validate()
         if input_ids.dim() != 1 or input_ids.shape[0] != meta.num_tokens:
             raise ValueError(f"input_ids must be [T={meta.num_tokens}], got {tuple(input_ids.shape)}")
         h = self.model(self.embed(input_ids, image_embeds), meta, cache)
