@@ -25,15 +25,16 @@ from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.config import Budgets  # noqa: E402
-from orchestrator.db import migrate  # noqa: E402
-from orchestrator.db.engine import make_engine  # noqa: E402
-from orchestrator.dispatch import InProcessDispatcher  # noqa: E402
-from orchestrator.inference_client import AssistantTurn, Sampling, parse_chat_completion  # noqa: E402
-from orchestrator.runner import Runner, RunnerConfig  # noqa: E402
-from orchestrator.store import NewTask, create_task  # noqa: E402
-from tests.support.scripted_model import reply  # noqa: E402
-from workers.tool_jobs import build_registry  # noqa: E402
+from orchestrator.config import Budgets
+from orchestrator.db import migrate
+from orchestrator.db.engine import make_engine
+from orchestrator.dispatch import InProcessDispatcher
+from orchestrator.inference_client import AssistantTurn, Sampling, parse_chat_completion
+from orchestrator.runner import Runner, RunnerConfig
+from orchestrator.store import NewTask, create_task
+from tests.support.scripted_model import reply
+from tools.config import ToolsConfig
+from workers.tool_jobs import build_registry
 
 ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 CYCLES = 20
@@ -51,7 +52,7 @@ class InstantModel:
 
 
 def make_runner(url: str, runner_id: str) -> Runner:
-    registry = build_registry(("tests.support.test_tools",))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
     return Runner(
         make_engine(url),
         InstantModel(),
@@ -143,7 +144,9 @@ def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     counts = ctx.Array("i", n_runners)
-    procs = [ctx.Process(target=_worker, args=(url, f"bench-{i}", start, counts, i)) for i in range(n_runners)]
+    procs = [
+        ctx.Process(target=_worker, args=(url, f"bench-{i}", start, counts, i)) for i in range(n_runners)
+    ]
     for p in procs:
         p.start()
     time.sleep(3.0)  # let every process import and connect before the clock starts
@@ -153,7 +156,13 @@ def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
         p.join()
     wall = time.perf_counter() - t0
     steps = sum(counts) + len(ids)
-    return {"runners": n_runners, "tasks": len(ids), "steps": steps, "steps_per_s": steps / wall, "wall_s": wall}
+    return {
+        "runners": n_runners,
+        "tasks": len(ids),
+        "steps": steps,
+        "steps_per_s": steps / wall,
+        "wall_s": wall,
+    }
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ def make_inference(settings: Settings) -> InferenceClient:
 
 
 def make_tools(settings: Settings) -> ToolRegistry:
-    registry = build_registry(settings.tool_modules)
+    registry = build_registry(settings.tools_config())
     set_process_registry(registry)
     return registry
 
@@ -79,6 +79,7 @@ def make_runner(
         lease_s=settings.lease_s,
         poll_interval_s=settings.poll_interval_s,
         workspace_dir=settings.workspace_dir,
+        blob_url=settings.blob_dir,
         **({"runner_id": runner_id} if runner_id else {}),
     )
     return RunnerParts(

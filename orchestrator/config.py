@@ -6,6 +6,8 @@ Nothing below the entry points reads the environment itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -44,6 +46,12 @@ class Settings(BaseSettings):
         alias="DAYZERO_TOOL_MODULES",
         description="comma-separated modules whose dayzero_tools() register tools",
     )
+    tools_enabled_csv: str | None = Field(
+        None, alias="DAYZERO_TOOLS", description="comma-separated built-in tools to enable (default: all)"
+    )
+    http_allow_hosts_csv: str = Field(
+        "", alias="DAYZERO_HTTP_ALLOW_HOSTS", description="hosts http_get may fetch; empty disables the tool"
+    )
     budgets: Budgets = Field(default_factory=Budgets)
 
     # Tracing: OTLP endpoint, or none (spans still carry context across processes).
@@ -52,8 +60,24 @@ class Settings(BaseSettings):
 
     @property
     def tool_modules(self) -> tuple[str, ...]:
-        return tuple(m.strip() for m in self.tool_modules_csv.split(",") if m.strip())
+        return _csv(self.tool_modules_csv)
+
+    def tools_config(self) -> Any:
+        """The `tools.ToolsConfig` these settings describe (tools never read the environment)."""
+        from tools.config import BUILTIN_TOOLS, HttpConfig, ToolsConfig
+
+        enabled = _csv(self.tools_enabled_csv) if self.tools_enabled_csv is not None else BUILTIN_TOOLS
+        return ToolsConfig(
+            enabled=enabled,
+            http=HttpConfig(allow_hosts=_csv(self.http_allow_hosts_csv)),
+            skip_unavailable=True,
+            modules=self.tool_modules,
+        )
 
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())

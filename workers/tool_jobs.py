@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tools.base import Attachment, ToolContext, ToolError
+from tools.builtin import register_builtin_tools
+from tools.config import BUILTIN_TOOLS, HttpConfig, ToolsConfig
 from tools.registry import ToolRegistry, load_entry_point_tools, load_tool_modules
 
 _registry: ToolRegistry | None = None
@@ -26,26 +29,37 @@ def set_process_registry(registry: ToolRegistry) -> None:
 
 
 def process_registry() -> ToolRegistry:
-    """The worker process's registry: built-ins, entry-point tools, `DAYZERO_TOOL_MODULES`."""
+    """The worker process's registry, configured like the orchestrator's from the environment
+    (`DAYZERO_TOOLS`, `DAYZERO_HTTP_ALLOW_HOSTS`, `DAYZERO_TOOL_MODULES`): read here, at the
+    worker's entry, and passed down as a `ToolsConfig`."""
     global _registry
     with _registry_lock:
         if _registry is None:
-            _registry = build_registry(
-                tuple(m for m in os.environ.get("DAYZERO_TOOL_MODULES", "").split(",") if m)
-            )
+            _registry = build_registry(config_from_env(os.environ))
         return _registry
 
 
-def build_registry(tool_modules: tuple[str, ...] = ()) -> ToolRegistry:
+def config_from_env(env: Mapping[str, str]) -> ToolsConfig:
+    def csv(name: str) -> tuple[str, ...]:
+        return tuple(v.strip() for v in env.get(name, "").split(",") if v.strip())
+
+    enabled = csv("DAYZERO_TOOLS") if "DAYZERO_TOOLS" in env else BUILTIN_TOOLS
+    return ToolsConfig(
+        enabled=enabled,
+        http=HttpConfig(allow_hosts=csv("DAYZERO_HTTP_ALLOW_HOSTS")),
+        skip_unavailable=True,
+        modules=csv("DAYZERO_TOOL_MODULES"),
+    )
+
+
+def build_registry(config: ToolsConfig | None = None) -> ToolRegistry:
+    """Built-ins per `config`, plus entry-point tools and `config.modules`."""
+    config = config or ToolsConfig(skip_unavailable=True)
     registry = ToolRegistry()
-    try:
-        from tools.builtin import register_builtin_tools  # present once the tools package ships them
-    except ImportError:
-        register_builtin_tools = None
-    if register_builtin_tools is not None:
-        register_builtin_tools(registry)
-    load_entry_point_tools(registry)
-    load_tool_modules(registry, tool_modules)
+    register_builtin_tools(registry, config)
+    if config.load_entry_points:
+        load_entry_point_tools(registry)
+    load_tool_modules(registry, config.modules)
     return registry
 
 

@@ -27,7 +27,6 @@ def _run(args: argparse.Namespace) -> int:
     from orchestrator.app import make_runner
     from orchestrator.attachments import attach_files
     from orchestrator.config import Settings
-    from orchestrator.preprocessing import preprocess_pending
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
     from orchestrator.store import NewTask, create_task, get_task, list_messages
 
@@ -50,8 +49,6 @@ def _run(args: argparse.Namespace) -> int:
                 settings.budgets,
             )
         console.print(f"task {task_id}")
-        if att_ids:
-            preprocess_pending(parts.engine, settings, parts.dispatcher, task_id)
 
         def done() -> bool:
             with parts.engine.connect() as c:

@@ -9,8 +9,11 @@ import datetime as dt
 from sqlalchemy import Connection, or_, select, update
 
 from orchestrator.clock import utcnow
-from orchestrator.statemachine import RUNNABLE_TASK_STATUSES
+from orchestrator.statemachine import RUNNABLE_TASK_STATUSES, TaskStatus
 from orchestrator.store import tasks_t
+
+# A runner also takes tasks whose attachments still need preprocessing.
+CLAIMABLE = sorted({*RUNNABLE_TASK_STATUSES, TaskStatus.PREPROCESSING})
 
 
 class LeaseLost(Exception):
@@ -23,7 +26,7 @@ def claim_next_task(conn: Connection, runner_id: str, lease_s: float) -> str | N
     candidate = (
         select(tasks_t.c.id)
         .where(
-            tasks_t.c.status.in_([s.value for s in RUNNABLE_TASK_STATUSES]),
+            tasks_t.c.status.in_([s.value for s in CLAIMABLE]),
             tasks_t.c.next_run_at <= now,
             or_(tasks_t.c.lease_until.is_(None), tasks_t.c.lease_until < now),
         )

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import DBAPIError
 
+from orchestrator.attachments import local_blob_path, resolve_images
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.failpoints import failpoint
@@ -40,6 +41,7 @@ from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent, TaskStat
 from orchestrator.store import StaleTransition, attachments_t, message_dict, messages_t, steps_t, tasks_t
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
+from workers.jobs import describe_error as describe_job_error
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,11 @@ class RunnerConfig:
     workspace_dir: str | None = None
     # Retry backoffs shorter than this are waited out while holding the lease.
     local_wait_max_s: float = 1.0
+    # Where attachment bytes live (a BlobStore URL) and how images are preprocessed.
+    blob_url: str = "./.dayzero/blobs"
+    preprocess: dict[str, Any] | None = None
+    preprocess_timeout_s: float = 120.0
+    preprocess_max_attempts: int = 3
     model_retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(
             max_attempts=3, backoff_base_s=0.5, backoff_max_s=10.0, timeout_s=300.0
@@ -179,11 +186,18 @@ class Runner:
                 )
             )
             atts = [
-                {"id": a.id, "media_type": a.media_type, "sha256": a.sha256, "content_hash": a.content_hash}
+                {
+                    "id": a.id,
+                    "media_type": a.media_type,
+                    "sha256": a.sha256,
+                    "content_hash": a.content_hash,
+                    "status": a.status,
+                    "path": local_blob_path(self.config.blob_url, a.sha256),
+                }
                 for a in conn.execute(
-                    select(attachments_t).where(
-                        attachments_t.c.task_id == task_id, attachments_t.c.status == "READY"
-                    )
+                    select(attachments_t)
+                    .where(attachments_t.c.task_id == task_id)
+                    .order_by(attachments_t.c.created_at)
                 )
             ]
         steps = {
@@ -234,6 +248,10 @@ class Runner:
                 if task.cancel_requested or utcnow() >= task.deadline_at:
                     self._commit(self._end_if_asked(self._txn(task)))
                     continue
+                if task.status == TaskStatus.PREPROCESSING:
+                    if not self._preprocess(task):
+                        return
+                    continue
                 if step is not None and step.status == StepStatus.RUNNING:
                     self._execute(task, step)
                     continue
@@ -251,6 +269,71 @@ class Runner:
                 tx = self._txn(task)
                 self._advance(tx, step)
                 self._commit(tx)
+
+    def _preprocess(self, task: TaskView) -> bool:
+        """Preprocess the task's pending image attachments, one transaction each; then READY.
+
+        Returns False when the task was parked (a transient failure) or failed."""
+        for att in task.attachments:
+            if att["status"] != "PENDING":
+                continue
+            tx = self._txn(task)
+            row_update = update(attachments_t).where(
+                attachments_t.c.id == att["id"], attachments_t.c.status == "PENDING"
+            )
+            if not att["media_type"].startswith("image/"):
+                tx.write(row_update.values(status="READY", updated_at=tx.now), must_hit=True)
+                att["status"] = "READY"
+                tx.commit(self._conn)
+                continue
+            payload = {
+                "attachment_id": att["id"],
+                "blob_sha256": att["sha256"],
+                "blob_url": self.config.blob_url,
+                "config": self.config.preprocess or {},
+                "traceparent": task.traceparent,
+            }
+            try:
+                result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
+                error = None
+            except Exception as exc:  # typed image errors and transport failures alike
+                result, error = None, describe_job_error(exc)
+            tx = self._txn(task)
+            if error is None:
+                tx.write(
+                    row_update.values(
+                        status="READY",
+                        content_hash=result["content_hash"],
+                        processed_sha256=result["processed_sha256"],
+                        grid_thw=result["grid_thw"],
+                        redaction=result.get("redaction"),
+                        updated_at=tx.now,
+                    ),
+                    must_hit=True,
+                )
+                tx.event("attachment.ready", {"attachment": att["id"], "grid_thw": result["grid_thw"]})
+                att.update(status="READY", content_hash=result["content_hash"])
+                tx.commit(self._conn)
+                continue
+            att["failures"] = att.get("failures", 0) + 1
+            if error.get("retryable") and att["failures"] < self.config.preprocess_max_attempts:
+                tx.event("attachment.retry_scheduled", {"attachment": att["id"], "error": error})
+                tx.set_task(
+                    next_run_at=tx.now + dt.timedelta(seconds=2.0 * att["failures"]),
+                    lease_owner=None,
+                    lease_until=None,
+                )
+                tx.commit(self._conn)
+                return False
+            tx.write(row_update.values(status="FAILED", error=error, updated_at=tx.now), must_hit=True)
+            tx.event("attachment.failed", {"attachment": att["id"], "error": error})
+            tx.task_transition(TaskEvent.FAIL, error={"kind": "attachment", "attachment": att["id"], **error})
+            tx.commit(self._conn)
+            return False
+        tx = self._txn(task)
+        tx.task_transition(TaskEvent.PREPROCESSED)
+        tx.commit(self._conn)
+        return True
 
     def _txn(self, task: TaskView) -> StepTxn:
         return StepTxn(task, self.config.runner_id, self.config.lease_s)
@@ -320,7 +403,10 @@ class Runner:
     def _execute_model(self, task: TaskView, step: StepView) -> None:
         tools = self.tools.openai_tools(task.allowed_tools)
         try:
-            turn = self.inference.chat(task.transcript, tools, Sampling.from_mapping(task.sampling))
+            messages = task.transcript
+            if task.attachments:
+                messages = resolve_images(messages, task.attachments, self.config.blob_url)
+            turn = self.inference.chat(messages, tools, Sampling.from_mapping(task.sampling))
             error: InferenceError | None = None
         except InferenceError as exc:
             turn, error = None, exc

@@ -126,6 +126,10 @@ class StepTxn:
     def set_task(self, **values: Any) -> None:
         self._task_values.update(values)
 
+    def write(self, stmt: Insert | Update, *, must_hit: bool = False) -> None:
+        """Add another write to this transaction (`must_hit`: an UPDATE that must hit one row)."""
+        self._writes.append((stmt, must_hit))
+
     # -- steps, attempts, messages -----------------------------------------------------------
     def add_step(self, step: StepView, *, start: bool = False) -> None:
         """Insert a new step; with `start`, directly RUNNING with attempt 1 (one row version)."""

@@ -15,6 +15,7 @@ from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import NewTask, create_task
 from tests.support.scripted_model import ScriptedModelServer
+from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 
 
@@ -37,12 +38,13 @@ def make_runner(db: Engine, model_server, state_dir, tmp_path) -> Iterator[Any]:
     made: list[tuple[Runner, Any, Any]] = []
 
     def factory(**cfg: Any) -> Runner:
-        registry = build_registry(("tests.support.test_tools",))
+        registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
         client = OpenAIChatClient(model_server.url, "scripted", timeout_s=10)
         dispatcher = InProcessDispatcher(registry)
         cfg.setdefault("lease_s", 5.0)
         cfg.setdefault("poll_interval_s", 0.02)
         cfg.setdefault("workspace_dir", str(tmp_path / "ws"))
+        cfg.setdefault("blob_url", str(tmp_path / "blobs"))
         runner = Runner(db, client, dispatcher, registry, RunnerConfig(**cfg))
         made.append((runner, client, dispatcher))
         return runner

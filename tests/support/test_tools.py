@@ -110,5 +110,14 @@ class Hang:
         return ToolResult(content="woke up")
 
 
+class WhoAmI:
+    """Returns the id of the process that ran it (tells a Celery worker from the runner)."""
+
+    spec = ToolSpec(name="whoami", description="process id", parameters=OBJ)
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        return ToolResult(content={"pid": os.getpid(), "attachments": [a.id for a in context.attachments]})
+
+
 def dayzero_tools() -> list[Any]:
-    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang()]
+    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), WhoAmI()]
