@@ -28,6 +28,9 @@ from inference.model.ops.mla import (
 
 __all__ = ["DSAIndexer", "MLAttention"]
 
+# (indexer queries [T, Hi, D], indexer weights [T, Hi], indexer key pool of this layer)
+_IndexInputs = tuple[Tensor, Tensor, Tensor]
+
 
 class DSAIndexer(nn.Module):
     """DeepSeek-V3.2 lightning indexer: low-cost scores that pick the keys each query attends."""
@@ -117,8 +120,9 @@ class MLAttention(nn.Module):
         return self.o_proj(out.reshape(x.shape[0], -1))
 
     def _dsa_mask(
-        self, index: tuple[Tensor, Tensor, Tensor] | None, seq: int, rows: slice, meta: ForwardMeta
+        self, index: _IndexInputs | None, seq: int, rows: slice, meta: ForwardMeta
     ) -> Tensor | None:
+        """`[L, S]` bool: keys the indexer selected for the rows of sequence `seq` (None without DSA)."""
         if index is None:
             return None
         iq, iw, ipool = index
@@ -127,7 +131,10 @@ class MLAttention(nn.Module):
         idx, valid = dsa_topk_indices(iq[rows], keys, iw[rows], meta.context_lens_cpu[seq], self.indexer.topk)
         return topk_to_mask(idx, valid, s)
 
-    def _attend(self, q: Tensor, meta: ForwardMeta, pool: Tensor, index, out: Tensor) -> None:
+    def _attend(
+        self, q: Tensor, meta: ForwardMeta, pool: Tensor, index: _IndexInputs | None, out: Tensor
+    ) -> None:
+        """Fill `out` `[T, H, Dv]`: absorbed decode for one-token non-DSA sequences, expanded otherwise."""
         m = self.m
         w = self.kv_b_proj.weight.view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
