@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class InferenceError(Exception):
@@ -158,9 +161,11 @@ class OpenAIChatClient:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
     ) -> AssistantTurn:
         body = chat_request_body(self._model, messages, tools, sampling)
+        headers: dict[str, str] = {}
+        _PROPAGATOR.inject(headers)  # the task's trace continues on the model server
         t0 = time.perf_counter()
         try:
-            resp = self._http.post("/v1/chat/completions", json=body)
+            resp = self._http.post("/v1/chat/completions", json=body, headers=headers)
         except httpx.TimeoutException as exc:
             raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
         except httpx.HTTPError as exc:

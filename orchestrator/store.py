@@ -26,6 +26,7 @@ from orchestrator.statemachine import (
     TaskStatus,
     next_task_status,
 )
+from orchestrator.tracing import new_traceparent, valid_traceparent
 
 tasks_t = Task.__table__
 steps_t = Step.__table__
@@ -179,7 +180,8 @@ def create_task(conn: Connection, spec: NewTask, budgets: Budgets) -> tuple[str,
             max_tokens=max_tokens,
             deadline_at=now + dt.timedelta(seconds=deadline_s),
             next_run_at=now,
-            traceparent=spec.traceparent,
+            # every task is one trace: keep the submitter's context, or start a new trace
+            traceparent=valid_traceparent(spec.traceparent) or new_traceparent(),
             created_at=now,
             updated_at=now,
             **{"metadata": dict(spec.metadata) if spec.metadata else None},

@@ -29,9 +29,11 @@ def _run(args: argparse.Namespace) -> int:
     from orchestrator.config import Settings
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
     from orchestrator.store import NewTask, create_task, get_task, list_messages
+    from orchestrator.tracing import setup_tracing
 
     console = Console(stderr=True)
     settings = Settings()
+    setup_tracing(settings.service_name, settings.otlp_endpoint)
     with console.status("starting (database, tools, model)"):
         parts = make_runner(settings, upgrade=True)
     try:

@@ -19,7 +19,11 @@ def _runner(args: argparse.Namespace) -> int:
     from orchestrator.config import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parts = make_runner(Settings(), upgrade=args.upgrade, runner_id=args.id)
+    from orchestrator.tracing import setup_tracing
+
+    settings = Settings()
+    setup_tracing(settings.service_name, settings.otlp_endpoint)
+    parts = make_runner(settings, upgrade=args.upgrade, runner_id=args.id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: parts.runner.stop())
     logging.getLogger("dayzero").info("runner %s started", parts.runner.config.runner_id)

@@ -39,6 +39,7 @@ from orchestrator.runner.retry import full_jitter_delay
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent, TaskStatus
 from orchestrator.store import StaleTransition, attachments_t, message_dict, messages_t, steps_t, tasks_t
+from orchestrator.tracing import current_traceparent, task_span
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
 from workers.jobs import describe_error as describe_job_error
@@ -249,8 +250,9 @@ class Runner:
                     self._commit(self._end_if_asked(self._txn(task)))
                     continue
                 if task.status == TaskStatus.PREPROCESSING:
-                    if not self._preprocess(task):
-                        return
+                    with task_span(task.traceparent, "task.preprocess", {"dayzero.task_id": task.id}):
+                        if not self._preprocess(task):
+                            return
                     continue
                 if step is not None and step.status == StepStatus.RUNNING:
                     self._execute(task, step)
@@ -291,7 +293,7 @@ class Runner:
                 "blob_sha256": att["sha256"],
                 "blob_url": self.config.blob_url,
                 "config": self.config.preprocess or {},
-                "traceparent": task.traceparent,
+                "traceparent": current_traceparent() or task.traceparent,
             }
             try:
                 result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
@@ -395,10 +397,19 @@ class Runner:
     # -- executing an attempt ----------------------------------------------------------------
     def _execute(self, task: TaskView, step: StepView) -> None:
         in_doubt = (step.index, step.attempt_count) not in task.fresh_attempts
-        if step.kind == "model":
-            self._execute_model(task, step)
-        else:
-            self._execute_tool(task, step, in_doubt=in_doubt)
+        attrs = {
+            "dayzero.task_id": task.id,
+            "dayzero.step": step.index,
+            "dayzero.attempt": step.attempt_count,
+            "dayzero.resumed": in_doubt,
+        }
+        if step.tool_name:
+            attrs["dayzero.tool"] = step.tool_name
+        with task_span(task.traceparent, f"step.{step.kind}", attrs):
+            if step.kind == "model":
+                self._execute_model(task, step)
+            else:
+                self._execute_tool(task, step, in_doubt=in_doubt)
 
     def _execute_model(self, task: TaskView, step: StepView) -> None:
         tools = self.tools.openai_tools(task.allowed_tools)
@@ -477,7 +488,7 @@ class Runner:
             "workspace": workspace,
             "attachments": task.attachments,
             "timeout_s": timeout_s,
-            "traceparent": task.traceparent,
+            "traceparent": current_traceparent() or task.traceparent,
         }
 
     def _execute_tool(self, task: TaskView, step: StepView, *, in_doubt: bool) -> None:

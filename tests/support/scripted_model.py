@@ -80,6 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self) -> None:
+        self.server.traceparents.append(self.headers.get("traceparent"))  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length", 0))
         try:
             body = json.loads(self.rfile.read(length))
@@ -95,6 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _QuietServer(ThreadingHTTPServer):
+    traceparents: list[str | None]
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # clients killed mid-request (crash tests) are expected
 
@@ -105,8 +108,14 @@ class ScriptedModelServer:
     def __init__(self) -> None:
         self._httpd = _QuietServer(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
+        self._httpd.traceparents = []
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def traceparents(self) -> list[str | None]:
+        """The `traceparent` header of every request received, in order."""
+        return self._httpd.traceparents
 
     def __enter__(self) -> ScriptedModelServer:
         self._thread.start()

@@ -1,0 +1,43 @@
+"""Every task is one OpenTelemetry trace: runner spans and the model call share the task's trace."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from orchestrator.store import get_task
+from orchestrator.tracing import valid_traceparent
+from tests.orchestrator.conftest import submit
+
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def spans() -> InMemorySpanExporter:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+    trace.set_tracer_provider(provider)  # once per process; later calls are ignored by OTel
+    return _EXPORTER
+
+
+def test_a_task_is_one_trace(spans, make_runner, db, model_server):
+    spans.clear()
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    task_id = submit(db, {"cycles": 2, "tool": "echo"}, traceparent=given)
+    other = submit(db, {"cycles": 1, "tool": "echo"})  # no context given: a new trace is minted
+    before = len(model_server.traceparents)
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        assert get_task(conn, task_id).traceparent == given
+        minted = get_task(conn, other).traceparent
+    assert valid_traceparent(minted) and minted.split("-")[1] != given.split("-")[1]
+    trace_id = int(given.split("-")[1], 16)
+    mine = [s for s in spans.get_finished_spans() if s.attributes.get("dayzero.task_id") == task_id]
+    assert [s.name for s in mine] == ["step.model", "step.tool", "step.model", "step.tool", "step.model"]
+    assert {s.context.trace_id for s in mine} == {trace_id}
+    assert all(s.parent.span_id == int("b7ad6b7169203331", 16) for s in mine)
+    seen = [tp for tp in model_server.traceparents[before:] if tp]
+    assert sum(tp.split("-")[1] == given.split("-")[1] for tp in seen) == 3  # three model calls
