@@ -42,6 +42,7 @@ def test_counts_equal_the_built_model():
         tiny_kimi_linear_config(
             q_lora_rank=24, index_topk=8, index_n_heads=2, index_head_dim=16, mla_use_nope=False
         ),
+        json.loads((PUBLISHED.parent / "tiny_hybrid_vl.json").read_text()),  # DSA + vision tower + projector
     ):
         s = parse_config(cfg)
         model = build_model(s)
