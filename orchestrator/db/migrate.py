@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 import migrations
 
@@ -34,10 +34,17 @@ def is_up_to_date(engine: Engine) -> bool:
     return current_revision(engine) == head_revision()
 
 
+# Any fixed 64-bit number: the key of the PostgreSQL advisory lock that serialises migrations.
+_MIGRATION_LOCK_KEY = 0x6461797A65726F  # "dayzero"
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the database behind `engine` to `revision`, one transaction per run."""
+    """Upgrade the database behind `engine` to `revision` in one transaction. On PostgreSQL an
+    advisory lock makes concurrent upgrades (several pods starting at once) run one at a time."""
     cfg = alembic_config()
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
