@@ -95,6 +95,29 @@ def decode_image(data: bytes, config: PreprocessConfig | None = None) -> Image.I
     Raises a subclass of `preprocess.errors.ImageError`; nothing else escapes for bad input.
     """
     cfg = config or _DEFAULT
+    data, im, fmt = open_checked(data, cfg)
+    return _finish_pil(im, fmt, cfg)
+
+
+def decode_array(data: bytes, config: PreprocessConfig | None = None) -> np.ndarray:
+    """Like `decode_image`, as a writable HxWx3 uint8 array; the pipeline's entry point.
+
+    Same checks, same pixels. Plain 8-bit RGB/grey JPEG and PNG (the bulk of uploads) are decoded
+    by OpenCV straight into the array: bit-identical to Pillow (both libjpeg-turbo / libpng+zlib)
+    and it skips Pillow's internal 4-byte layout and its repacking copy. Anything else, and any
+    file OpenCV refuses, takes the Pillow path, which owns the error reporting.
+    """
+    cfg = config or _DEFAULT
+    data, im, fmt = open_checked(data, cfg)
+    if _fast_path_ok(data, im, fmt, cfg):
+        arr = _cv2_decode(data, im.size)
+        if arr is not None:
+            return arr
+    return np.array(_finish_pil(im, fmt, cfg))
+
+
+def open_checked(data: bytes, cfg: PreprocessConfig) -> tuple[bytes, Image.Image, str]:
+    """All checks that need no pixel decode; returns (bytes, lazily opened image, format)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"decode_image takes bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -127,11 +150,51 @@ def decode_image(data: bytes, config: PreprocessConfig | None = None) -> Image.I
     declared = _declared_size(data, fmt)
     if declared is not None:
         _check_size(*declared, fmt, cfg)
-    im = _open_header(data, fmt, cfg)
+    return data, _open_header(data, fmt, cfg), fmt
+
+
+def _finish_pil(im: Image.Image, fmt: str, cfg: PreprocessConfig) -> Image.Image:
     im = _load_first_frame(im, fmt)
     if cfg.apply_exif_orientation:
         im = _apply_orientation(im)
     return to_rgb(im)
+
+
+def _orientation(im: Image.Image) -> int:
+    try:
+        return int(im.getexif().get(0x0112, 1) or 1)
+    except _DECODE_FAILURES:
+        return 1  # unreadable EXIF is ignored, as every viewer does
+
+
+def _fast_path_ok(data: bytes, im: Image.Image, fmt: str, cfg: PreprocessConfig) -> bool:
+    if im.mode not in ("RGB", "L") or "transparency" in im.info or getattr(im, "n_frames", 1) != 1:
+        return False
+    if fmt == "JPEG":
+        # A truncated JPEG decodes "successfully" in OpenCV (grey fill); only complete files go there.
+        if im.format != "JPEG" or not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
+            return False
+    elif fmt == "PNG":
+        # 8-bit samples only (16-bit reduction may differ); eXIf may sit after the pixel data.
+        if data[24] != 8 or b"eXIf" in data:
+            return False
+    else:
+        return False
+    return not (cfg.apply_exif_orientation and _orientation(im) != 1)
+
+
+def _cv2_decode(data: bytes, size: tuple[int, int]) -> np.ndarray | None:
+    import cv2  # lazy: importing `preprocess` stays cheap
+
+    flags = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    except cv2.error:
+        return None
+    width, height = size
+    if arr is None or arr.shape != (height, width, 3) or arr.dtype != np.uint8:
+        return None
+    return arr
 
 
 def _open_header(data: bytes, fmt: str, cfg: PreprocessConfig) -> Image.Image:
@@ -204,11 +267,7 @@ def _load_first_frame(im: Image.Image, fmt: str) -> Image.Image:
 
 
 def _apply_orientation(im: Image.Image) -> Image.Image:
-    try:
-        orientation = im.getexif().get(0x0112, 1)
-    except _DECODE_FAILURES:
-        return im  # unreadable EXIF is ignored, as every viewer does
-    if orientation in (2, 3, 4, 5, 6, 7, 8):
+    if _orientation(im) in (2, 3, 4, 5, 6, 7, 8):
         return ImageOps.exif_transpose(im)
     return im
 

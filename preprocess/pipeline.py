@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from preprocess.config import PIPELINE_VERSION, PreprocessConfig
-from preprocess.decode import decode_image
+from preprocess.decode import decode_array
 from preprocess.patchify import patchify, resize_rgb, target_size
 from preprocess.redact import RedactionRecord, redact
 from preprocess.store import BlobStore, sha256_hex
@@ -85,7 +85,7 @@ def content_hash(rgb: np.ndarray, config: PreprocessConfig) -> str:
 
 def decode_rgb_array(data: bytes, config: PreprocessConfig) -> np.ndarray:
     """Decoded 8-bit RGB pixels as an HxWx3 array (the input of every later stage)."""
-    return np.asarray(decode_image(data, config))
+    return decode_array(data, config)
 
 
 def process_rgb(rgb: np.ndarray, config: PreprocessConfig) -> ProcessedImage:
