@@ -86,6 +86,24 @@ def wal_and_sizes(url: str) -> tuple[int, int]:
     return int(lsn), int(size)
 
 
+def commit_floor_ms(url: str, n: int = 200) -> float:
+    """p50 of a one-row INSERT + COMMIT: the WAL flush every durable step waits for, on this disk."""
+    engine = make_engine(url)
+    times = []
+    with engine.connect() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS bench_floor (x int)")
+        conn.commit()
+        for i in range(n):
+            t0 = time.perf_counter()
+            conn.exec_driver_sql("INSERT INTO bench_floor VALUES (%(i)s)", {"i": i})
+            conn.commit()
+            times.append(time.perf_counter() - t0)
+        conn.exec_driver_sql("DROP TABLE bench_floor")
+        conn.commit()
+    engine.dispose()
+    return 1000 * statistics.median(times)
+
+
 def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
     """Per-step latency: time of each step's execute+commit, one runner, tasks one after another."""
     submit(url, 2)  # warm-up tasks: connection pool, statement caches
@@ -178,6 +196,7 @@ def main() -> None:
     url = ADMIN_URL.rsplit("/", 1)[0] + "/" + name
     try:
         migrate.upgrade(make_engine(url))
+        floor = commit_floor_ms(url)
         one = single_runner(url, args.tasks)
         many = many_runners(url, args.runners, args.tasks * 2)
     finally:
@@ -191,6 +210,8 @@ def main() -> None:
                 "steps_per_task": 2 * CYCLES + 1,
                 "synchronous_commit": sync,
                 "cpus": os.cpu_count(),
+                "load_avg_1m_at_start": os.getloadavg()[0],
+                "insert_commit_floor_ms_p50": floor,
                 "one_runner": one,
                 "many_runners": many,
             },
