@@ -134,23 +134,28 @@ class MLAttention(nn.Module):
     def _attend(
         self, q: Tensor, meta: ForwardMeta, pool: Tensor, index: _IndexInputs | None, out: Tensor
     ) -> None:
-        """Fill `out` `[T, H, Dv]`: absorbed decode for one-token non-DSA sequences, expanded otherwise."""
+        """Fill `out` `[T, H, Dv]`: absorbed form for one-token decodes, expanded keys for prefill chunks."""
         m = self.m
         w = self.kv_b_proj.weight.view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
         starts = [0]
         for n in meta.query_lens_cpu:
             starts.append(starts[-1] + n)
-        decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1 and index is None]
+        decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if decode:
             rows = torch.tensor([starts[i] for i in decode], device=q.device)
             lens = [meta.seq_lens_cpu[i] for i in decode]
             latents = gather_paged(pool, meta.block_tables[decode], lens)
+            allowed = None
+            if index is not None:  # DSA: the absorbed kernel sees only the selected keys
+                allowed = torch.zeros(len(decode), max(lens), dtype=torch.bool, device=q.device)
+                for j, i in enumerate(decode):
+                    allowed[j, : lens[j]] = self._dsa_mask(index, i, slice(starts[i], starts[i] + 1), meta)[0]
             qd = q[rows]
             q_lat = torch.einsum("nhd,hdr->nhr", qd[..., : m.qk_nope_head_dim].float(), w_uk.float())
             out[rows] = mla_decode_absorbed(
-                q_lat.to(q.dtype), qd[..., m.qk_nope_head_dim :], latents,
-                torch.tensor(lens, device=q.device), w_uv, m.kv_lora_rank, self.scale,
+                q_lat, qd[..., m.qk_nope_head_dim :], latents,
+                torch.tensor(lens, device=q.device), w_uv, m.kv_lora_rank, self.scale, allowed,
             )  # fmt: skip
         done = set(decode)
         for i, n in enumerate(meta.query_lens_cpu):
