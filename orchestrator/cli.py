@@ -17,6 +17,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "orchestrator.commands.db",
     "orchestrator.commands.runner",
     "orchestrator.commands.run",
+    "orchestrator.commands.serve",
+    "orchestrator.commands.ingest",
+    "orchestrator.commands.relay",
+    "orchestrator.commands.submit",
+    "orchestrator.commands.apikey",
     "inference.commands",
     "workers.commands",
 )

@@ -6,8 +6,11 @@ events, the task's outcome to `dayzero.results`; waits for the broker's acks, th
 published. A relay killed between the ack and the mark republishes those rows on restart:
 delivery is at-least-once, and `(task_id, seq)` is the consumer's dedupe key. Per-task order
 holds because a task's events are written under its row lock (ids grow with seq) and the
-producer has one request in flight. On PostgreSQL one relay is active at a time (an advisory
-lock); others wait as hot standbys.
+producer has one request in flight: a crash only replays a suffix of what was sent (a consumer
+skipping seqs it has seen reads an exact, gap-free sequence). One caveat: if a send fails for
+good (retries exhausted) while later sends of the same round succeed, a consumer can see a gap
+before the retried round fills it; `seq` then restores the order. On PostgreSQL one relay is
+active at a time (an advisory lock); others wait as hot standbys.
 
 Feed. The SSE endpoint re-reads the `events` table (the source of truth) and sleeps between
 reads on a `Subscription`: on PostgreSQL woken by `LISTEN dayzero_events` (the trigger in
@@ -30,6 +33,7 @@ from typing import Any
 from sqlalchemy import Engine, select, text, update
 
 from orchestrator.clock import utcnow
+from orchestrator.failpoints import failpoint
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
 from orchestrator.store import events_t, tasks_t
 
@@ -170,6 +174,7 @@ class Relay:
         self.producer.flush()
         for f in futures:
             f.get(timeout=30)  # raises if any send failed: nothing is marked, all is retried
+        failpoint("relay.after_publish")
         with self.engine.begin() as conn:
             conn.execute(
                 update(events_t).where(events_t.c.id.in_([r.id for r in rows])).values(published_at=utcnow())

@@ -15,6 +15,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
+
+import pytest
 
 
 def free_port() -> int:
@@ -87,3 +90,35 @@ def run_tansu(timeout_s: float = 30.0) -> Iterator[KafkaBroker]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def consume_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 30.0) -> list[Any]:
+    """Read a topic from the beginning (no group) until `expect` records or the timeout."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        end = time.monotonic() + timeout_s
+        parts: set[int] | None = None
+        while parts is None and time.monotonic() < end:
+            parts = consumer.partitions_for_topic(topic)
+            if parts is None:
+                time.sleep(0.1)
+        if parts is None:
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        while len(out) < expect and time.monotonic() < end:
+            for batch in consumer.poll(timeout_ms=200).values():
+                out.extend(batch)
+        return out
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    with run_tansu() as broker:
+        yield broker

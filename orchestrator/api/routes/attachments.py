@@ -58,7 +58,7 @@ async def upload(
             writer.write(chunk)
         if writer.size == 0:
             raise ProblemError(422, "Unprocessable Content", "empty upload", type_="validation-error")
-        digest = writer.commit()
+        digest = await anyio.to_thread.run_sync(writer.commit)
     except TooLarge:
         writer.discard()
         raise ProblemError(413, "Content Too Large", f"uploads are limited to {limit} bytes") from None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from pathlib import Path
 
 from orchestrator.store import get_task, list_messages
+from preprocess.store import BlobStore
 from tests.orchestrator.api.conftest import Api
 
 PNG = base64.b64decode(
@@ -160,8 +160,7 @@ def test_upload_then_reference_and_inline_attachment(api: Api, tmp_path):
     assert up.status_code == 201, up.text
     att = up.json()
     assert att["size_bytes"] == len(PNG) and att["status"] == "PENDING"
-    blob = api.settings.blob_dir + "/" + att["sha256"]
-    assert Path(blob).read_bytes() == PNG
+    assert BlobStore(api.settings.blob_dir).get(att["sha256"]) == PNG
     body = {
         "goal": "look",
         "attachments": [

@@ -1,0 +1,34 @@
+"""`dayzero serve`: the REST API (uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the REST API (tasks, attachments, live events, metrics)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p.add_argument("--upgrade", action="store_true", help="apply migrations first")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from orchestrator.app import make_db
+    from orchestrator.config import Settings
+
+    make_db(Settings(), upgrade=args.upgrade).dispose()  # fail fast on a schema that is behind
+    uvicorn.run(
+        "orchestrator.api.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        access_log=False,
+    )
+    return 0

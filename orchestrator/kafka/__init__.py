@@ -1,0 +1,1 @@
+"""Kafka ingress: the `dayzero.tasks` ingest consumer, its DLQ, and producer helpers."""

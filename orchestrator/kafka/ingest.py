@@ -1,0 +1,320 @@
+"""Kafka ingest: `dayzero.tasks` → task rows, exactly once per (tenant, idempotency key).
+
+Per poll: validate every record (the REST body schema plus `tenant`; key = idempotency key),
+create the valid ones in ONE DB transaction (`bulk_create_tasks`), commit it, send the invalid
+ones to the DLQ with the reason in headers and wait for the broker's ack, and only then commit the
+offsets. A crash anywhere before the offset commit redelivers the batch; the idempotent insert
+turns the redelivery into no-ops (a DLQ record may then appear twice). Records without a key get
+a derived one, `kafka:<topic>:<partition>:<offset>`, so they too are created once.
+
+Back-pressure: while `max_pending` or more tasks are PENDING/READY the consumer pauses all its
+partitions (it keeps polling, so it stays in the group) and resumes below `resume_fraction` of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError
+
+from orchestrator.api.schemas import TRACEPARENT_RE, KafkaTaskMessage
+from orchestrator.api.submission import InvalidSubmission, submit_task, to_new_task
+from orchestrator.auth import known_tenants
+from orchestrator.config import Settings
+from orchestrator.failpoints import failpoint
+from orchestrator.kafka.bulk import bulk_create_tasks
+from orchestrator.kafka.config import KafkaSettings
+from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
+from orchestrator.statemachine import TaskStatus
+from orchestrator.store import IdempotencyConflict, NewTask, tasks_t
+
+log = logging.getLogger(__name__)
+
+_TP_RE = re.compile(TRACEPARENT_RE)
+MAX_KEY_CHARS = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    record: Any
+    reason: (
+        str  # machine-readable: oversize, bad_json, schema, unknown_tenant, bad_key, idempotency_conflict, …
+    )
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    record: Any
+    message: KafkaTaskMessage
+    key: str
+    traceparent: str | None
+
+
+def _header(record: Any, name: str) -> bytes | None:
+    for k, v in record.headers or ():
+        if k == name:
+            return v
+    return None
+
+
+class TenantDirectory:
+    """Known tenants (those holding an API key), refreshed every `ttl_s` and at most once a second on a miss."""
+
+    def __init__(self, engine: Engine, ttl_s: float = 5.0):
+        self.engine, self.ttl_s = engine, ttl_s
+        self._tenants: set[str] = set()
+        self._loaded_at = float("-inf")
+
+    def _load(self) -> None:
+        with self.engine.connect() as conn:
+            self._tenants = known_tenants(conn)
+        self._loaded_at = time.monotonic()
+
+    def __contains__(self, tenant: str) -> bool:
+        age = time.monotonic() - self._loaded_at
+        if age > self.ttl_s or (tenant not in self._tenants and age > 1.0):
+            self._load()
+        return tenant in self._tenants
+
+
+class Ingestor:
+    def __init__(
+        self,
+        engine: Engine,
+        consumer: Any,
+        producer: Any,
+        settings: Settings,
+        kafka: KafkaSettings,
+        *,
+        max_message_bytes: int,
+    ):
+        self.engine = engine
+        self.consumer = consumer
+        self.producer = producer
+        self.settings = settings
+        self.kafka = kafka
+        self.max_message_bytes = max_message_bytes
+        self.tenants = TenantDirectory(engine)
+        self.paused = False
+        self._pending_checked = float("-inf")
+        self._stop = threading.Event()
+        self.stats = {"created": 0, "duplicate": 0, "dlq": 0, "batches": 0}
+
+    # -- loop ----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self, until: Callable[[], bool] | None = None) -> None:
+        while not self._stop.is_set() and not (until is not None and until()):
+            self.run_once()
+
+    def run_once(self) -> int:
+        """One poll → one DB transaction → one offset commit. Returns the records handled."""
+        self._apply_back_pressure()
+        polled = self.consumer.poll(timeout_ms=self.kafka.poll_timeout_ms, max_records=self.kafka.batch_max)
+        records = [r for batch in polled.values() for r in batch]
+        if not records:
+            return 0
+        self.handle(records)
+        failpoint("ingest.after_db_commit")
+        self._commit_offsets(records)
+        return len(records)
+
+    # -- one batch ------------------------------------------------------------------------------
+    def parse(self, record: Any) -> Accepted | Rejected:
+        value = record.value
+        if value is None:
+            return Rejected(record, "bad_json", "empty message value")
+        if len(value) > self.max_message_bytes:
+            return Rejected(record, "oversize", f"{len(value)} bytes > limit {self.max_message_bytes}")
+        try:
+            data = json.loads(value)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return Rejected(record, "bad_json", str(exc)[:500])
+        try:
+            msg = KafkaTaskMessage.model_validate(data)
+        except ValidationError as exc:
+            errs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+            return Rejected(record, "schema", errs[:1000])
+        if record.key is None:
+            key = f"kafka:{record.topic}:{record.partition}:{record.offset}"
+        else:
+            try:
+                key = record.key.decode("utf-8")
+            except UnicodeDecodeError:
+                return Rejected(record, "bad_key", "key is not UTF-8")
+            if not key or len(key) > MAX_KEY_CHARS:
+                return Rejected(record, "bad_key", f"key must be 1..{MAX_KEY_CHARS} characters")
+        if msg.tenant not in self.tenants:
+            return Rejected(record, "unknown_tenant", f"tenant {msg.tenant!r} has no API key")
+        tp = _header(record, "traceparent")
+        tp_s = tp.decode("ascii", "replace") if tp else None
+        return Accepted(record, msg, key, tp_s if tp_s and _TP_RE.match(tp_s) else None)
+
+    def handle(self, records: list[Any]) -> None:
+        parsed = [self.parse(r) for r in records]
+        rejected = [p for p in parsed if isinstance(p, Rejected)]
+        accepted = [p for p in parsed if isinstance(p, Accepted)]
+        t0 = time.perf_counter()
+        try:
+            with self.engine.begin() as conn:
+                rejected += self._create(conn, accepted)
+        except IntegrityError:
+            # Another writer (REST, a rebalanced peer) inserted one of these keys meanwhile.
+            log.info("bulk insert raced on an idempotency key; retrying one by one")
+            rejected = [p for p in parsed if isinstance(p, Rejected)]
+            for a in accepted:
+                with self.engine.begin() as conn:
+                    rejected += self._create(conn, [a])
+        INGEST_BATCH_SECONDS.observe(time.perf_counter() - t0)
+        self.stats["batches"] += 1
+        if rejected:
+            self._dead_letter(rejected)
+
+    def _create(self, conn: Any, accepted: list[Accepted]) -> list[Rejected]:
+        rejected: list[Rejected] = []
+        simple = [a for a in accepted if not a.message.attachments]
+        specs = [self._spec(a) for a in simple]
+        outcomes: list[tuple[str, bool] | IdempotencyConflict | InvalidSubmission] = list(
+            bulk_create_tasks(conn, specs, self.settings.budgets) if specs else []
+        )
+        with_files = [a for a in accepted if a.message.attachments]
+        for a in with_files:  # rare: inline or uploaded images, via the REST path's code
+            try:
+                with conn.begin_nested():
+                    outcomes.append(
+                        submit_task(
+                            conn,
+                            a.message,
+                            a.message.tenant,
+                            self.settings.budgets,
+                            self.settings.blob_dir,
+                            idempotency_key=a.key,
+                            traceparent=a.traceparent,
+                        )
+                    )
+            except (IdempotencyConflict, InvalidSubmission) as exc:
+                outcomes.append(exc)
+        for a, out in zip(simple + with_files, outcomes, strict=True):
+            if isinstance(out, IdempotencyConflict):
+                rejected.append(Rejected(a.record, "idempotency_conflict", str(out)))
+            elif isinstance(out, InvalidSubmission):
+                rejected.append(Rejected(a.record, out.reason, out.detail))
+            else:
+                outcome = "created" if out[1] else "duplicate"
+                self.stats[outcome] += 1
+                INGEST_MESSAGES.labels(outcome).inc()
+                TASKS_SUBMITTED.labels("kafka", "created" if out[1] else "replayed").inc()
+        return rejected
+
+    def _spec(self, a: Accepted) -> NewTask:
+        m = a.message
+        return to_new_task(m, m.tenant, idempotency_key=a.key, attachment_ids=[], traceparent=a.traceparent)
+
+    def _dead_letter(self, rejected: list[Rejected]) -> None:
+        futures = []
+        for rj in rejected:
+            r = rj.record
+            headers = [h for h in (r.headers or ()) if not h[0].startswith("dlq-")] + [
+                ("dlq-reason", rj.reason.encode()),
+                ("dlq-error", rj.detail.encode("utf-8", "replace")[:2000]),
+                ("dlq-source-topic", r.topic.encode()),
+                ("dlq-source-partition", str(r.partition).encode()),
+                ("dlq-source-offset", str(r.offset).encode()),
+            ]
+            value = r.value if r.value is None or len(r.value) <= self.max_message_bytes else r.value[:1024]
+            futures.append(self.producer.send(self.kafka.dlq_topic, key=r.key, value=value, headers=headers))
+        self.producer.flush()
+        for f in futures:
+            f.get(timeout=30)  # a failed DLQ write must not let the offset commit happen
+        self.stats["dlq"] += len(rejected)
+        INGEST_MESSAGES.labels("dlq").inc(len(rejected))
+        log.info("dead-lettered %d record(s): %s", len(rejected), sorted({r.reason for r in rejected}))
+
+    def _commit_offsets(self, records: list[Any]) -> None:
+        from kafka import TopicPartition
+        from kafka.errors import CommitFailedError
+        from kafka.structs import OffsetAndMetadata
+
+        last: dict[TopicPartition, int] = {}
+        for r in records:
+            tp = TopicPartition(r.topic, r.partition)
+            last[tp] = max(last.get(tp, -1), r.offset)
+        try:
+            self.consumer.commit({tp: OffsetAndMetadata(off + 1, "", -1) for tp, off in last.items()})
+        except CommitFailedError as exc:
+            # The group rebalanced: the new owner redelivers, the idempotent insert absorbs it.
+            log.warning("offset commit failed after rebalance: %s", exc)
+
+    # -- back-pressure -------------------------------------------------------------------------
+    def pending_count(self) -> int:
+        cap = self.kafka.max_pending + 1
+        inner = (
+            select(tasks_t.c.id)
+            .where(tasks_t.c.status.in_([TaskStatus.PENDING.value, TaskStatus.READY.value]))
+            .limit(cap)
+            .subquery()
+        )
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(inner)).scalar_one())
+
+    def _apply_back_pressure(self) -> None:
+        now = time.monotonic()
+        if now - self._pending_checked >= 0.5:
+            self._pending_checked = now
+            n = self.pending_count()
+            if not self.paused and n >= self.kafka.max_pending:
+                self.paused = True
+                log.warning("%d tasks pending: pausing ingest", n)
+            elif self.paused and n < self.kafka.max_pending * self.kafka.resume_fraction:
+                self.paused = False
+                self.consumer.resume(*self.consumer.paused())
+                log.info("%d tasks pending: resuming ingest", n)
+            INGEST_PAUSED.set(1 if self.paused else 0)
+        if self.paused:
+            assigned = self.consumer.assignment()
+            if assigned:
+                self.consumer.pause(*assigned)  # again after a rebalance, which clears pauses
+
+
+def make_consumer(bootstrap: str, kafka: KafkaSettings, **overrides: Any) -> Any:
+    from kafka import KafkaConsumer
+
+    cfg: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "group_id": kafka.group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_poll_records": kafka.batch_max,
+        "session_timeout_ms": kafka.session_timeout_ms,
+        "heartbeat_interval_ms": kafka.heartbeat_interval_ms,
+        "max_poll_interval_ms": kafka.max_poll_interval_ms,
+        "client_id": "dayzero-ingest",
+    }
+    cfg.update(overrides)
+    consumer = KafkaConsumer(**cfg)
+    consumer.subscribe([kafka.tasks_topic])
+    return consumer
+
+
+def make_dlq_producer(bootstrap: str, **overrides: Any) -> Any:
+    from kafka import KafkaProducer
+
+    cfg: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "acks": "all",
+        "linger_ms": 5,
+        "client_id": "dayzero-dlq",
+    }
+    cfg.update(overrides)
+    return KafkaProducer(**cfg)

@@ -1,0 +1,108 @@
+"""REST end to end over a real socket: submit, a runner works, SSE events observed live by httpx,
+then resumed with Last-Event-ID. SQLite (polling feed) and PostgreSQL (LISTEN/NOTIFY feed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+
+from orchestrator.api import create_app
+from orchestrator.api.config import IngressSettings
+from orchestrator.store import list_events
+from tests.orchestrator.api.conftest import make_keys
+from tests.orchestrator.api.live_server import live_server
+
+
+def _read_sse(resp: httpx.Response) -> list[dict]:
+    events, cur = [], {}
+    for line in resp.iter_lines():
+        if line == "":
+            if "data" in cur:
+                events.append(cur)
+            cur = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(": ")
+            cur[field] = value
+    return events
+
+
+def test_rest_submit_then_follow_events_live_and_resume(db, api_settings, make_runner):
+    keys = make_keys(db, "acme", "globex")
+    app = create_app(api_settings, engine=db, ingress=IngressSettings(sse_poll_s=0.2))
+    runner = make_runner()
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        h = {"Authorization": f"Bearer {keys['acme']}"}
+        goal = "script:" + json.dumps({"cycles": 3, "tool": "echo"})
+        task = client.post("/v1/tasks", json={"goal": goal}, headers=h).json()
+        # follow from the start while the runner works in another thread
+        worker = threading.Thread(target=runner.run_until_idle, kwargs={"timeout_s": 60})
+        with client.stream("GET", f"/v1/tasks/{task['id']}/events", headers=h) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            worker.start()
+            live = _read_sse(resp)  # the stream ends by itself after the terminal event
+        worker.join(timeout=60)
+        with db.connect() as conn:
+            want = [(e.seq, e.type) for e in list_events(conn, task["id"])]
+        got = [(int(e["id"]), e["event"]) for e in live]
+        assert got == want and got[-1][1] == "task.succeeded"
+        assert [json.loads(e["data"])["seq"] for e in live] == [s for s, _ in want]
+        assert sum(1 for _, t in got if t == "step.succeeded") == 7
+
+        # resume after event 4: exactly the rest
+        with client.stream(
+            "GET", f"/v1/tasks/{task['id']}/events", headers={**h, "Last-Event-ID": "4"}
+        ) as resp:
+            rest = [(int(e["id"]), e["event"]) for e in _read_sse(resp)]
+        assert rest == want[4:]
+        # another tenant cannot stream it
+        other = client.get(
+            f"/v1/tasks/{task['id']}/events", headers={"Authorization": f"Bearer {keys['globex']}"}
+        )
+        assert other.status_code == 404
+
+        final = client.get(f"/v1/tasks/{task['id']}", headers=h).json()
+        assert final["status"] == "SUCCEEDED" and final["result"] == "done after 3 tool calls"
+        assert len(final["steps"]) == 7 and all(len(s["attempts"]) == 1 for s in final["steps"])
+
+
+def test_postgres_feed_wakes_on_notify_before_the_poll_interval(pg_url):
+    import asyncio
+    import time
+
+    from orchestrator.config import Budgets
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+    from orchestrator.relay import PgNotifyFeed
+    from orchestrator.store import NewTask, create_task
+
+    engine = make_engine(pg_url)
+    migrate.upgrade(engine)
+
+    async def scenario() -> float:
+        feed = PgNotifyFeed(pg_url, poll_s=30.0)
+        feed.start()
+        try:
+            await asyncio.to_thread(feed.connected.wait, 10)
+            with engine.begin() as conn:
+                task_id, _ = create_task(conn, NewTask(tenant="t", goal="g"), Budgets())
+            with feed.subscribe(task_id) as sub:
+                sub.clear()
+                t0 = time.monotonic()
+                with engine.begin() as conn:  # a new event for that task, committed
+                    from orchestrator.store import request_cancel
+
+                    request_cancel(conn, task_id, "t")
+                await sub.wait(30.0)
+                return time.monotonic() - t0
+        finally:
+            feed.stop()
+
+    try:
+        assert asyncio.run(scenario()) < 5.0  # woken by NOTIFY, not by the 30 s poll
+    finally:
+        engine.dispose()
