@@ -78,19 +78,21 @@ def build_model(
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     cls = KimiVLForConditionalGeneration if spec.vision is not None else KimiLinearForCausalLM
+    if load_format == "safetensors" and path is None:
+        raise ValueError("load_format='safetensors' needs a path")
+    # Shapes on the meta device, then storage allocated once, in the target dtype, where it runs:
+    # a 48B checkpoint never needs an fp32 copy in host memory.
     with torch.device("meta"):
         model = cls(spec)
-    model = model.to_empty(device="cpu")
+    _cast(model, dtype)
+    model = model.to_empty(device=device)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        if path is None:
-            raise ValueError("load_format='safetensors' needs a path")
         from inference.loader import load_weights
 
         load_weights(model, path, verify=verify_checksums, progress=progress)
-    _cast(model, dtype)
-    return model.to(device).eval()
+    return model.eval()
 
 
 def _cast(model: nn.Module, dtype: torch.dtype) -> None:
@@ -99,5 +101,5 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> None:
         keep = name.endswith(("A_log", "dt_bias"))
         p.data = p.data.to(torch.float32 if keep else dtype)
     for _name, b in model.named_buffers():
-        if b.is_floating_point():
+        if b.is_floating_point():  # router correction bias: fp32 like the router itself
             b.data = b.data.float()
