@@ -354,8 +354,6 @@ class Runner:
     def _end_if_asked(self, tx: StepTxn) -> StepTxn | None:
         """At a step boundary: honour cancellation and the deadline. Returns `tx` if the task ended."""
         task = tx.task
-        if task.status == TaskStatus.WAITING:
-            tx.task_transition(TaskEvent.RESUME)
         if task.cancel_requested:
             self._abandon_open_steps(tx)
             tx.task_transition(
