@@ -185,12 +185,32 @@ _LINEAR_KEYS = _keys("kda_layers full_attn_layers num_heads head_dim short_conv_
 _VISION_KEYS = _keys(
     "model_type patch_size hidden_size intermediate_size num_attention_heads num_hidden_layers "
     "pos_emb_height pos_emb_width pos_emb_time merge_kernel_size hidden_act rope_parameters "
-    "rope_theta"
+    "rope_theta projector_ln_eps mm_hidden_size text_hidden_size _attn_implementation"
 )
+# Published MoonViT spellings (Kimi-K2.5 `vision_config`) -> the transformers names above.
+_VISION_ALIASES = {
+    "vt_hidden_size": "hidden_size",
+    "vt_intermediate_size": "intermediate_size",
+    "vt_num_attention_heads": "num_attention_heads",
+    "vt_num_hidden_layers": "num_hidden_layers",
+    "init_pos_emb_height": "pos_emb_height",
+    "init_pos_emb_width": "pos_emb_width",
+    "init_pos_emb_time": "pos_emb_time",
+    "activation_func": "hidden_act",
+}
+# Published fields that select a variant: only the MoonViT of Kimi-K2.5 is implemented.
+_VISION_FIXED = {
+    "merge_type": "sd2_tpool",
+    "mm_projector_type": "patchmerger",
+    "pos_emb_type": "divided_fixed",
+    "projector_hidden_act": "gelu",
+    "video_attn_type": "spatial_temporal",
+}
 _WRAPPER_KEYS = _keys(
     "model_type text_config vision_config projection_hidden_size projection_layer_norm_eps "
     "image_token_id video_token_id vision_start_token_id vision_end_token_id "
-    "tie_word_embeddings media_placeholder_token_id"
+    "tie_word_embeddings media_placeholder_token_id image_placeholder video_placeholder "
+    "use_unified_vision_chunk ignore_index"
 )
 _TEXT_MODEL_TYPES = frozenset({"kimi_linear"})
 _WRAPPER_MODEL_TYPES = frozenset({"kimi_k25", "kimi_vl", "kimi_k3"})
@@ -351,8 +371,25 @@ def _mlp_kinds(cfg: dict[str, Any], num_layers: int, moe: MoESpec | None) -> tup
     )
 
 
-def _vision_spec(vcfg: dict[str, Any], wrapper: dict[str, Any]) -> VisionSpec:
-    _check_keys(vcfg, _VISION_KEYS, "vision_config.")
+def _normalise_vision(raw: dict[str, Any]) -> dict[str, Any]:
+    """Published spellings -> transformers spellings; variant selectors must name MoonViT's."""
+    p = "vision_config."
+    vcfg: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _VISION_FIXED:
+            if value != _VISION_FIXED[key]:
+                raise ConfigError(p + key, f"only {_VISION_FIXED[key]!r} is supported, got {value!r}")
+            continue
+        name = _VISION_ALIASES.get(key, key)
+        if name in vcfg and vcfg[name] != value:
+            raise ConfigError(p + key, f"conflicts with {name}={vcfg[name]!r}")
+        vcfg[name] = value
+    _check_keys(vcfg, _VISION_KEYS, p)
+    return vcfg
+
+
+def _vision_spec(raw: dict[str, Any], wrapper: dict[str, Any], text_hidden: int) -> VisionSpec:
+    vcfg = _normalise_vision(raw)
     p = "vision_config."
     act = _get(vcfg, "hidden_act", str, p, default="gelu_pytorch_tanh")
     if act != "gelu_pytorch_tanh":
@@ -373,13 +410,22 @@ def _vision_spec(vcfg: dict[str, Any], wrapper: dict[str, Any]) -> VisionSpec:
         pos_emb_time=_positive(_get(vcfg, "pos_emb_time", int, p, default=4), p + "pos_emb_time"),
         merge_kernel=(int(merge[0]), int(merge[1])),
         rope_theta=theta,
-        projector_ln_eps=_get(wrapper, "projection_layer_norm_eps", float, default=1e-5),
+        projector_ln_eps=_get(
+            wrapper,
+            "projection_layer_norm_eps",
+            float,
+            default=_get(vcfg, "projector_ln_eps", float, p, default=1e-5),
+        ),
     )
     if spec.hidden_size % spec.num_heads or spec.head_dim % 4:
         raise ConfigError(p + "num_attention_heads", "head dim must be an integer multiple of 4 (2D rope)")
-    proj_hidden = _get(wrapper, "projection_hidden_size", int, default=spec.hidden_size)
-    if proj_hidden != spec.hidden_size:
-        raise ConfigError("projection_hidden_size", f"must equal vision hidden_size={spec.hidden_size}")
+    for where, key in ((wrapper, "projection_hidden_size"), (vcfg, "mm_hidden_size")):
+        if _get(where, key, int, default=spec.hidden_size) != spec.hidden_size:
+            raise ConfigError(
+                key, f"the projector normalises vision tokens: must equal hidden_size={spec.hidden_size}"
+            )
+    if _get(vcfg, "text_hidden_size", int, p, default=text_hidden) != text_hidden:
+        raise ConfigError(p + "text_hidden_size", f"must equal the text model's hidden_size={text_hidden}")
     return spec
 
 
@@ -426,7 +472,7 @@ def parse_config(cfg: dict[str, Any]) -> ModelSpec:
     vision_cfg = _get(cfg, "vision_config", dict, default=None)
     if vision_cfg is None:
         return text
-    vision = _vision_spec(vision_cfg, cfg)
+    vision = _vision_spec(vision_cfg, cfg, text.hidden_size)
     image_token = _get(cfg, "image_token_id", int, default=None)
     if image_token is None:
         image_token = _get(cfg, "media_placeholder_token_id", int)

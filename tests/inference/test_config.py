@@ -114,3 +114,33 @@ def test_unreadable_file(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path)
+
+
+K25_VISION = {  # the published Kimi-K2.5 spellings
+    "init_pos_emb_height": 64, "init_pos_emb_time": 4, "init_pos_emb_width": 64, "merge_kernel_size": [2, 2],
+    "merge_type": "sd2_tpool", "mm_hidden_size": 1152, "mm_projector_type": "patchmerger", "model_type": "",
+    "patch_size": 14, "pos_emb_type": "divided_fixed", "projector_hidden_act": "gelu", "projector_ln_eps": 1e-05,
+    "text_hidden_size": 2304, "video_attn_type": "spatial_temporal", "vt_hidden_size": 1152,
+    "vt_intermediate_size": 4304, "vt_num_attention_heads": 16, "vt_num_hidden_layers": 27,
+}  # fmt: skip
+
+
+def test_published_vision_spellings_equal_transformers_spellings(published):
+    wrap = {"model_type": "kimi_k25", "text_config": published, "media_placeholder_token_id": 163605}
+    native = parse_config({**wrap, "vision_config": K25_VISION})
+    hf = parse_config(
+        {**wrap, "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16,
+                                   "num_hidden_layers": 27, "pos_emb_height": 64, "pos_emb_width": 64}}
+    )  # fmt: skip
+    assert native == hf and native.vision.num_layers == 27 and native.image_token_id == 163605
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("mm_projector_type", "patchmergerv2"), ("text_hidden_size", 7168), ("mm_hidden_size", 1024)],
+)
+def test_unsupported_vision_variants_are_named(published, key, value):
+    cfg = {"model_type": "kimi_k25", "text_config": published, "image_token_id": 163605,
+           "vision_config": {**K25_VISION, key: value}}  # fmt: skip
+    with pytest.raises(ConfigError, match=key):
+        parse_config(cfg)
