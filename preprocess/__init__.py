@@ -5,6 +5,7 @@ Public API (light to import: torch and OpenCV load on first use):
     config = PreprocessConfig(max_patches=16384)
     result = process_image(data, config)        # ProcessedImage: pixel_values, grid_thw, content_hash, redaction
     image = decode_image(data, config)          # PIL.Image in RGB, for tools that need pixels
+    pixels = decode_array(data, config)         # the same pixels as an HxWx3 uint8 array
     store = BlobStore("s3://bucket/blobs")      # or a local directory (default); any fsspec URL
     cached = ProcessedCache(store).process(data, config)   # the same image + settings processed once
 
@@ -12,7 +13,7 @@ Errors are `ImageError` subclasses (see `preprocess.errors`), each with a messag
 """
 
 from preprocess.config import PIPELINE_VERSION, PreprocessConfig
-from preprocess.decode import decode_image, sniff_format
+from preprocess.decode import decode_array, decode_image, sniff_format
 from preprocess.errors import (
     ImageError,
     ImageTooLargeError,
@@ -47,6 +48,7 @@ __all__ = [
     "UnsupportedFormatError",
     "ZeroSizeImageError",
     "content_hash",
+    "decode_array",
     "decode_image",
     "error_from_dict",
     "process_image",

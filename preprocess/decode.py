@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import struct
-import warnings
 import zlib
 
 import numpy as np
@@ -176,11 +175,26 @@ def _fast_path_ok(data: bytes, im: Image.Image, fmt: str, cfg: PreprocessConfig)
             return False
     elif fmt == "PNG":
         # 8-bit samples only (16-bit reduction may differ); eXIf may sit after the pixel data.
-        if data[24] != 8 or b"eXIf" in data:
-            return False
+        # (Pillow's getexif() on a PNG decodes the whole image to look for it, hence the chunk walk.)
+        kinds = _png_chunk_kinds(data)
+        return data[24] == 8 and kinds is not None and b"eXIf" not in kinds
     else:
         return False
     return not (cfg.apply_exif_orientation and _orientation(im) != 1)
+
+
+def _png_chunk_kinds(data: bytes) -> set[bytes] | None:
+    """The chunk types of a PNG, from the chunk headers alone (None if the layout is broken)."""
+    kinds: set[bytes] = set()
+    pos, end = 8, len(data)
+    while pos + 8 <= end:
+        (length,) = struct.unpack_from(">I", data, pos)
+        kind = data[pos + 4 : pos + 8]
+        kinds.add(kind)
+        pos += 12 + length
+        if kind == b"IEND":
+            return kinds
+    return None
 
 
 def _cv2_decode(data: bytes, size: tuple[int, int]) -> np.ndarray | None:
@@ -199,10 +213,9 @@ def _cv2_decode(data: bytes, size: tuple[int, int]) -> np.ndarray | None:
 
 def _open_header(data: bytes, fmt: str, cfg: PreprocessConfig) -> Image.Image:
     try:
-        with warnings.catch_warnings():
-            # Our own pixel limit (below) is the one that decides; Pillow's is only a backstop.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data), formats=[fmt])
+        # Pillow's own bomb check (an error past 2x its MAX_IMAGE_PIXELS) is only a backstop for
+        # formats whose size we cannot read ourselves; ours, right after, is the one that decides.
+        im = Image.open(io.BytesIO(data), formats=[fmt])
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(
             f"the {fmt} header declares more pixels than allowed (decompression bomb?); "

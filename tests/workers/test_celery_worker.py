@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 from opentelemetry import context, trace
@@ -10,7 +14,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from preprocess import BlobStore, NotAnImageError, ProcessedImage
 from tests.workers.celery_test_app import build_app
-from tests.workers.conftest import REDIS_URL, kill_group
+from tests.workers.conftest import REDIS_URL, REPO, kill_group
+from workers.celery_app import make_celery_app
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -69,3 +74,40 @@ def test_trace_context_crosses_the_queue(running):
     assert got == TRACEPARENT
     # No context: nothing is invented.
     assert app.send_task("dayzero_test.traceparent", queue="preprocess").get(timeout=30) is None
+
+
+def test_dayzero_worker_command_runs_the_job(image_blob, tmp_path):
+    """`dayzero worker --queues preprocess --concurrency 1` against Redis, on a database of its own
+    (the CLI path has no key prefix, and must not eat other tests' messages)."""
+    db = os.environ.get("DAYZERO_TEST_REDIS_CLI_DB", "13")
+    broker = REDIS_URL.rsplit("/", 1)[0] + "/" + db
+    log = tmp_path / "cli-worker.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "CELERY_BROKER_URL": broker,
+        "CELERY_RESULT_BACKEND": broker,
+    }
+    cmd = [sys.executable, "-m", "orchestrator.cli", "worker", "--queues", "preprocess", "--concurrency", "1",
+           "--hostname", f"cli-{os.getpid()}@%h"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    app = make_celery_app(broker, broker)
+    try:
+        deadline = time.monotonic() + 60
+        while b" ready." not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[
+                -3000:
+            ]
+            time.sleep(0.1)
+        url, sha = image_blob
+        out = app.send_task(
+            "dayzero.preprocess_attachment",
+            args=[{"attachment_id": "cli", "blob_sha256": sha, "blob_url": url, "config": {}}],
+        ).get(timeout=30)
+        assert out["attachment_id"] == "cli" and out["grid_thw"] == [[1, 36, 46]]
+        assert "preprocess" in log.read_text(errors="replace")  # the queue it listens on
+    finally:
+        kill_group(proc)
+        app.close()
