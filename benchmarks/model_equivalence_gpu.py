@@ -7,6 +7,14 @@ chunked + batched run of ours, and step timings. Prints JSON and writes it to `$
 
     python benchmarks/model_equivalence_gpu.py            # on a CUDA machine with fla installed
     python benchmarks/model_equivalence_gpu.py --tiny --device cpu   # smoke run of the script
+
+Recorded run (H200, torch 2.11, fla 0.6.0, 1.03B params, prompt 1024 + 20 decodes, 275 s) of the
+first version of this script, whose fp32 reference still had the unrounded fp32 weights and whose
+dummy init had no residual scaling (a chaotic random model; both fixed since):
+ours bf16 vs reference fp32: prefill max_abs 3.32 mean_abs 0.170 (mean rel 0.204, top-1 62.8%),
+decode max_abs 3.19 mean_abs 0.181 (mean rel 0.217, top-1 70%); the reference's own bf16 run vs
+its fp32 run: prefill max_abs 3.48 mean_abs 0.180 (mean rel 0.216, top-1 59.8%), decode max_abs
+1.70 mean_abs 0.151. Warm bf16 prefill 7.4k tok/s, eager decode step 47.7 ms (batch 1).
 """
 
 from __future__ import annotations
