@@ -204,7 +204,7 @@ def plan_parallel(
     TP splits attention heads and FFN columns, EP (== tp) splits routed experts, PP splits layers;
     the MLA latent KV is shared by all heads, so every TP rank keeps a full copy of its stage's.
     """
-    head, comp = parameter_counts(s)
+    head, _ = parameter_counts(s)
     wb = WEIGHT_BYTES[weight_dtype]
     kv_tok, state_seq = cache_bytes(s)
     usable = gpu_mem_gib * GiB * (1 - HEADROOM)
@@ -213,8 +213,8 @@ def plan_parallel(
         pp = gpus // tp
         if pp > s.num_layers or not _split_ok(s, tp):
             continue
-        weights = (head["total"] - comp.get("routed_experts", 0)) / tp + comp.get("routed_experts", 0) / tp
-        w = weights * wb / pp
+        # every weight is split tp ways: heads/columns (TP), routed experts (EP == TP), vocab rows
+        w = head["total"] / tp * wb / pp
         kv = kv_tok * context / pp
         st = state_seq / (tp * pp)
         per_seq = kv + st
