@@ -167,7 +167,9 @@ def _orientation(im: Image.Image) -> int:
 
 
 def _fast_path_ok(data: bytes, im: Image.Image, fmt: str, cfg: PreprocessConfig) -> bool:
-    if im.mode not in ("RGB", "L") or "transparency" in im.info or getattr(im, "n_frames", 1) != 1:
+    if fmt not in ("JPEG", "PNG") or im.mode not in ("RGB", "L") or "transparency" in im.info:
+        return False
+    if getattr(im, "n_frames", 1) != 1:  # APNG, MPO: Pillow picks the first frame
         return False
     if fmt == "JPEG":
         # A truncated JPEG decodes "successfully" in OpenCV (grey fill); only complete files go there.
@@ -268,9 +270,7 @@ def _load_first_frame(im: Image.Image, fmt: str) -> Image.Image:
             "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True in this process; preprocess refuses to run"
         )
     try:
-        if getattr(im, "n_frames", 1) > 1:
-            im.seek(0)
-        im.load()
+        im.load()  # a freshly opened image is at its first frame; n_frames is not asked (a TIFF walks every page for it)
     except _DECODE_FAILURES as exc:
         raise TruncatedImageError(
             f"the {fmt} pixel data is truncated or corrupt ({exc}); re-export or re-upload the complete file",

@@ -206,6 +206,16 @@ def test_animated_gif_uses_first_frame():
     assert process_image(buf.getvalue()).content_hash == process_image(encode(frames[0], "PNG")).content_hash
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF", "WEBP"], ids=["apng", "multipage-tiff", "animated-webp"])
+def test_other_multi_frame_files_use_first_frame(fmt):
+    frames = [Image.new("RGB", (30, 20), color) for color in ((0, 0, 255), (255, 255, 0))]
+    buf = io.BytesIO()
+    params = {"lossless": True} if fmt == "WEBP" else {}
+    frames[0].save(buf, fmt, save_all=True, append_images=frames[1:], **params)
+    rgb = np.asarray(decode_image(buf.getvalue()))
+    assert rgb.shape == (20, 30, 3) and (rgb == [0, 0, 255]).all()
+
+
 def test_exif_orientation_applied():
     arr = np.zeros((32, 64, 3), dtype=np.uint8)
     arr[:8, :8] = 255  # white mark top-left of the stored pixels
