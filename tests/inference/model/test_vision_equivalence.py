@@ -122,3 +122,20 @@ def test_image_embeddings_replace_placeholders(models):
     assert not torch.allclose(run(embeds, ids), run(embeds * 0.5, ids))
     with pytest.raises(ValueError, match="placeholder"):
         run(embeds[:5], ids)
+
+
+@torch.no_grad()
+def test_processor_output_feeds_the_tower(models):
+    """`Kimi_K25ImageProcessor` output (the layout preprocess produces) goes straight in."""
+    np = pytest.importorskip("numpy")
+    from PIL import Image
+    from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
+
+    rgb = (np.random.default_rng(0).random((100, 150, 3)) * 255).astype("uint8")
+    batch = Kimi_K25ImageProcessor()(images=[Image.fromarray(rgb)], return_tensors="pt")
+    _, ours, tower, proj = models
+    pixels, grid = batch["pixel_values"], batch["image_grid_thw"]
+    want = proj(tower(pixels, grid).pooler_output).squeeze(1)
+    got = ours.encode_images(pixels, grid)
+    assert got.shape[0] == int(grid[0, 1] * grid[0, 2]) // 4
+    assert_close_rel(got, want, FP32_REL_TOL, "embeddings of a processed image")
