@@ -3,29 +3,36 @@
 THE CHECKPOINT RULE (what makes a prefix hit exact on a hybrid model)
 --------------------------------------------------------------------
 A KDA layer's recurrent state after token t summarises the whole prefix and cannot be cut at an
-arbitrary token, so a prefix hit needs, besides the KV blocks, a snapshot of the state taken at
-exactly the hit position. With B = block_size and I = checkpoint_interval (a multiple of B):
+arbitrary token, so a prefix hit needs, besides the KV of the prefix, a snapshot of the state
+taken at exactly the hit position. With B = block_size and I = checkpoint_interval (a multiple
+of B), a request leaves a checkpoint (a state snapshot) at these positions p, and only there:
 
-1. A snapshot (checkpoint) is taken only when a sequence's computed length lands exactly on a
-   block boundary p (p % B == 0), right after the step that computed token p-1, and only if p is
-   - a multiple of I (interval checkpoint, evicted first), or
-   - the prompt's last block boundary, B * floor(prompt_len / B) (resume point), or
-   - a block boundary past the prompt reached while decoding (a rolling snapshot: the previous
-     rolling one of the same request is dropped unless it is also one of the above; the last one
-     becomes a resume point when the request finishes).
-   The scheduler cuts prefill chunks at interval multiples and at the prompt boundary so that
-   these positions are always step ends (`next_prefill_cut`).
-2. A checkpoint at p is keyed by the chained hash of the full block ending at p; on lookup the
-   block's exact key (parent hash, tokens, extra keys) is compared, never the hash alone.
-3. A request with N tokens hits at the deepest p such that p <= N - 1 (at least one token is
-   computed, to get logits), every block before p is cached with matching tokens, and a ready
-   checkpoint exists at p. It then shares those p/B blocks and starts from a copy of the
-   checkpoint in a fresh live slot; without a hit the live slot is zeroed.
-With this rule the computation after a hit is the computation without it, so outputs with and
-without the cache are identical (up to chunking, which the model makes exact).
+1. every multiple of I it computes (prefill chunks are cut there: `next_prefill_cut`), so that
+   different conversations sharing a long start can resume inside it;
+2. the end of its prompt, p = prompt_len, right after the step that computed the last prompt
+   token (a step end anyway: no extra cut);
+3. the end of its generation, p = num_computed_tokens when it finishes normally (all tokens but
+   the last sampled one) — the point the next agent turn, which re-sends the transcript, resumes.
+A checkpoint at a block boundary is keyed by the chained hash of the full block ending there. One
+at p = jB + r (0 < r < B) is keyed by (hash of block j-1, tokens [jB, p), extra keys) and owns a
+private copy of the KV block holding [jB, p), since that block is not full and never shared.
 
-Invariants: a request holds its blocks in an append-only table; blocks[j] is cached only once
-tokens [jB, (j+1)B) are computed; a checkpoint is usable only after the step that wrote it.
+A request with N tokens hits at the deepest p <= N - 1 (at least one token is computed, for
+logits) such that every full block before p is cached with matching tokens and a checkpoint
+matching tokens [0, p) exists. It then shares those full blocks, gets a fresh block holding a
+copy of the checkpoint's partial block (if any), and starts from a copy of the checkpoint's
+state in a fresh live slot; without a hit the live slot is zeroed. Keys are compared exactly
+(tokens, parent, extra keys), never by hash alone. With this rule the computation after a hit is
+the computation without it, so outputs with and without the cache are identical (the model
+makes chunked prefill equal to one-shot prefill).
+
+Order of tensor operations in a step (the runner follows `SchedulerOutput`): deferred
+end-of-generation snapshots and their block copies, then checkpoint -> live copies and partial
+block copies, then zeroing of fresh slots, then the forward, then this step's snapshots.
+
+Invariants: a request's block table is append-only; blocks[j] is cached only once tokens
+[jB, (j+1)B) are computed; a checkpoint is used only after the operation writing it is ordered
+before the use; a checkpoint that is a copy source or a pending write is pinned.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from inference.cache.block_pool import HIGH, LOW, BlockKey, BlockPool
-from inference.cache.state_pool import StatePool
+from inference.cache.state_pool import Checkpoint, StatePool
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +69,24 @@ class MMSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class TailKey:
+    """Identity of a checkpoint inside a block: the full-block chain before it and the tail tokens."""
+
+    parent: int | None
+    tokens: tuple[int, ...]
+    extra: tuple[Hashable, ...] = ()
+
+    @property
+    def hash(self) -> int:
+        return hash(("tail", self.parent, self.tokens, self.extra))
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixHit:
     num_tokens: int = 0
-    block_ids: tuple[int, ...] = ()
+    block_ids: tuple[int, ...] = ()  # shared full blocks
     checkpoint_key: int | None = None
+    partial_block: int | None = None  # the checkpoint's private copy of the partial block
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +97,16 @@ class Allocation:
     slot: int
     copy_from: int | None = None  # checkpoint slot to copy into `slot`
     zero: bool = False  # zero `slot` (a fresh sequence)
+    block_copy: tuple[int, int] | None = None  # (checkpoint's partial block, the request's block)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Copy live slot -> checkpoint slot (and, inside a block, the KV block -> the checkpoint's)."""
+
+    src_slot: int
+    dst_slot: int
+    block_copy: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -84,8 +115,11 @@ class _ReqCache:
     slot: int | None = None
     keys: list[BlockKey] = field(default_factory=list)  # keys of full blocks, computed lazily
     num_cached: int = 0  # leading blocks registered in the pool (by us or shared)
-    rolling: int | None = None  # key of the latest rolling decode snapshot
-    pending: list[int] = field(default_factory=list)  # reserved checkpoint keys of this step
+    pending: list[int] = field(default_factory=list)  # checkpoint keys reserved in this step
+
+
+def _extra(mm: Sequence[MMSpan], lo: int, hi: int) -> tuple[Hashable, ...]:
+    return tuple(s.key for s in mm if s.offset < hi and s.offset + s.length > lo)
 
 
 class HybridCacheCoordinator:
@@ -97,8 +131,12 @@ class HybridCacheCoordinator:
         self.blocks = BlockPool(config.num_blocks, config.block_size)
         self.states = StatePool(config.num_state_slots)
         self.blocks.on_evict = self._on_block_evicted
+        self.states.on_evict = self._on_checkpoint_dropped
         self._reqs: dict[str, _ReqCache] = {}
-        self._pinned: list[int] = []  # checkpoint keys pinned as copy sources this step
+        self._pinned: list[int] = []  # checkpoint keys pinned for the step being run
+        self._deferred_pins: list[int] = []  # pinned for the next step (deferred snapshots)
+        self._tails: dict[int | None, dict[int, TailKey]] = {}  # parent hash -> in-block checkpoints
+        self._ckpt_block: dict[int, int] = {}  # checkpoint key -> its private partial block
 
     # -- keys ------------------------------------------------------------------------------
     def _keys(self, rc: _ReqCache, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> list[BlockKey]:
@@ -106,9 +144,8 @@ class HybridCacheCoordinator:
         while (len(rc.keys) + 1) * B <= len(token_ids):
             j = len(rc.keys)
             lo, hi = j * B, (j + 1) * B
-            extra = tuple(s.key for s in mm if s.offset < hi and s.offset + s.length > lo)
             parent = rc.keys[-1].hash if rc.keys else None
-            rc.keys.append(BlockKey(parent, tuple(token_ids[lo:hi]), extra))
+            rc.keys.append(BlockKey(parent, tuple(token_ids[lo:hi]), _extra(mm, lo, hi)))
         return rc.keys
 
     def _rc(self, req_id: str) -> _ReqCache:
@@ -117,28 +154,59 @@ class HybridCacheCoordinator:
             rc = self._reqs[req_id] = _ReqCache()
         return rc
 
+    def _ident(self, rc: _ReqCache, token_ids: Sequence[int], p: int, mm: Sequence[MMSpan]):
+        """(key, identity) of a checkpoint at position p of this sequence."""
+        keys = self._keys(rc, token_ids, mm)
+        j, r = divmod(p, self.B)
+        if r == 0:
+            return keys[j - 1].hash, keys[j - 1]
+        tail = TailKey(
+            keys[j - 1].hash if j else None, tuple(token_ids[j * self.B : p]), _extra(mm, j * self.B, p)
+        )
+        return tail.hash, tail
+
     # -- prefix hit ------------------------------------------------------------------------
     def find_hit(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan] = ()) -> PrefixHit:
-        """Deepest usable hit under the checkpoint rule (rule 3); does not take anything."""
+        """Deepest usable hit under the checkpoint rule; takes nothing."""
         if not self.config.enable_prefix_caching:
             return PrefixHit()
+        B, limit = self.B, len(token_ids) - 1
         keys = self._keys(self._rc(req_id), token_ids, mm)
-        limit = len(token_ids) - 1
         best = PrefixHit()
         blocks: list[int] = []
-        for j, key in enumerate(keys):
-            if (j + 1) * self.B > limit:
+        parent: int | None = None
+        for j in range(len(keys) + 1):
+            # checkpoints inside block j (after j full shared blocks)
+            for key, tail in self._tails.get(parent, {}).items():
+                p = j * B + len(tail.tokens)
+                if p <= best.num_tokens or p > limit or tuple(token_ids[j * B : p]) != tail.tokens:
+                    continue
+                ck = self.states.get_checkpoint(key)
+                if ck is not None and ck.ident == tail and tail.extra == _extra(mm, j * B, p):
+                    best = PrefixHit(p, tuple(blocks), key, self._ckpt_block[key])
+            if j == len(keys) or (j + 1) * B > limit:
                 break
-            block = self.blocks.lookup(key)
+            block = self.blocks.lookup(keys[j])
             if block is None:
                 break
             blocks.append(block)
-            ck = self.states.get_checkpoint(key.hash)
-            if ck is not None and ck.ident == key and ck.num_tokens == (j + 1) * self.B:
-                best = PrefixHit((j + 1) * self.B, tuple(blocks), key.hash)
+            parent = keys[j].hash
+            ck = self.states.get_checkpoint(parent)
+            if ck is not None and ck.ident == keys[j] and (j + 1) * B > best.num_tokens:
+                best = PrefixHit((j + 1) * B, tuple(blocks), parent)
         return best
 
     # -- allocation ------------------------------------------------------------------------
+    def _allocate_blocks(self, n: int) -> list[int] | None:
+        """n blocks, giving back checkpoints' private blocks (LRU first) if the pool is short."""
+        if n > self.blocks.num_free:
+            for ck in self.states.evictable():
+                if n <= self.blocks.num_free:
+                    break
+                if ck.key in self._ckpt_block:
+                    self.states.drop_checkpoint(ck.key)
+        return self.blocks.allocate(n)
+
     def allocate(self, req_id: str, hit: PrefixHit, num_computed: int, num_new: int) -> Allocation | None:
         """Blocks (and, for a new sequence, a live slot) for computing `num_new` more tokens.
         Returns None, changing nothing, if the pools are short."""
@@ -151,7 +219,7 @@ class HybridCacheCoordinator:
             if hit.num_tokens != num_computed:
                 raise ValueError("a new sequence must start at its prefix hit")
             if hit.checkpoint_key is not None:
-                self.states.pin(hit.checkpoint_key)  # before any slot is taken: never evicted now
+                self.states.pin(hit.checkpoint_key)  # before any slot or block is taken
             self.blocks.touch(hit.block_ids)
             slot = self.states.allocate_live(req_id)
             if slot is None:
@@ -159,29 +227,30 @@ class HybridCacheCoordinator:
                 return None
             if hit.checkpoint_key is not None:
                 copy_from = self.states.get_checkpoint(hit.checkpoint_key).slot
-        need = -(-(num_computed + num_new) // self.B) - (len(hit.block_ids) if fresh else len(rc.block_ids))
-        new = self.blocks.allocate(max(need, 0))
+        held = len(hit.block_ids) if fresh else len(rc.block_ids)
+        need = -(-(num_computed + num_new) // self.B) - held
+        new = self._allocate_blocks(max(need, 0))
         if new is None:
             if fresh:
                 self.states.free_live(slot)
                 self._undo_hit(hit)
             return None
+        block_copy = None
         if fresh:
             rc.slot = slot
             rc.block_ids = list(hit.block_ids)
             rc.num_cached = len(hit.block_ids)
             if hit.checkpoint_key is not None:
                 self._pinned.append(hit.checkpoint_key)
+            if hit.partial_block is not None:
+                block_copy = (hit.partial_block, new[0])  # copy-on-write of the partial block
         rc.block_ids.extend(new)
-        return Allocation(tuple(new), rc.slot, copy_from=copy_from, zero=fresh and copy_from is None)
+        return Allocation(tuple(new), rc.slot, copy_from, fresh and copy_from is None, block_copy)
 
     def _undo_hit(self, hit: PrefixHit) -> None:
         self.blocks.free(reversed(hit.block_ids), [HIGH] * len(hit.block_ids))
         if hit.checkpoint_key is not None:
             self.states.unpin(hit.checkpoint_key)
-
-    def can_allocate(self, n_blocks: int) -> bool:
-        return self.blocks.num_free >= n_blocks
 
     def block_ids(self, req_id: str) -> list[int]:
         return self._reqs[req_id].block_ids
@@ -191,44 +260,64 @@ class HybridCacheCoordinator:
         return None if rc is None else rc.slot
 
     # -- checkpoints -----------------------------------------------------------------------
-    def is_checkpoint_position(self, end: int, prompt_len: int) -> bool:
-        B, interval = self.B, self.config.checkpoint_interval
-        if not self.config.enable_prefix_caching or end <= 0 or end % B:
-            return False
-        return end % interval == 0 or end == (prompt_len // B) * B or end > prompt_len
-
     def next_prefill_cut(self, num_computed: int, prompt_len: int) -> int | None:
         """The first position after `num_computed` where a prefill chunk must end (rule 1)."""
         if not self.config.enable_prefix_caching:
             return None
         interval = self.config.checkpoint_interval
-        cut = (num_computed // interval + 1) * interval
-        pb = (prompt_len // self.B) * self.B
-        if num_computed < pb < cut:
-            cut = pb
-        return cut
+        return (num_computed // interval + 1) * interval
+
+    def _reserve(self, req_id: str, token_ids: Sequence[int], p: int, priority: int, mm) -> Snapshot | None:
+        rc = self._reqs[req_id]
+        key, ident = self._ident(rc, token_ids, p, mm)
+        if self.states.has_checkpoint(key):
+            return None
+        block = None
+        if isinstance(ident, TailKey):
+            got = self._allocate_blocks(1)
+            if got is None:
+                return None
+            block = got[0]
+        ck = self.states.reserve_checkpoint(key, p, priority, ident=ident)
+        if ck is None:
+            if block is not None:
+                self.blocks.free([block])
+            return None
+        copy = None
+        if block is not None:
+            self._ckpt_block[key] = block
+            self._tails.setdefault(ident.parent, {})[key] = ident
+            copy = (rc.block_ids[p // self.B], block)
+        rc.pending.append(key)
+        return Snapshot(rc.slot, ck.slot, copy)
 
     def plan_checkpoint(
         self, req_id: str, token_ids: Sequence[int], end: int, prompt_len: int, mm: Sequence[MMSpan] = ()
-    ) -> tuple[int, int] | None:
-        """If the step leaves the sequence at a checkpoint position `end`, reserve a snapshot
-        slot; returns (live slot, checkpoint slot) for the runner to copy after the forward."""
-        if not self.is_checkpoint_position(end, prompt_len):
+    ) -> Snapshot | None:
+        """A snapshot to take right after this step's forward if it ends at a checkpoint
+        position (rule 1: interval multiples; rule 2: the end of the prompt)."""
+        if not self.config.enable_prefix_caching or end <= 0:
             return None
-        rc = self._reqs[req_id]
-        keys = self._keys(rc, token_ids, mm)
-        key = keys[end // self.B - 1]
-        resume = end == (prompt_len // self.B) * self.B
-        rolling = end > prompt_len and end % self.config.checkpoint_interval != 0
-        ck = self.states.reserve_checkpoint(key.hash, end, HIGH if resume else LOW, ident=key)
-        if ck is None:
+        if end % self.config.checkpoint_interval == 0:
+            return self._reserve(req_id, token_ids, end, LOW, mm)
+        if end == prompt_len:
+            return self._reserve(req_id, token_ids, end, HIGH, mm)
+        return None
+
+    def finish_checkpoint(
+        self, req_id: str, token_ids: Sequence[int], num_computed: int, mm: Sequence[MMSpan] = ()
+    ) -> Snapshot | None:
+        """Rule 3: reserve the end-of-generation checkpoint of a request finishing normally. The
+        copy runs first thing in the next step (before its slot or block can be reused)."""
+        if not self.config.enable_prefix_caching or num_computed <= 0 or req_id not in self._reqs:
             return None
-        if rolling:
-            if rc.rolling is not None:
-                self.states.drop_checkpoint(rc.rolling)
-            rc.rolling = key.hash
-        rc.pending.append(key.hash)
-        return rc.slot, ck.slot
+        snap = self._reserve(req_id, token_ids, num_computed, HIGH, mm)
+        if snap is not None:
+            key = self._reqs[req_id].pending.pop()
+            self.states.commit(key)  # usable from the next step on: its copy is ordered first
+            self.states.pin(key)
+            self._deferred_pins.append(key)
+        return snap
 
     # -- after the step --------------------------------------------------------------------
     def commit(
@@ -247,8 +336,13 @@ class HybridCacheCoordinator:
             self.blocks.cache(rc.block_ids[j], keys[j])
             rc.num_cached += 1
 
+    def begin_step(self) -> None:
+        """The deferred snapshots are part of the step about to be scheduled: pin them for it."""
+        self._pinned.extend(self._deferred_pins)
+        self._deferred_pins.clear()
+
     def end_step(self) -> None:
-        """Release the checkpoints pinned as copy sources for the step that just ran."""
+        """Release the checkpoints pinned for the step that just ran."""
         for key in self._pinned:
             self.states.unpin(key)
         self._pinned.clear()
@@ -266,8 +360,6 @@ class HybridCacheCoordinator:
         self.blocks.free(reversed(rc.block_ids), [prio] * len(rc.block_ids))
         if rc.slot is not None:
             self.states.free_live(rc.slot)
-        if rc.rolling is not None and reason == "finished":
-            self.states.set_priority(rc.rolling, HIGH)
 
     def forget(self, req_id: str) -> None:
         """Drop lazily computed keys of a request that never got blocks (e.g. rejected)."""
@@ -276,12 +368,29 @@ class HybridCacheCoordinator:
             del self._reqs[req_id]
 
     def _on_block_evicted(self, block_id: int, block_hash: int) -> None:
-        # the checkpoint ending at this block can never be used again: give its slot back
+        # checkpoints at or just after this block can never be used again: give their slots back
         self.states.drop_checkpoint(block_hash)
+        for key in list(self._tails.get(block_hash, {})):
+            self.states.drop_checkpoint(key)
+
+    def _on_checkpoint_dropped(self, ck: Checkpoint) -> None:
+        block = self._ckpt_block.pop(ck.key, None)
+        if block is not None:
+            self.blocks.free([block])
+            tails = self._tails.get(ck.ident.parent)
+            if tails is not None:
+                tails.pop(ck.key, None)
+                if not tails:
+                    del self._tails[ck.ident.parent]
+
+    @property
+    def num_request_blocks(self) -> int:
+        """Blocks held by requests (in use, minus the checkpoints' private partial blocks)."""
+        return self.blocks.num_used - len(self._ckpt_block)
 
     def reset_prefix_cache(self) -> None:
-        self.blocks.reset_cache()
         self.states.reset_cache()
+        self.blocks.reset_cache()
 
     def check_invariants(self) -> None:
         self.blocks.check_invariants()
@@ -292,3 +401,6 @@ class HybridCacheCoordinator:
             for b in rc.block_ids:
                 if self.blocks.ref_cnt[b] <= 0:
                     raise AssertionError(f"request {req_id} holds free block {b}")
+        for key, b in self._ckpt_block.items():
+            if not self.states.has_checkpoint(key) or self.blocks.ref_cnt[b] != 1:
+                raise AssertionError(f"checkpoint {key} block {b} is inconsistent")

@@ -18,6 +18,7 @@ HIGH (resume points: the end of a prompt, the end of a generation).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LOW, HIGH = 0, 1
@@ -47,6 +48,7 @@ class StatePool:
         self._ckpt_by_slot: dict[int, int] = {}  # slot -> key
         self._lru: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
         self.num_evictions = 0
+        self.on_evict: Callable[[Checkpoint], None] | None = None  # a checkpoint was dropped
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -91,6 +93,8 @@ class StatePool:
                 ck = self._ckpt.pop(key)
                 del self._ckpt_by_slot[ck.slot]
                 self.num_evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(ck)
                 return ck.slot
         return None
 
@@ -162,7 +166,13 @@ class StatePool:
         del self._ckpt[key]
         del self._ckpt_by_slot[ck.slot]
         self._free.append(ck.slot)
+        if self.on_evict is not None:
+            self.on_evict(ck)
         return True
+
+    def evictable(self) -> list[Checkpoint]:
+        """Unpinned ready checkpoints in eviction order (LOW first, least recently used first)."""
+        return [self._ckpt[k] for lru in self._lru for k in lru]
 
     def reset_cache(self) -> None:
         for key in [k for k, ck in self._ckpt.items() if not ck.pins]:

@@ -57,6 +57,15 @@ class ModelRunner:
         self.tables.pop(req_id, None)
         self.sampler.forget(req_id)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (latent KV and indexer keys of every MLA layer), in list order.
+        (HybridCacheTensors has no block copy of its own; its `kv` / `index_k` layout is public.)"""
+        if not pairs:
+            return
+        for src, dst in pairs:
+            for pool in (*self.cache.kv.values(), *self.cache.index_k.values()):
+                pool[dst].copy_(pool[src])
+
     def _to(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype)
         if self.device.type == "cuda":
@@ -124,6 +133,7 @@ class ModelRunner:
         """Run one scheduled step; returns sampled token ids (and logprobs where asked) by request."""
         for rid in out.preempted:
             self.tables.pop(rid, None)
+        self.copy_blocks(out.block_copies)
         for src, dst in out.state_copies:
             self.cache.copy_slot(src, dst)
         for slot in out.state_zeros:
@@ -137,6 +147,7 @@ class ModelRunner:
         )
         for src, dst in out.snapshots:
             self.cache.copy_slot(src, dst)
+        self.copy_blocks(out.snapshot_block_copies)
         sampled_reqs = [s.req_id for s in out.scheduled if s.sample]
         if not sampled_reqs:
             self.forward_time += time.perf_counter() - t0

@@ -47,9 +47,14 @@ class ScheduledRequest:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (checkpoint, live) before
-    state_zeros: list[int] = field(default_factory=list)  # fresh live slots, before
-    snapshots: list[tuple[int, int]] = field(default_factory=list)  # (live, checkpoint) after
+    # before the forward, in this order: block copies, state copies (both lists start with the
+    # deferred end-of-generation snapshots of requests that finished last step), then zeros
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src block, dst block)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src slot, dst slot)
+    state_zeros: list[int] = field(default_factory=list)  # fresh live slots
+    # after the forward: snapshots of this step's checkpoint positions
+    snapshots: list[tuple[int, int]] = field(default_factory=list)  # (live slot, checkpoint slot)
+    snapshot_block_copies: list[tuple[int, int]] = field(default_factory=list)  # (block, checkpoint's)
     preempted: list[str] = field(default_factory=list)
 
     @property
@@ -59,6 +64,10 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def has_cache_ops(self) -> bool:
+        return bool(self.block_copies or self.state_copies or self.state_zeros)
 
 
 class Scheduler:
@@ -73,6 +82,7 @@ class Scheduler:
         self.prompt_tokens_admitted = 0
         self.cached_tokens_admitted = 0
         self._finished_early: list[Request] = []
+        self._deferred: list = []  # end-of-generation snapshots to run first in the next step
 
     # -- requests --------------------------------------------------------------------------
     def check_request(self, req: Request) -> None:
@@ -120,6 +130,8 @@ class Scheduler:
         end = start + n
         if alloc.copy_from is not None:
             out.state_copies.append((alloc.copy_from, alloc.slot))
+        if alloc.block_copy is not None:
+            out.block_copies.append(alloc.block_copy)
         if alloc.zero:
             out.state_zeros.append(alloc.slot)
         blocks = tuple(self.cache.block_ids(req.request_id)) if is_new else alloc.new_block_ids
@@ -138,10 +150,18 @@ class Scheduler:
             req.request_id, req.token_ids, end, req.num_prompt_tokens, req.mm_spans
         )
         if snap is not None:
-            out.snapshots.append(snap)
+            out.snapshots.append((snap.src_slot, snap.dst_slot))
+            if snap.block_copy is not None:
+                out.snapshot_block_copies.append(snap.block_copy)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.cache.begin_step()
+        for snap in self._deferred:
+            out.state_copies.append((snap.src_slot, snap.dst_slot))
+            if snap.block_copy is not None:
+                out.block_copies.append(snap.block_copy)
+        self._deferred.clear()
         budget = self.config.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -244,6 +264,10 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = status
         req.stop_reason = stop_reason
+        if status != RequestStatus.FINISHED_ABORTED and req.num_computed_tokens > 0:
+            snap = self.cache.finish_checkpoint(req_id, req.token_ids, req.num_computed_tokens, req.mm_spans)
+            if snap is not None:
+                self._deferred.append(snap)
         self.cache.free(req_id, "aborted" if status == RequestStatus.FINISHED_ABORTED else "finished")
         self.cache.forget(req_id)
         return req

@@ -25,6 +25,8 @@ class SymbolicExecutor:
 
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         self.steps += 1
+        for src, dst in out.block_copies:
+            self.kv[dst] = list(self.kv[src])
         for src, dst in out.state_copies:
             assert self.state[src] is not GARBAGE
             self.state[dst] = self.state[src]
@@ -50,6 +52,8 @@ class SymbolicExecutor:
                 sampled[s.req_id] = self.next_token(self.state[s.slot])
         for src, dst in out.snapshots:
             self.state[dst] = self.state[src]
+        for src, dst in out.snapshot_block_copies:
+            self.kv[dst] = list(self.kv[src])
         return sampled
 
     def run(self, max_steps: int = 100000) -> list:
@@ -81,15 +85,11 @@ def reference_output(
 
 def checkpoint_positions(prompt_len: int, hit: int, final_len: int, block: int, interval: int) -> set[int]:
     """The checkpoint rule (coordinator docstring), written independently of the coordinator:
-    positions a finished request left a state checkpoint at (beyond its own prefix hit)."""
+    positions a normally finished request left a state checkpoint at (beyond its own hit)."""
     computed = final_len - 1  # the last sampled token is never fed back
     pos = {p for p in range(interval, computed + 1, interval) if p > hit}
-    pb = prompt_len // block * block
-    if pb > hit:
-        pos.add(pb)
-    last = computed // block * block
-    if last > prompt_len:
-        pos.add(last)
+    pos.add(prompt_len)  # end of the prompt
+    pos.add(computed)  # end of the generation
     return pos
 
 

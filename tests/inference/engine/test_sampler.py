@@ -102,4 +102,4 @@ def test_engine_stops_on_string_token_and_length():
     )[0]
     assert r.output_token_ids == ref.output_token_ids[: ref.output_token_ids.index(tok) + 1]
     assert r.stop_reason == tok and r.finish_reason == "stop"
-    assert eng.scheduler.cache.blocks.num_used == 0
+    assert eng.scheduler.cache.num_request_blocks == 0

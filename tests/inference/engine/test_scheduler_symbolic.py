@@ -38,8 +38,7 @@ def prompts(n, seed=0):
 def assert_pools_empty(sched):
     c = sched.cache
     c.check_invariants()
-    assert all(r == 0 for r in c.blocks.ref_cnt)
-    assert c.blocks.num_free == c.blocks.num_blocks
+    assert c.num_request_blocks == 0
     assert c.states.num_live == 0
 
 
@@ -79,7 +78,7 @@ def test_outputs_equal_reference(kw):
 def test_chunks_obey_budget_and_cut_at_checkpoints():
     sched = make(budget=10)
     ex = SymbolicExecutor(sched)
-    p = list(range(1, 43))  # 42 tokens: interval cuts at 16, 32; prompt boundary at 40
+    p = list(range(1, 43))  # 42 tokens: interval cuts at 16 and 32
     sched.add(make_request("a", p, SamplingParams(temperature=0, max_tokens=3)))
     ends = []
     while sched.has_unfinished:
@@ -87,9 +86,10 @@ def test_chunks_obey_budget_and_cut_at_checkpoints():
         assert out.num_tokens <= 10
         ends += [s.start + len(s.token_ids) for s in out.scheduled]
         sched.update(out, ex.execute(out))
-    assert ends[:8] == [10, 16, 26, 32, 40, 42, 43, 44]
+    assert ends == [10, 16, 26, 32, 42, 43, 44]
     ck = sched.cache.states
-    assert ck.num_checkpoints == 4  # 16, 32 (interval), 40 (prompt end), 44 (rolling at finish)
+    assert ck.num_checkpoints == 4  # 16, 32 (interval), 42 (end of prompt), 44 (end of generation)
+    assert len(sched.cache._ckpt_block) == 1  # 42 lies inside a block: it owns a private KV copy
 
 
 def checkpoint_positions(prompt_len, hit, final_len):
@@ -151,3 +151,32 @@ def test_request_too_long_is_rejected():
     sched2 = make(chunked=False, budget=8)
     with pytest.raises(ValueError, match="chunked prefill"):
         sched2.add(make_request("y", list(range(20))))
+
+
+def test_resume_inside_a_block_copies_the_partial_block():
+    sched = make()
+    ex = SymbolicExecutor(sched)
+    a = make_request("a", list(range(10)), SamplingParams(temperature=0, max_tokens=4))  # B=4: ends inside
+    sched.add(a)
+    ex.run()
+    assert a.num_cached_tokens == 0
+    nxt = [*a.token_ids, 50, 51]  # the next turn: the transcript plus a new message
+    b = make_request("b", nxt, SamplingParams(temperature=0, max_tokens=2))
+    sched.add(b)
+    out = sched.schedule()
+    assert b.num_cached_tokens == len(a.token_ids) - 1 == 13  # the end of a's generation
+    # first a's deferred end-of-generation snapshot (state + partial block), then b's resume copies
+    assert len(out.state_copies) == 2 and len(out.block_copies) == 2
+    assert out.state_copies[0][1] == out.state_copies[1][0]
+    assert out.block_copies[0][1] == out.block_copies[1][0]
+    (s,) = out.scheduled
+    assert s.start == 13 and s.token_ids == tuple(nxt[13:])
+    sched.update(out, ex.execute(out))
+    ex.run()
+    assert b.output_token_ids == reference_output(nxt, 2)
+    retry = make_request("a-again", list(range(10)), SamplingParams(temperature=0, max_tokens=4))
+    sched.add(retry)  # the same prompt again: its end-of-prompt checkpoint (10) is one too deep
+    ex.run()
+    assert retry.num_cached_tokens == 0
+    assert retry.output_token_ids == a.output_token_ids
+    assert_pools_empty(sched)

@@ -128,7 +128,9 @@ def test_embedded_client_chat():
         b = client.chat(req)
         assert a["object"] == "chat.completion" and a["choices"][0]["message"]["role"] == "assistant"
         assert a["choices"][0]["message"] == b["choices"][0]["message"]
-        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        msgs = [*req["messages"], a["choices"][0]["message"], {"role": "user", "content": "go on"}]
+        c = client.chat({**req, "messages": msgs})
+        assert c["usage"]["prompt_tokens_details"]["cached_tokens"] >= a["usage"]["prompt_tokens"]
         assert a["dayzero"]["ttft_ms"] > 0
         with pytest.raises(ValueError, match="temperature"):
             client.chat({**req, "temperature": -3})
