@@ -57,4 +57,6 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
         "details": {},
         "retryable": not isinstance(exc, (ValueError, KeyError)),
     }
+
+
 from workers.tool_jobs import run_tool  # noqa: E402,F401  (the `dayzero.run_tool` Celery task calls it)
