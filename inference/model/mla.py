@@ -143,9 +143,13 @@ class MLAttention(nn.Module):
             starts.append(starts[-1] + n)
         decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if decode:
-            rows = torch.tensor([starts[i] for i in decode], device=q.device)
             lens = [meta.seq_lens_cpu[i] for i in decode]
-            latents = gather_paged(pool, meta.block_tables[decode], lens)
+            if len(decode) == len(meta.query_lens_cpu):  # pure decode: the batch tensors as they are
+                rows, tables, lens_t = slice(None), meta.block_tables, meta.seq_lens.to(q.device)
+            else:
+                rows = torch.tensor([starts[i] for i in decode], device=q.device)
+                tables, lens_t = meta.block_tables[decode], torch.tensor(lens, device=q.device)
+            latents = gather_paged(pool, tables, lens)
             allowed = None
             if index is not None:  # DSA: the absorbed kernel sees only the selected keys
                 allowed = torch.zeros(len(decode), max(lens), dtype=torch.bool, device=q.device)
@@ -155,7 +159,7 @@ class MLAttention(nn.Module):
             q_lat = torch.einsum("nhd,hdr->nhr", qd[..., : m.qk_nope_head_dim].float(), w_uk.float())
             out[rows] = mla_decode_absorbed(
                 q_lat, qd[..., m.qk_nope_head_dim :], latents,
-                torch.tensor(lens, device=q.device), w_uv, m.kv_lora_rank, self.scale, allowed,
+                lens_t, w_uv, m.kv_lora_rank, self.scale, allowed,
             )  # fmt: skip
         done = set(decode)
         for i, n in enumerate(meta.query_lens_cpu):

@@ -70,6 +70,10 @@ def causal_conv_varlen(
     if weight.shape != (c, w + 1):
         raise ValueError(f"conv weight must be [{c}, {w + 1}], got {tuple(weight.shape)}")
     dev = x.device
+    if t == n and w > 0:  # pure decode: one token per sequence, no gathers and no host->device copy
+        ext = torch.cat([window, x.to(window.dtype)[:, :, None]], dim=-1)  # [N, C, W + 1]
+        y = F.silu((ext.float() * weight.float()[None]).sum(-1)).to(x.dtype)
+        return y, ext[..., 1:]
     lens = torch.tensor(query_lens_cpu, device=dev, dtype=torch.long)
     cu = cu_seqlens.to(device=dev, dtype=torch.long)
     seq_id = torch.repeat_interleave(torch.arange(n, device=dev), lens)  # [T]

@@ -56,3 +56,17 @@ def test_varlen_conv_continues_each_window():
         )
         assert_close_rel(y[cu[i] : cu[i + 1]], want, FP32_REL_TOL, f"conv output of sequence {i}")
         assert torch.equal(new[i], full[-(kernel - 1) :].t()), f"window of sequence {i}"
+
+
+def test_pure_decode_conv_equals_the_general_path():
+    g = torch.Generator().manual_seed(2)
+    weight, x, windows = (
+        torch.randn(6, 4, generator=g),
+        torch.randn(3, 6, generator=g),
+        torch.randn(3, 6, 3, generator=g),
+    )
+    y, new = causal_conv_varlen(x, windows, weight, torch.tensor([0, 1, 2, 3]), (1, 1, 1))
+    for i in range(3):  # each alone, padded with a second dummy sequence to force the general path
+        xi = torch.cat([x[i : i + 1], torch.zeros(2, 6)])
+        yi, ni = causal_conv_varlen(xi, windows[[i, i]], weight, torch.tensor([0, 1, 3]), (1, 2))
+        assert torch.allclose(y[i], yi[0], rtol=0, atol=1e-6) and torch.equal(new[i], ni[0])
