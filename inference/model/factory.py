@@ -86,6 +86,9 @@ def build_model(
         model = cls(spec)
     _cast(model, dtype)
     model = model.to_empty(device=device)
+    for module in model.modules():  # to_empty gives every module its own tensors: tie again
+        if isinstance(module, KimiLinearForCausalLM):
+            module.tie_weights()
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:

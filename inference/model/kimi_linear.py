@@ -66,7 +66,11 @@ class KimiLinearForCausalLM(nn.Module):
         self.spec = spec
         self.model = KimiLinearModel(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
-        if spec.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the LM head with the embedding when the config ties them (call after re-materialising)."""
+        if self.spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def embed(self, input_ids: Tensor, image_embeds: Tensor | None = None) -> Tensor:

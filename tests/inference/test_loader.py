@@ -112,3 +112,15 @@ def test_dummy_weights_are_seeded(spec):
     assert not torch.equal(a.state_dict()[w], c.state_dict()[w])
     with pytest.raises(ValueError, match="load_format"):
         build_model(spec, load_format="pt")
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    spec = parse_config(tiny_kimi_linear_config(tie_word_embeddings=True))
+    model = build_model(spec, seed=2)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    save_sharded(model.state_dict(), tmp_path)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    assert "lm_head.weight" not in index["weight_map"]  # stored once
+    loaded = build_model(spec, load_format="safetensors", path=tmp_path)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)

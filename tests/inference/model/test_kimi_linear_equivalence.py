@@ -141,3 +141,28 @@ def test_forward_rejects_wrong_token_count(models):
     meta = ForwardMeta.for_sequences([4], [0], [[0]], BLOCK, [0])
     with pytest.raises(ValueError, match="input_ids"):
         ours(_ids(3, 0), meta, _cache(spec))
+
+
+@torch.no_grad()
+def test_variant_q_lora_grouped_routing_two_shared_experts():
+    """Other published knobs: query low-rank, 4 expert groups keeping 2, 2 shared experts, 2 dense layers."""
+    cfg = tiny_kimi_linear_config(
+        q_lora_rank=24, num_expert_group=4, topk_group=2, num_shared_experts=2, first_k_dense_replace=2,
+        num_experts_per_token=3, routed_scaling_factor=1.0, moe_renormalize=False,
+    )  # fmt: skip
+    spec = parse_config(cfg)
+    ours = build_model(spec, seed=11)
+    hcfg = transformers.KimiLinearConfig(**cfg)
+    hcfg._attn_implementation = "eager"
+    ref = transformers.KimiLinearForCausalLM(hcfg).eval()
+    ref.load_state_dict(published_to_hf(ours.state_dict()), strict=True)
+    ids = _ids(69, 5)
+    expected = _reference(ref, ids, 64)
+    cache, table = _cache(spec), [5, 9, 1, 7, 3]
+    got = [ours(ids[:64], ForwardMeta.for_sequences([64], [0], [table], BLOCK, [0]), cache)]
+    for pos in range(64, 69):
+        got.append(
+            ours(ids[pos : pos + 1], ForwardMeta.for_sequences([1], [pos], [table], BLOCK, [0]), cache)
+        )
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert_close_rel(a, b, FP32_REL_TOL, f"variant model, step {step}")
