@@ -10,7 +10,8 @@ both sides: dayzero's `process_image(bytes)`; the reference gets `PIL.Image.open
     python benchmarks/preprocess.py [--jpegs 8] [--pngs 3] [--passes 3] [--out result.json]
 
 Prints one JSON object. `images_per_s_cpu` divides by this process's CPU time (robust on a shared
-machine); `images_per_s_wall` by wall time.
+machine); `images_per_s_wall` by wall time. `decode_only_ms_cpu` is each side's decode alone
+(dayzero: `decode_array`; reference: Pillow's open + load), the floor under its per-image time.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from preprocess import PreprocessConfig, process_image
+from preprocess import PreprocessConfig, decode_array, process_image
 
 
 def photo_like(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
@@ -91,12 +92,23 @@ def run_set(name: str, images: list[bytes], passes: int, reference, config: Prep
                     reference(images=Image.open(io.BytesIO(data)), return_tensors="pt")
                 times[side]["wall"].append(time.perf_counter() - w0)
                 times[side]["cpu"].append(time.process_time() - c0)
+    # Decode alone, each side's way: the floor under both numbers (both must decode every image).
+    decode = {"dayzero": [], "reference": []}
+    for data in images:
+        for side in decode:
+            c0 = time.process_time()
+            if side == "dayzero":
+                decode_array(data, config)
+            else:
+                Image.open(io.BytesIO(data)).load()
+            decode[side].append(time.process_time() - c0)
     out: dict = {"images": len(images), "timed_runs_per_side": len(images) * passes}
     for side, t in times.items():
         out[side] = {
             "images_per_s_wall": round(len(t["wall"]) / sum(t["wall"]), 2),
             "images_per_s_cpu": round(len(t["cpu"]) / sum(t["cpu"]), 2),
             "median_ms_wall": round(1000 * statistics.median(t["wall"]), 2),
+            "decode_only_ms_cpu": round(1000 * statistics.mean(decode[side]), 2),
         }
     out["speedup_wall"] = round(
         out["dayzero"]["images_per_s_wall"] / out["reference"]["images_per_s_wall"], 2

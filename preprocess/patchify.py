@@ -12,7 +12,7 @@ backend), written for one image on one core:
   on the uint8 pixels (identical values, one pass);
 * layout: `pixel_values[N, 3, p, p]` with patches in row-major grid order, `grid_thw = [1, gh, gw]`.
 
-Only the padded uint8 image is rearranged; the float32 output is written exactly once.
+Only uint8 pixels are rearranged; the float32 output is written exactly once.
 """
 
 from __future__ import annotations
@@ -73,17 +73,37 @@ def normalization_luts(config: PreprocessConfig) -> np.ndarray:
     return ((levels[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
 
 
+def _patch_grid(rgb: np.ndarray, gh: int, gw: int, p: int) -> np.ndarray:
+    """uint8 (gh, gw, 3, p, p): the image cut into patches, zero-padded at the bottom and right.
+
+    Whole patches are copied straight from the image; only the partial last row and column of
+    patches go through small zero-padded strips (no full padded copy of the image).
+    """
+    h, w, _ = rgb.shape
+    fh, fw = h // p, w // p  # whole patches
+    grid = np.empty((gh, gw, 3, p, p), dtype=np.uint8)
+    grid[:fh, :fw] = rgb[: fh * p, : fw * p].reshape(fh, p, fw, p, 3).transpose(0, 2, 4, 1, 3)
+    if fh < gh:  # bottom strip, full width (includes the corner)
+        strip = np.zeros(((gh - fh) * p, gw * p, 3), dtype=np.uint8)
+        strip[: h - fh * p, :w] = rgb[fh * p :]
+        grid[fh:] = strip.reshape(gh - fh, p, gw, p, 3).transpose(0, 2, 4, 1, 3)
+    if fw < gw:  # right strip, rows of whole patches only
+        strip = np.zeros((fh * p, (gw - fw) * p, 3), dtype=np.uint8)
+        strip[:, : w - fw * p] = rgb[: fh * p, fw * p :]
+        grid[:fh, fw:] = strip.reshape(fh, p, gw - fw, p, 3).transpose(0, 2, 4, 1, 3)
+    return grid
+
+
 def patchify(rgb: np.ndarray, pad_h: int, pad_w: int, config: PreprocessConfig) -> np.ndarray:
     """HxWx3 uint8 -> float32[gh*gw, 3, p, p], zero-padded (before normalisation) to pad_h x pad_w."""
     import cv2  # lazy, see resize_rgb
 
     h, w, _ = rgb.shape
     p = config.patch_size
+    if h > pad_h or w > pad_w or pad_h % p or pad_w % p:
+        raise ValueError(f"cannot pad {h}x{w} to {pad_h}x{pad_w} in {p}-pixel patches")
     gh, gw = pad_h // p, pad_w // p
-    padded = np.zeros((pad_h, pad_w, 3), dtype=np.uint8)
-    padded[:h, :w] = rgb
-    # (gh, p, gw, p, 3) -> (gh, gw, 3, p, p): one uint8 copy, then one float32 pass through the LUT.
-    grid = np.ascontiguousarray(padded.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3))
+    grid = _patch_grid(rgb, gh, gw, p)
     luts = normalization_luts(config)
     n = gh * gw
     if np.array_equal(luts[0], luts[1]) and np.array_equal(luts[0], luts[2]):
