@@ -329,4 +329,5 @@ def format_analysis(a: Analysis) -> str:
 
 
 def to_json(a: Analysis) -> dict[str, Any]:
+    """The `--json` form: plain dicts, lists and numbers."""
     return asdict(a)

@@ -44,6 +44,7 @@ class HybridCacheSpec:
 
     @staticmethod
     def from_model_spec(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> HybridCacheSpec:
+        """Cache shapes of `spec` with KV (and conv windows) stored in `dtype`."""
         return HybridCacheSpec(
             mla_layers=spec.mla_layers,
             kda_layers=spec.kda_layers,
@@ -112,6 +113,7 @@ class HybridCacheTensors:
 
     @property
     def num_slots(self) -> int:
+        """State slots allocated (0 for a model without KDA layers)."""
         return next(iter(self.state.values())).shape[0] if self.state else 0
 
     def zero_slot(self, slot: int) -> None:

@@ -39,6 +39,7 @@ class Expert(nn.Module):
         self.w3 = nn.Linear(hidden, intermediate, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: `[n, hidden]` -> `[n, hidden]`."""
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 

@@ -45,6 +45,8 @@ def _rope_pairs(x: Tensor, angles: Tensor) -> Tensor:
 
 
 class PatchEmbed(nn.Module):
+    """14x14 patch projection plus the resized learned position grid."""
+
     def __init__(self, spec: VisionSpec) -> None:
         super().__init__()
         self.spec = spec
@@ -52,6 +54,7 @@ class PatchEmbed(nn.Module):
         self.pos_emb = _PosEmb(spec)
 
     def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
+        """`[P, 3, p, p]` -> `[P, D]`."""
         x = self.proj(pixel_values.to(self.proj.weight.dtype)).view(pixel_values.shape[0], -1)
         return x + self.pos_emb(grid_thw).to(x.dtype)
 
@@ -71,6 +74,7 @@ class _PosEmb(nn.Module):
         return torch.cat([f.sin(), f.cos()], dim=1)  # [frames, D]
 
     def forward(self, grid_thw: Tensor) -> Tensor:
+        """`[I, 3]` grids -> `[P, D]` fp32 position embeddings, patches in processor order."""
         out = []
         table = self.weight
         for t, h, w in grid_thw.tolist():
@@ -94,6 +98,7 @@ class _MLP(nn.Module):
         self.fc1 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: `[P, D]` -> `[P, D]`."""
         return self.fc1(F.gelu(self.fc0(x), approximate="tanh"))
 
 
@@ -109,6 +114,7 @@ class _Block(nn.Module):
         self.mlp = _MLP(d, spec.intermediate_size)
 
     def forward(self, x: Tensor, angles: Tensor, lengths: list[int]) -> Tensor:
+        """x: `[P, D]`, angles `[P, head_dim // 2]`; attention stays inside each image (`lengths`)."""
         n = x.shape[0]
         q, k, v = self.wqkv(self.norm0(x)).view(n, 3, self.num_heads, self.head_dim).unbind(1)
         q, k = _rope_pairs(q, angles), _rope_pairs(k, angles)
