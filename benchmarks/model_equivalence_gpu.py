@@ -172,6 +172,28 @@ def _timing(res, ours, spec, ids, args, dev) -> None:
     }
 
 
+def _smoke_dsa_vision(res, dev) -> None:
+    """The bundled tiny DSA + vision model on `dev` in bf16 vs the same weights in fp32 on the CPU."""
+    from inference.config import load_config
+
+    spec = load_config(Path(__file__).resolve().parents[1] / "inference" / "configs" / "tiny_hybrid_vl.json")
+    cpu = build_model(spec, seed=0)
+    gpu = build_model(spec, seed=0, dtype=torch.bfloat16, device=dev)
+    grid = torch.tensor([[1, 8, 12], [1, 4, 4]])
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3, 14, 14, generator=torch.Generator().manual_seed(0))
+    e_cpu = cpu.encode_images(pixels, grid)
+    e_gpu = gpu.encode_images(pixels.to(dev), grid.to(dev)).float().cpu()
+    ids = torch.randint(0, 1000, (120,), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for model, d, dt in ((cpu, "cpu", torch.float32), (gpu, dev, torch.bfloat16)):
+        a, b = run_ours(model, [ids[:100], ids[100:]], [[80, 12]], 8, d, dt, block_size=16)
+        outs.append(torch.cat([a, b]))
+    res["smoke_dsa_vision_bf16_vs_cpu_fp32"] = {
+        "image_embeds": errors(e_gpu, e_cpu),
+        "logits": errors(outs[1], outs[0]),
+    }
+
+
 def _load(spec, master, dtype, dev):
     """Our model with `master`'s exact weights in `dtype` (KDA decay parameters stay fp32)."""
     model = build_model(spec, seed=0, dtype=dtype, device=dev)
@@ -216,6 +238,12 @@ def main() -> int:
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], "gpu_equivalence.json").write_text(text)
         return text
+
+    try:
+        _smoke_dsa_vision(res, dev)
+    except Exception as exc:
+        res["smoke_dsa_vision_bf16_vs_cpu_fp32"] = f"failed: {exc!r}"
+    print(save(), flush=True)
 
     master = build_model(spec, seed=0, dtype=torch.float32, device="cpu")
     with torch.no_grad():  # identical weights everywhere: the fp32 reference gets the bf16-rounded values
