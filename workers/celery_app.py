@@ -20,10 +20,11 @@ message headers and is attached as the current context while the task runs.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import before_task_publish, task_postrun, task_prerun
+from celery.signals import before_task_publish, task_postrun, task_prerun, worker_process_init
 from kombu import Queue
 
 PREPROCESS_QUEUE = "preprocess"
@@ -175,6 +176,24 @@ def current_traceparent() -> str | None:
 before_task_publish.connect(inject_trace_headers, weak=False, dispatch_uid="dayzero.trace.inject")
 task_prerun.connect(attach_trace_context, weak=False, dispatch_uid="dayzero.trace.attach")
 task_postrun.connect(detach_trace_context, weak=False, dispatch_uid="dayzero.trace.detach")
+
+
+# --- one thread per pool process ------------------------------------------------------------------
+
+
+def one_thread_per_process(**_: Any) -> None:
+    """`worker_process_init`: a prefork child works on one job at a time with one thread, so
+    `--concurrency N` means N busy cores (not N x cores threads fighting over them)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+worker_process_init.connect(one_thread_per_process, weak=False, dispatch_uid="dayzero.one_thread")
 
 
 def app_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> Celery:

@@ -123,3 +123,13 @@ def test_command_module_imports_light():
     code = "import sys, workers.commands, preprocess; print(sorted(m for m in ('torch', 'celery', 'cv2') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_pool_children_use_one_thread_each():
+    code = (
+        "import torch, cv2; from workers.celery_app import one_thread_per_process; "
+        "one_thread_per_process(); import os; "
+        "print(torch.get_num_threads(), cv2.getNumThreads(), os.environ['OMP_NUM_THREADS'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "1", "1"]
