@@ -8,13 +8,13 @@ so every run is the same model); `from_engine` wraps any engine.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
-from inference.server.protocol import OpenAIError, OpenAIServing
+from inference.server.images import make_image_handler
+from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs
 from inference.toolparse import get_tool_parser
 
 DEFAULT_MODEL_NAME = "dayzero-small-random"
@@ -51,9 +51,9 @@ class EmbeddedEngineClient:
             get_tool_parser(tool_parser),
             model_name,
             engine.config.max_model_len,
+            image_handler=make_image_handler(engine),
             default_max_tokens=default_max_tokens,
         )
-        self._lock = threading.Lock()
 
     @classmethod
     def default(cls, *, seed: int = 0) -> EmbeddedEngineClient:
@@ -78,7 +78,9 @@ class EmbeddedEngineClient:
             p = self.serving.prepare_chat(body)
         except OpenAIError as exc:
             raise ValueError(str(exc)) from None
-        rid, outs = self.engine.generate_sync(p.prompt_token_ids, p.sampling)
+        rid, outs = self.engine.generate_sync(
+            p.prompt_token_ids, p.sampling, mm_spans=p.mm_spans, mm_inputs=mm_inputs(p)
+        )
         return self.serving.chat_response(rid, outs, p)
 
     def stats(self) -> dict[str, float]:

@@ -7,6 +7,7 @@ a bad request never stops the server. A streaming client that goes away aborts i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.engine.async_engine import AsyncEngine, EngineDeadError
-from inference.server.protocol import ChatStreamFilter, OpenAIError, OpenAIServing, usage
+from inference.server.protocol import ChatStreamFilter, OpenAIError, OpenAIServing, mm_inputs, usage
 
 
 class _Metrics:
@@ -108,8 +109,11 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        p = serving.prepare_chat(await _body(request))
-        gen, first = await _submit(p.prompt_token_ids, p.sampling, mm_spans=p.mm_spans, mm_inputs=_mm(p))
+        body = await _body(request)
+        p = await asyncio.to_thread(serving.prepare_chat, body)  # images are encoded here: off the loop
+        gen, first = await _submit(
+            p.prompt_token_ids, p.sampling, mm_spans=p.mm_spans, mm_inputs=mm_inputs(p)
+        )
         metrics.prompt_tokens.inc(len(p.prompt_token_ids))
         if not p.stream:
             outs = await _collect(gen, first)
@@ -211,16 +215,3 @@ async def _closing(gen: AsyncIterator, events: AsyncIterator[str]) -> AsyncItera
             yield e
     finally:
         await gen.aclose()
-
-
-def _mm(p) -> Any:
-    """Image embeddings of a prepared chat (the serving layer's image handler made them)."""
-    if not p.mm_payloads:
-        return None
-    import torch
-
-    from inference.engine.model_runner import MMInputs
-
-    embeds = torch.cat([e for e in p.mm_payloads])
-    positions = torch.cat([torch.arange(s.offset, s.offset + s.length) for s in p.mm_spans])
-    return MMInputs(embeds, positions)

@@ -107,6 +107,18 @@ class PreparedChat:
     mm_payloads: list = field(default_factory=list)
 
 
+def mm_inputs(p: PreparedChat) -> Any:
+    """The engine's `MMInputs` for a prepared chat with images (None without)."""
+    if not p.mm_payloads:
+        return None
+    import torch
+
+    from inference.engine.model_runner import MMInputs
+
+    positions = torch.cat([torch.arange(s.offset, s.offset + s.length) for s in p.mm_spans])
+    return MMInputs(torch.cat(list(p.mm_payloads)), positions)
+
+
 class OpenAIServing:
     """Turns OpenAI bodies into engine calls and engine outputs into OpenAI objects."""
 
