@@ -33,6 +33,7 @@ def problem_response(
     title: str,
     detail: str | None = None,
     type_: str | None = None,
+    headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
     body: dict[str, Any] = {
@@ -44,7 +45,9 @@ def problem_response(
     if detail is not None:
         body["detail"] = detail
     body.update({k: v for k, v in extra.items() if v is not None})
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = dict(headers or {})
+    if status == 401:
+        headers.setdefault("WWW-Authenticate", "Bearer")
     return JSONResponse(
         jsonable_encoder(body), status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers
     )
@@ -65,6 +68,18 @@ _TITLES = {
 }
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method any route serves at this path (Starlette lists only the first matching route's)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
@@ -74,7 +89,10 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         title = _TITLES.get(exc.status_code, "Error")
         detail = exc.detail if isinstance(exc.detail, str) and exc.detail != title else None
-        return problem_response(request, exc.status_code, title, detail)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
+        return problem_response(request, exc.status_code, title, detail, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

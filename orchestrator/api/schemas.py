@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 MAX_GOAL_CHARS = 32_000
 MAX_MESSAGES = 256
@@ -17,11 +17,31 @@ IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 
 ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
+ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 TRACEPARENT_RE = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def check_text(value: Any, where: str = "body") -> Any:
+    """Reject NUL and unpaired surrogates anywhere: neither can be stored in PostgreSQL text/JSONB."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where}: NUL characters are not allowed")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where}: not valid Unicode (unpaired surrogate)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_text(k, where)
+            check_text(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_text(v, f"{where}[{i}]")
+    return value
 
 
 class ChatMessage(_Strict):
@@ -42,9 +62,12 @@ class UploadedAttachment(_Strict):
 class InlineAttachment(_Strict):
     """An image sent inline, base64-encoded (bounded by the body size limit)."""
 
-    data: Annotated[str, StringConstraints(min_length=4, pattern=r"^[A-Za-z0-9+/=\s]+$")] = Field(
-        description="standard base64"
-    )
+    data: Annotated[
+        str,
+        StringConstraints(
+            min_length=4, pattern=r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+        ),
+    ] = Field(description="standard base64, padded, no line breaks")
     media_type: Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
     filename: Annotated[str, StringConstraints(max_length=255)] | None = None
 
@@ -61,7 +84,7 @@ class SamplingParams(_Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=2**53)  # exact in every JSON number implementation
 
 
 class TaskCreate(_Strict):
@@ -77,6 +100,11 @@ class TaskCreate(_Strict):
     budget: Budget = Field(default_factory=Budget)
     sampling: SamplingParams | None = None
     metadata: dict[ShortStr, MetaValue] = Field(default_factory=dict, max_length=MAX_METADATA_KEYS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        return check_text(data)
 
 
 class KafkaTaskMessage(TaskCreate):

@@ -21,10 +21,11 @@ _INLINE_NS = uuid.UUID("6f6c2b2e-4d0a-4c3e-9a55-0d1f3f0c6a21")
 class InvalidSubmission(ValueError):
     """The body is well-formed but cannot become a task (e.g. an unknown attachment)."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, status: int = 422):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.status = status  # REST: 404 unknown upload, 409 upload already used, else 422
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +105,6 @@ def submit_task(
         inline[i].id if i in inline else a.upload_id  # type: ignore[union-attr]
         for i, a in enumerate(body.attachments)
     ]
-    if len(set(att_ids)) != len(att_ids):
-        raise InvalidSubmission("bad_attachment", "an attachment is listed twice")
     spec = to_new_task(
         body, tenant, idempotency_key=idempotency_key, attachment_ids=att_ids, traceparent=traceparent
     )
@@ -127,10 +126,15 @@ def submit_task(
                 attachments_t.c.id.in_(uploaded), attachments_t.c.tenant == tenant
             )
         ).all()
-        usable = {r.id for r in rows if r.task_id is None and r.status != "FAILED"}
-        missing = [u for u in uploaded if u not in usable]
-        if missing:
-            raise InvalidSubmission("unknown_attachment", f"unknown or already used attachment(s): {missing}")
+        found = {r.id: r for r in rows}
+        missing = [u for u in uploaded if u not in found]
+        if missing:  # someone else's upload is indistinguishable from a missing one
+            raise InvalidSubmission("unknown_attachment", f"no such attachment(s): {missing}", 404)
+        if len(set(uploaded)) != len(uploaded):
+            raise InvalidSubmission("attachment_in_use", "an attachment is listed twice", 409)
+        used = [r.id for r in rows if r.task_id is not None or r.status == "FAILED"]
+        if used:
+            raise InvalidSubmission("attachment_in_use", f"attachment(s) already used or failed: {used}", 409)
     if inline:
         now = utcnow()
         for a in inline.values():

@@ -6,13 +6,13 @@ import uuid
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy import insert, select
 
 from orchestrator.api.blobs import BlobWriter, TooLarge
 from orchestrator.api.deps import EngineDep, IngressDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
-from orchestrator.api.schemas import IMAGE_MEDIA_TYPES, AttachmentOut
+from orchestrator.api.schemas import ID_PATTERN, IMAGE_MEDIA_TYPES, AttachmentOut
 from orchestrator.api.views import attachment_out
 from orchestrator.clock import utcnow
 from orchestrator.store import attachments_t
@@ -41,7 +41,7 @@ async def upload(
     engine: EngineDep,
     settings: SettingsDep,
     ingress: IngressDep,
-    filename: Annotated[str | None, Query(max_length=255)] = None,
+    filename: Annotated[str | None, Query(max_length=255, pattern=r"^[^\x00-\x1f/\\]+$")] = None,
 ) -> AttachmentOut:
     media_type = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if media_type not in IMAGE_MEDIA_TYPES:
@@ -94,7 +94,9 @@ async def upload(
 
 
 @router.get("/{attachment_id}", response_model=AttachmentOut, responses=problem_responses(401, 404, 422))
-def get_attachment(attachment_id: str, tenant: TenantDep, engine: EngineDep) -> AttachmentOut:
+def get_attachment(
+    attachment_id: Annotated[str, Path(pattern=ID_PATTERN)], tenant: TenantDep, engine: EngineDep
+) -> AttachmentOut:
     with engine.connect() as conn:
         row = conn.execute(
             select(attachments_t).where(attachments_t.c.id == attachment_id, attachments_t.c.tenant == tenant)

@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import Engine
 
 from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
-from orchestrator.api.errors import problem_responses
+from orchestrator.api.errors import ProblemError, problem_responses
+from orchestrator.api.routes.tasks import TaskId
 from orchestrator.metrics import SSE_STREAMS
 from orchestrator.relay import EventFeed, event_record
 from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
@@ -38,8 +39,34 @@ def _frame(e: Any, tenant: str) -> bytes:
     return f"id: {e.seq}\nevent: {e.type}\ndata: {data}\n\n".encode()
 
 
+def _last_event_id(request: Request) -> int:
+    # Read by hand and documented in `openapi_extra`: as a declared optional header FastAPI would
+    # document it nullable, and "null" is no event id.
+    raw = request.headers.get("last-event-id")
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit() or len(raw) > 18:
+        raise ProblemError(
+            422,
+            "Unprocessable Content",
+            "Last-Event-ID must be an event seq (an integer >= 0)",
+            type_="validation-error",
+        )
+    return int(raw)
+
+
+_LAST_EVENT_ID_PARAM = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "required": False,
+    "description": "resume after this event seq (sent by EventSource clients on reconnect)",
+    "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+}
+
+
 @router.get(
     "/{task_id}/events",
+    openapi_extra={"parameters": [_LAST_EVENT_ID_PARAM]},
     summary="Follow a task live (Server-Sent Events)",
     response_class=StreamingResponse,
     responses={
@@ -51,14 +78,11 @@ def _frame(e: Any, tenant: str) -> bytes:
     },
 )
 async def stream_events(
-    task_id: str,
+    task_id: TaskId,
     request: Request,
     tenant: TenantDep,
     engine: EngineDep,
     ingress: IngressDep,
-    last_event_id: Annotated[
-        int | None, Header(alias="Last-Event-ID", ge=0, description="resume after this seq")
-    ] = None,
     after: Annotated[
         int | None, Query(ge=0, description="resume after this seq (for clients without headers)")
     ] = None,
@@ -69,7 +93,7 @@ async def stream_events(
 
     await anyio.to_thread.run_sync(check)
     feed: EventFeed = request.app.state.feed
-    start = max(last_event_id or 0, after or 0)
+    start = max(_last_event_id(request), after or 0)
 
     async def body() -> AsyncIterator[bytes]:
         last = start

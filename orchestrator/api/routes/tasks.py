@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
-import json
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
+from pydantic import BeforeValidator, StringConstraints
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from orchestrator.api.deps import EngineDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
-from orchestrator.api.schemas import TRACEPARENT_RE, TaskCreate, TaskDetail, TaskPage, TaskSummary
+from orchestrator.api.schemas import (
+    ID_PATTERN,
+    TRACEPARENT_RE,
+    TaskCreate,
+    TaskDetail,
+    TaskPage,
+    TaskSummary,
+    check_text,
+)
 from orchestrator.api.submission import InvalidSubmission, submit_task
 from orchestrator.api.views import task_detail, task_summary
 from orchestrator.metrics import TASKS_SUBMITTED
@@ -27,7 +33,10 @@ StatusName = Literal[
     "PENDING", "PREPROCESSING", "READY", "RUNNING", "WAITING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"
 ]
 _TRACEPARENT = re.compile(TRACEPARENT_RE)
+META_FILTER_PATTERN = r"^[^=]{1,128}=.{0,1024}$"
 _META_FILTER = re.compile(r"^([^=]{1,128})=(.{0,1024})$", re.S)
+_ID = re.compile(ID_PATTERN)
+TaskId = Annotated[str, Path(pattern=ID_PATTERN, description="the task id")]
 
 
 @router.post(
@@ -40,7 +49,7 @@ _META_FILTER = re.compile(r"^([^=]{1,128})=(.{0,1024})$", re.S)
             "model": TaskSummary,
             "description": "The task this Idempotency-Key created before (same body)",
         },
-        **problem_responses(401, 409, 413, 422),
+        **problem_responses(400, 401, 404, 409, 413, 422),
     },
 )
 def create_task(
@@ -76,7 +85,8 @@ def create_task(
                 row = get_task(conn, task_id, tenant)
             break
         except InvalidSubmission as exc:
-            raise ProblemError(422, "Unprocessable Content", exc.detail, type_=exc.reason) from None
+            title = {404: "Not Found", 409: "Conflict"}.get(exc.status, "Unprocessable Content")
+            raise ProblemError(exc.status, title, exc.detail, type_=exc.reason.replace("_", "-")) from None
         except IntegrityError:
             # A concurrent request with the same Idempotency-Key won the insert: the retry finds it.
             if attempt == 1 or idempotency_key is None:
@@ -88,21 +98,32 @@ def create_task(
     return task_summary(row)
 
 
+# Cursor = "<created_at as µs since the epoch>_<task id>": every string the documented pattern
+# admits is a valid position, so a schema-valid cursor is never rejected.
+CURSOR_PATTERN = r"^[0-9]{1,16}_[A-Za-z0-9._:-]{1,64}$"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def _encode_cursor(created_at: dt.datetime, task_id: str) -> str:
-    raw = json.dumps([created_at.isoformat(), task_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return f"{(created_at - _EPOCH) // dt.timedelta(microseconds=1)}_{task_id}"
 
 
 def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, task_id = json.loads(raw)
-        when = dt.datetime.fromisoformat(created)
-        if when.tzinfo is None or not isinstance(task_id, str):
-            raise ValueError
-        return when, task_id
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
-        raise ProblemError(422, "Unprocessable Content", "invalid cursor", type_="invalid-cursor") from None
+    micros, _, task_id = cursor.partition("_")
+    return _EPOCH + dt.timedelta(microseconds=int(micros)), task_id
+
+
+def _iso_datetime(value: object) -> object:
+    # Only ISO 8601 text: pydantic would also take numbers (as Unix times), which the schema does not say.
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError("expected an ISO 8601 date-time")
+
+
+IsoDateTime = Annotated[dt.datetime, BeforeValidator(_iso_datetime)]
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -121,14 +142,16 @@ def list_tasks(
     tenant: TenantDep,
     engine: EngineDep,
     status: Annotated[list[StatusName] | None, Query(description="any of these states")] = None,
-    created_after: Annotated[dt.datetime | None, Query(description="inclusive; naive = UTC")] = None,
-    created_before: Annotated[dt.datetime | None, Query(description="exclusive; naive = UTC")] = None,
+    created_after: Annotated[IsoDateTime | None, Query(description="inclusive; naive = UTC")] = None,
+    created_before: Annotated[IsoDateTime | None, Query(description="exclusive; naive = UTC")] = None,
     metadata: Annotated[
-        list[str] | None,
+        list[Annotated[str, StringConstraints(pattern=META_FILTER_PATTERN, max_length=1200)]] | None,
         Query(description="`key=value`, repeatable; all must match (values compared as strings)"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    cursor: Annotated[
+        str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the previous page")
+    ] = None,
 ) -> TaskPage:
     q = select(tasks_t).where(tasks_t.c.tenant == tenant)
     if status:
@@ -139,6 +162,10 @@ def list_tasks(
         q = q.where(tasks_t.c.created_at < before)
     for item in metadata or ():
         m = _META_FILTER.match(item)
+        try:
+            check_text(item, "metadata")
+        except ValueError:
+            m = None
         if m is None:
             raise ProblemError(
                 422,
@@ -165,7 +192,7 @@ def list_tasks(
     summary="A task with its steps and their attempts",
     responses=problem_responses(401, 404, 422),
 )
-def get_one(task_id: str, tenant: TenantDep, engine: EngineDep) -> TaskDetail:
+def get_one(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> TaskDetail:
     with engine.connect() as conn:
         row = get_task(conn, task_id, tenant)
         steps = list_steps(conn, task_id)
@@ -180,7 +207,7 @@ def get_one(task_id: str, tenant: TenantDep, engine: EngineDep) -> TaskDetail:
     summary="Cancel a task (now if no runner holds it, else at its next step boundary)",
     responses=problem_responses(401, 404, 422),
 )
-def cancel(task_id: str, tenant: TenantDep, engine: EngineDep) -> Any:
+def cancel(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> Any:
     with engine.begin() as conn:
         request_cancel(conn, task_id, tenant)
         row = get_task(conn, task_id, tenant)

@@ -175,18 +175,18 @@ def test_upload_then_reference_and_inline_attachment(api: Api, tmp_path):
     replay = api.client.post("/v1/tasks", json=body, headers=h)
     assert replay.status_code == 200 and replay.json()["id"] == r.json()["id"]
     assert api.client.get(f"/v1/attachments/{att['id']}", headers=api.h()).json()["task_id"] == r.json()["id"]
-    # an upload can be used once; an unknown id is 422
+    # an upload can be used once (409); an unknown id is 404
     _problem(
         api.client.post(
             "/v1/tasks", json={"goal": "again", "attachments": [{"upload_id": att["id"]}]}, headers=api.h()
         ),
-        422,
+        409,
     )
     _problem(
         api.client.post(
             "/v1/tasks", json={"goal": "x", "attachments": [{"upload_id": "nope"}]}, headers=api.h()
         ),
-        422,
+        404,
     )
 
 

@@ -24,7 +24,7 @@ def test_every_endpoint_hides_other_tenants(api: Api):
     r = api.client.post(
         "/v1/tasks", json={"goal": "x", "attachments": [{"upload_id": att["id"]}]}, headers=spy
     )
-    assert r.status_code == 422
+    assert r.status_code == 404
     # 404 bodies are identical for "missing" and "someone else's": ids do not leak
     missing = api.client.get("/v1/tasks/00000000-0000-0000-0000-000000000000", headers=spy).json()
     theirs = api.client.get(f"/v1/tasks/{tid}", headers=spy).json()
