@@ -14,7 +14,7 @@ from typing import Any
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
 from inference.server.images import make_image_handler
-from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs
+from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
 from inference.toolparse import get_tool_parser
 
 DEFAULT_MODEL_NAME = "dayzero-small-random"
@@ -79,7 +79,11 @@ class EmbeddedEngineClient:
         except OpenAIError as exc:
             raise ValueError(str(exc)) from None
         rid, outs = self.engine.generate_sync(
-            p.prompt_token_ids, p.sampling, mm_spans=p.mm_spans, mm_inputs=mm_inputs(p)
+            p.prompt_token_ids,
+            p.sampling,
+            request_id=new_request_id(),
+            mm_spans=p.mm_spans,
+            mm_inputs=mm_inputs(p),
         )
         return self.serving.chat_response(rid, outs, p)
 

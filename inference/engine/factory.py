@@ -61,7 +61,7 @@ def size_pools(
 ) -> EngineConfig:
     """On CUDA, grow num_blocks to fill `mem_fraction` of the free memory left after the weights
     (state slots keep the configured count). Elsewhere the config is used as given."""
-    if device.type != "cuda":
+    if device.type != "cuda" or mem_fraction <= 0:
         return config
     free, _total = torch.cuda.mem_get_info(device)
     budget = free * mem_fraction - config.num_state_slots * cache_spec.state_bytes_per_slot

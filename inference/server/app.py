@@ -19,7 +19,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.engine.async_engine import AsyncEngine, EngineDeadError
-from inference.server.protocol import ChatStreamFilter, OpenAIError, OpenAIServing, mm_inputs, usage
+from inference.server.protocol import (
+    ChatStreamFilter,
+    OpenAIError,
+    OpenAIServing,
+    mm_inputs,
+    new_request_id,
+    usage,
+)
 
 
 class _Metrics:
@@ -88,7 +95,7 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
     async def _submit(prompt, sampling, **kw) -> tuple[AsyncIterator, Any]:
         if not engine.alive:
             raise OpenAIError("the engine is not running", status=503, type="server_error")
-        gen = engine.generate(prompt, sampling, **kw)
+        gen = engine.generate(prompt, sampling, request_id=new_request_id(), **kw)
         try:
             first = await gen.__anext__()
         except ValueError as exc:

@@ -1,0 +1,84 @@
+"""`dayzero infer serve`: the OpenAI-compatible server. torch loads only when the command runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register_infer(sub: argparse._SubParsersAction) -> None:
+    """Add `infer` (with `serve`) to the `dayzero` parser."""
+    infer = sub.add_parser("infer", help="inference engine commands")
+    isub = infer.add_subparsers(dest="infer_command", required=True, metavar="COMMAND")
+    s = isub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    src = s.add_mutually_exclusive_group()
+    src.add_argument(
+        "--model", metavar="DIR", help="model folder: config.json + safetensors (+ tokenizer.json)"
+    )
+    src.add_argument("--dummy", metavar="CONFIG", help="config.json to build with seeded random weights")
+    s.add_argument("--host", default=os.environ.get("DAYZERO_INFERENCE_HOST", "127.0.0.1"))
+    port = os.environ.get("DAYZERO_INFERENCE_PORT")
+    s.add_argument("--port", type=int, default=int(port) if port else None, required=port is None,
+                   help="TCP port (or DAYZERO_INFERENCE_PORT)")  # fmt: skip
+    s.add_argument(
+        "--served-model-name", default=None, help="the `model` clients send (default: folder name)"
+    )
+    s.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    s.add_argument("--seed", type=int, default=0, help="seed of --dummy weights")
+    s.add_argument("--tool-parser", default="kimi")
+    s.add_argument("--max-model-len", type=int, default=32768)
+    s.add_argument("--max-num-seqs", type=int, default=64)
+    s.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    s.add_argument("--block-size", type=int, default=64)
+    s.add_argument(
+        "--num-blocks", type=int, default=None, help="default: fill --gpu-memory-utilization on CUDA"
+    )
+    s.add_argument(
+        "--num-state-slots", type=int, default=None, help="live + checkpoint slots (default 4x seqs)"
+    )
+    s.add_argument("--checkpoint-interval", type=int, default=2048)
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    s.add_argument("--no-prefix-caching", action="store_true")
+    s.add_argument("--no-chunked-prefill", action="store_true")
+    s.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from inference.engine.engine import EngineConfig
+    from inference.engine.factory import build_engine
+    from inference.server.serve import run_server
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    cfg = EngineConfig(
+        block_size=args.block_size,
+        num_blocks=args.num_blocks or 4096,
+        num_state_slots=args.num_state_slots or 4 * args.max_num_seqs,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        enable_prefix_caching=not args.no_prefix_caching,
+        checkpoint_interval=args.checkpoint_interval,
+    )
+    engine = build_engine(
+        model_dir=args.model,
+        config=args.dummy,
+        engine_config=cfg,
+        device=device,
+        dtype=dtype,
+        seed=args.seed,
+        mem_fraction=args.gpu_memory_utilization if args.num_blocks is None else 0.0,
+    )
+    name = args.served_model_name or (
+        Path(args.model or args.dummy).resolve().name
+        if (args.model or args.dummy)
+        else "dayzero-small-random"
+    )
+    run_server(engine, host=args.host, port=args.port, model_name=name, tool_parser=args.tool_parser)
+    return 0
