@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_analyze)
+    _register_infer(sub)
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -51,3 +52,10 @@ def _analyze(args: argparse.Namespace) -> int:
     if result.plan is None or not result.plan.fits:
         return 1
     return 0
+
+
+def _register_infer(sub: argparse._SubParsersAction) -> None:
+    """`dayzero infer serve` (the engine's OpenAI-compatible server); torch loads only when it runs."""
+    from inference.server.cli import register_infer
+
+    register_infer(sub)
