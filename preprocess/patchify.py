@@ -18,7 +18,6 @@ Only uint8 pixels are rearranged; the float32 output is written exactly once.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
@@ -51,10 +50,9 @@ def resize_rgb(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
         return rgb
     import torch  # lazy: importing `preprocess` must stay cheap for the CLI and the API
 
-    with warnings.catch_warnings():
-        # Decoded arrays are read-only views of Pillow's buffer; interpolate only reads its input.
-        warnings.simplefilter("ignore", UserWarning)
-        src = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1).unsqueeze(0)
+    if not (rgb.flags.writeable and rgb.flags.c_contiguous):
+        rgb = np.array(rgb)  # torch wants a writable buffer (decode_array's output already is one)
+    src = torch.from_numpy(rgb).permute(2, 0, 1).unsqueeze(0)
     out = torch.nn.functional.interpolate(
         src, size=[height, width], mode="bicubic", align_corners=False, antialias=True
     )
