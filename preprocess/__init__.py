@@ -6,7 +6,7 @@ Public API (light to import: torch and OpenCV load on first use):
     result = process_image(data, config)        # ProcessedImage: pixel_values, grid_thw, content_hash, redaction
     image = decode_image(data, config)          # PIL.Image in RGB, for tools that need pixels
     pixels = decode_array(data, config)         # the same pixels as an HxWx3 uint8 array
-    pixels, record = redact(pixels, config)     # what the pipeline does first (no-op unless enabled)
+    pixels, record = preprocess.redact.redact(pixels, config)  # the pipeline's first step (no-op unless enabled)
     store = BlobStore("s3://bucket/blobs")      # or a local directory (default); any fsspec URL
     cached = ProcessedCache(store).process(data, config)   # the same image + settings processed once
 
@@ -26,7 +26,7 @@ from preprocess.errors import (
     error_from_dict,
 )
 from preprocess.pipeline import CachedResult, ProcessedCache, ProcessedImage, content_hash, process_image
-from preprocess.redact import RedactionBox, RedactionRecord, redact
+from preprocess.redact import RedactionBox, RedactionRecord
 from preprocess.store import DEFAULT_BLOB_URL, BlobCorruptError, BlobNotFoundError, BlobStore
 
 __all__ = [
@@ -53,6 +53,5 @@ __all__ = [
     "decode_image",
     "error_from_dict",
     "process_image",
-    "redact",
     "sniff_format",
 ]

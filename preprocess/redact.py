@@ -15,8 +15,8 @@ Detectors, both shipped inside `opencv-python-headless` (no download at run time
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +76,22 @@ class RedactionRecord:
 NO_REDACTION = RedactionRecord()
 
 
-@functools.cache
+_LOCAL = threading.local()
+
+
 def _face_cascades() -> tuple[Any, ...]:
+    """The loaded cascades, one set per thread (a CascadeClassifier is not safe to share)."""
+    cached = getattr(_LOCAL, "cascades", None)
+    if cached is None:
+        cached = _LOCAL.cascades = _load_face_cascades()
+    return cached
+
+
+def _clear_face_cascades() -> None:
+    _LOCAL.cascades = None
+
+
+def _load_face_cascades() -> tuple[Any, ...]:
     import cv2
 
     if not hasattr(cv2, "CascadeClassifier") or not hasattr(cv2, "data"):

@@ -107,10 +107,10 @@ def test_off_by_default_returns_input_untouched():
 
 def test_face_redaction_fails_closed_without_cascades(monkeypatch):
     monkeypatch.delattr(cv2, "CascadeClassifier", raising=False)
-    redact_mod._face_cascades.cache_clear()
+    redact_mod._clear_face_cascades()
     try:
         with pytest.raises(RedactionUnavailableError) as info:
             redact(cartoon_face(80), FACES)
         assert "turn face redaction off" in str(info.value)
     finally:
-        redact_mod._face_cascades.cache_clear()
+        redact_mod._clear_face_cascades()
