@@ -60,3 +60,26 @@ def test_bad_payloads(image_blob, change, exc):
         jobs.preprocess_attachment(payload)
     desc = jobs.describe_error(info.value)
     assert desc["code"] == "bad_request" and desc["retryable"] is False
+
+
+def test_concurrent_calls_in_threads_agree(image_blob):
+    """The embedded dispatcher runs jobs on a thread pool: racing calls on one blob all succeed
+    with the same result (atomic blob writes; same content, same name)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, sha = image_blob
+    payloads = [
+        {
+            "attachment_id": f"t{i}",
+            "blob_sha256": sha,
+            "blob_url": url,
+            "config": {"redact_documents": i % 2 == 0},
+        }
+        for i in range(6)
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outs = list(pool.map(jobs.preprocess_attachment, payloads))
+    for config_parity in (0, 1):
+        group = [o for i, o in enumerate(outs) if i % 2 == config_parity]
+        assert len({(o["content_hash"], o["processed_sha256"]) for o in group}) == 1
+    assert outs[0]["content_hash"] != outs[1]["content_hash"]  # redaction setting is part of the name
