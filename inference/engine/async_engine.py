@@ -158,7 +158,11 @@ class AsyncEngine:
 
     def _fail_all(self, exc: Exception) -> None:
         rids = list(self._sinks)
-        self.engine.abort(rids)
+        try:
+            self.engine.recover_after_failed_step()
+        except Exception as inner:  # the engine cannot recover: stop serving, say why
+            self.error = inner
+            self._stop.set()
         err = RuntimeError(f"engine step failed: {exc}")
         for rid in rids:
             sink = self._sinks.pop(rid)

@@ -161,6 +161,13 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
+    def recover_after_failed_step(self) -> list[RequestOutput]:
+        """After an exception inside `step`: abort everything and forget the prefix cache (the
+        failed step may have left reserved checkpoints unwritten), so the engine can serve on."""
+        outs = self.abort([*self.scheduler.requests])
+        self.scheduler.reset_after_failure()
+        return outs
+
     def get_request(self, rid: str) -> Request | None:
         return self.scheduler.requests.get(rid)
 

@@ -272,6 +272,13 @@ class Scheduler:
         self.cache.forget(req_id)
         return req
 
+    def reset_after_failure(self) -> None:
+        """Drop every cached block and checkpoint (call with no requests left)."""
+        self._deferred.clear()
+        self.cache.begin_step()
+        self.cache.end_step()
+        self.cache.reset_prefix_cache()
+
     def abort(self, req_ids: Iterable[str]) -> None:
         for rid in req_ids:
             self.finish(rid, RequestStatus.FINISHED_ABORTED)

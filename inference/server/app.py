@@ -216,9 +216,14 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
 
 
 async def _closing(gen: AsyncIterator, events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Run `events`; however it ends (client gone included), close the engine stream: abort."""
+    """Run `events`; however it ends (client gone included), close the engine stream: abort.
+    An engine failure mid-stream becomes a final OpenAI-style error event."""
     try:
         async for e in events:
             yield e
+    except RuntimeError as exc:
+        err = OpenAIError(str(exc), status=500, type="server_error")
+        yield "data: " + json.dumps(err.body()) + "\n\n"
+        yield "data: [DONE]\n\n"
     finally:
         await gen.aclose()

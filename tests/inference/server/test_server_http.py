@@ -195,3 +195,24 @@ def test_cancelled_stream_frees_blocks_and_slot(server):
     assert sched.cache.states.num_live == 0
     assert sched.cache.num_request_blocks == 0
     assert_ok(client)
+
+
+def test_engine_failure_is_an_error_and_serving_goes_on(server):
+    srv, client = server
+    runner = srv.engine.engine.runner
+    real = runner.model
+
+    def broken(*a, **kw):
+        raise RuntimeError("injected device fault")
+
+    runner.model = broken
+    try:
+        for body in (chat_body(stream=True), chat_body()):  # fails before the first token: a 500
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+            assert "injected device fault" in r.json()["error"]["message"]
+    finally:
+        runner.model = real
+    sched = srv.engine.engine.scheduler
+    assert not sched.running and sched.cache.states.num_live == 0 and sched.cache.num_request_blocks == 0
+    assert_ok(client)
