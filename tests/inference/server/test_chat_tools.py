@@ -139,3 +139,34 @@ def test_embedded_client_chat():
     finally:
         client.close()
         torch.set_num_threads(n)
+
+
+def test_stream_filter_holds_back_the_tool_section():
+    from inference.server.protocol import ChatStreamFilter, OpenAIServing
+
+    serving = OpenAIServing(TOK, get_tool_parser("kimi"), "m", 4096)
+    p = serving.prepare_chat({"messages": [{"role": "user", "content": "x"}], "tools": TOOLS})
+    f = ChatStreamFilter(p)
+    pieces = [
+        "Let me ",
+        "check.<|tool_calls_section_begin|>",
+        "<|tool_call_begin|>functions.get_weather:0",
+        '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>',
+        "<|tool_calls_section_end|>",
+    ]
+    streamed = "".join(f.push(x) for x in pieces)
+    assert streamed == "Let me check."
+    msg, errors = serving.chat_message(f.text, p)
+    assert not errors and msg["content"] == "Let me check."
+    assert msg["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    # tool_choice naming a function: the forced prefix is part of what gets parsed
+    p = serving.prepare_chat(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        }
+    )
+    msg, errors = serving.chat_message('{"city": "Rome"}<|tool_call_end|><|tool_calls_section_end|>', p)
+    assert not errors and msg["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+    assert ChatStreamFilter(p).push("anything") == ""  # inside the forced section from the start
