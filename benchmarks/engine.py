@@ -291,11 +291,33 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
     }
 
 
+def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, Any]:
+    """Where the time of a cached agent turn goes: one turn under torch.profiler, top ops by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = random.Random(5)
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    eng = make_engine(model, spec, dtype, device, enable_prefix_caching=True)
+    prompt = [rng.randrange(256) for _ in range(context)]
+    _first_token(eng, prompt, sp, device)
+    nxt = prompt + [rng.randrange(256) for _ in range(64)]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        ttft, _, hit = _first_token(eng, nxt, sp, device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=25)
+    cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    print(table, flush=True)
+    print(cpu_table, flush=True)
+    return {"ttft_ms": round(1000 * ttft, 2), "cached_tokens": hit, "table": table, "cpu_table": cpu_table}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="CPU smoke run with the bundled small model")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-fp32", action="store_true")
+    ap.add_argument("--profile-ttft", action="store_true", help="torch.profiler table of one cached turn")
     args = ap.parse_args()
     out_dir = os.environ.get("OUT")
     quick = args.quick or not torch.cuda.is_available()
@@ -336,6 +358,8 @@ def main() -> None:
                 torch.cuda.empty_cache()
     ctx = (256, 16, 4) if quick else (16384, 64, 32)
     section("ttft", out_dir)(ttft_turn10)(model, spec, dtype, device, *ctx)
+    if args.profile_ttft:
+        section("ttft_profile", out_dir)(profile_cached_turn)(model, spec, dtype, device, ctx[0])
     summary = {}
     for b in batches:
         e, h = RESULTS.get(f"engine_decode_b{b}", {}), RESULTS.get(f"hf_decode_b{b}", {})

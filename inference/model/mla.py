@@ -157,10 +157,11 @@ class MLAttention(nn.Module):
                     allowed[j, : lens[j]] = self._dsa_mask(index, i, slice(starts[i], starts[i] + 1), meta)[0]
             qd = q[rows]
             q_lat = torch.einsum("nhd,hdr->nhr", qd[..., : m.qk_nope_head_dim].float(), w_uk.float())
+            # `.to(out.dtype)`: an index-put (mixed decode + prefill step) does not cast like a copy does
             out[rows] = mla_decode_absorbed(
                 q_lat, qd[..., m.qk_nope_head_dim :], latents,
                 lens_t, w_uv, m.kv_lora_rank, self.scale, allowed,
-            )  # fmt: skip
+            ).to(out.dtype)  # fmt: skip
         done = set(decode)
         for i, n in enumerate(meta.query_lens_cpu):
             if i in done:
