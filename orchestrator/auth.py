@@ -111,6 +111,12 @@ class KeyCache:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[str, float]] = {}
 
+    def cached(self, key: str) -> str | None:
+        """The tenant if this key was verified within the TTL; no I/O."""
+        with self._lock:
+            hit = self._entries.get(_hash(key))
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
     def tenant_for(self, key: str) -> str | None:
         digest = _hash(key)
         now = time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
@@ -20,19 +21,21 @@ _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bea
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="API key, alternatively")
 
 
-def _engine(request: Request) -> Engine:
+# `async def` on purpose: FastAPI runs a plain `def` dependency in the thread pool, one thread
+# hop per dependency per request; these never block (the key lookup goes to a thread on a miss).
+async def _engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _ingress(request: Request) -> IngressSettings:
+async def _ingress(request: Request) -> IngressSettings:
     return request.app.state.ingress
 
 
-def _tenant(
+async def _tenant(
     request: Request,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     header_key: Annotated[str | None, Security(_header)],
@@ -41,7 +44,9 @@ def _tenant(
     if not key:
         raise ProblemError(401, "Unauthorized", "an API key is required", type_="unauthenticated")
     cache: KeyCache = request.app.state.key_cache
-    tenant = cache.tenant_for(key)
+    tenant = cache.cached(key)
+    if tenant is None:
+        tenant = await anyio.to_thread.run_sync(cache.tenant_for, key)
     if tenant is None:
         raise ProblemError(401, "Unauthorized", "invalid or revoked API key", type_="unauthenticated")
     return tenant

@@ -6,10 +6,12 @@ import base64
 import binascii
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
 from orchestrator.api.blobs import put_blob
+from orchestrator.api.bulk import bulk_create_tasks
 from orchestrator.api.schemas import InlineAttachment, TaskCreate, UploadedAttachment
 from orchestrator.clock import utcnow
 from orchestrator.config import Budgets
@@ -95,11 +97,24 @@ def submit_task(
     *,
     idempotency_key: str | None = None,
     traceparent: str | None = None,
+    inserted: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[str, bool]:
     """Create the task (or find the one this idempotency key made). Never commits.
 
+    Without attachments this is `bulk_create_tasks` for one task (rows identical to
+    `store.create_task`'s, see tests/orchestrator/kafka/test_bulk.py); `inserted` then receives
+    the new task row, so the caller need not read it back.
+
     Raises `IdempotencyConflict` (same key, different body) and `InvalidSubmission`.
     """
+    if not body.attachments:
+        spec = to_new_task(
+            body, tenant, idempotency_key=idempotency_key, attachment_ids=[], traceparent=traceparent
+        )
+        (out,) = bulk_create_tasks(conn, [spec], budgets, inserted=inserted)
+        if isinstance(out, IdempotencyConflict):
+            raise out
+        return out
     inline = _decode_inline(body, tenant, idempotency_key)
     att_ids = [
         inline[i].id if i in inline else a.upload_id  # type: ignore[union-attr]

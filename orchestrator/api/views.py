@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Row
@@ -16,8 +17,24 @@ from orchestrator.api.schemas import (
     Usage,
 )
 
+_NEW_TASK_DEFAULTS = {
+    "step_count": 0,
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "completion_tokens": 0,
+    "result": None,
+    "error": None,
+    "cancel_requested": False,
+    "finished_at": None,
+}
 
-def task_summary(t: Row[Any]) -> TaskSummary:
+
+def new_task_row(values: dict[str, Any]) -> SimpleNamespace:
+    """A just-inserted task's values (plus server defaults) in the shape of a `tasks` row."""
+    return SimpleNamespace(**{**_NEW_TASK_DEFAULTS, **values})
+
+
+def task_summary(t: Any) -> TaskSummary:
     return TaskSummary(
         id=t.id,
         status=t.status,

@@ -26,12 +26,12 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 
+from orchestrator.api.bulk import bulk_create_tasks
 from orchestrator.api.schemas import TRACEPARENT_RE, KafkaTaskMessage
 from orchestrator.api.submission import InvalidSubmission, submit_task, to_new_task
 from orchestrator.auth import known_tenants
 from orchestrator.config import Settings
 from orchestrator.failpoints import failpoint
-from orchestrator.kafka.bulk import bulk_create_tasks
 from orchestrator.kafka.config import KafkaSettings
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
 from orchestrator.statemachine import TaskStatus

@@ -15,7 +15,7 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     return Health(status="ok")
 
 

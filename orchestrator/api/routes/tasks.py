@@ -23,7 +23,7 @@ from orchestrator.api.schemas import (
     check_text,
 )
 from orchestrator.api.submission import InvalidSubmission, submit_task
-from orchestrator.api.views import task_detail, task_summary
+from orchestrator.api.views import new_task_row, task_detail, task_summary
 from orchestrator.metrics import TASKS_SUBMITTED
 from orchestrator.store import get_task, list_attempts, list_steps, request_cancel, tasks_t
 
@@ -72,6 +72,7 @@ def create_task(
     tp = traceparent if traceparent and _TRACEPARENT.match(traceparent) else None
     for attempt in range(2):
         try:
+            inserted: dict[str, dict[str, Any]] = {}
             with engine.begin() as conn:
                 task_id, created = submit_task(
                     conn,
@@ -81,8 +82,13 @@ def create_task(
                     settings.blob_dir,
                     idempotency_key=idempotency_key,
                     traceparent=tp,
+                    inserted=inserted,
                 )
-                row = get_task(conn, task_id, tenant)
+                row = (
+                    new_task_row(inserted[task_id])
+                    if task_id in inserted
+                    else get_task(conn, task_id, tenant)
+                )
             break
         except InvalidSubmission as exc:
             title = {404: "Not Found", 409: "Conflict"}.get(exc.status, "Unprocessable Content")

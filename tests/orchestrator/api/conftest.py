@@ -38,7 +38,9 @@ def api_settings(db_url, tmp_path) -> Settings:
 
 @pytest.fixture
 def api(db: Engine, api_settings) -> Iterator[Api]:
-    ingress = IngressSettings(max_body_bytes=64 * 1024, max_upload_bytes=32 * 1024, sse_poll_s=0.1)
+    ingress = IngressSettings(
+        max_body_bytes=64 * 1024, max_upload_bytes=32 * 1024, sse_poll_s=0.1, gc_freeze=False
+    )
     app = create_app(api_settings, engine=db, ingress=ingress)
     keys = make_keys(db, "acme", "globex")
     with TestClient(app) as client:

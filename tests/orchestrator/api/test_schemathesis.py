@@ -38,7 +38,9 @@ def api_schema(tmp_path_factory) -> Iterator[schemathesis.BaseSchema]:
             DATABASE_URL=_pg_url(name), DAYZERO_BLOB_DIR=str(tmp_path_factory.mktemp("blobs"))
         )
         app = create_app(
-            settings_, engine=engine, ingress=IngressSettings(max_body_bytes=256 * 1024, sse_poll_s=0.1)
+            settings_,
+            engine=engine,
+            ingress=IngressSettings(max_body_bytes=256 * 1024, sse_poll_s=0.1, gc_freeze=False),
         )
         with live_server(app) as url:
             loaded = schemathesis.openapi.from_url(f"{url}/openapi.json")

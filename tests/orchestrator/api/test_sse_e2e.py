@@ -32,7 +32,7 @@ def _read_sse(resp: httpx.Response) -> list[dict]:
 
 def test_rest_submit_then_follow_events_live_and_resume(db, api_settings, make_runner):
     keys = make_keys(db, "acme", "globex")
-    app = create_app(api_settings, engine=db, ingress=IngressSettings(sse_poll_s=0.2))
+    app = create_app(api_settings, engine=db, ingress=IngressSettings(sse_poll_s=0.2, gc_freeze=False))
     runner = make_runner()
     with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         h = {"Authorization": f"Bearer {keys['acme']}"}

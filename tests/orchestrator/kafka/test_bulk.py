@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.api.bulk import bulk_create_tasks
 from orchestrator.config import Budgets
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
-from orchestrator.kafka.bulk import bulk_create_tasks
 from orchestrator.store import IdempotencyConflict, NewTask, create_task, get_task, list_events, list_messages
 
 
@@ -58,3 +58,13 @@ def test_bulk_rows_equal_create_task_rows(engine):
         again = bulk_create_tasks(conn, [_spec("b1"), _spec("single")], Budgets())
         assert again == [(out[0][0], False), (one, False)]
         assert _snapshot(conn, out[0][0]) == _snapshot(conn, one)
+
+
+def test_copy_path_rows_equal_create_task_rows(engine):
+    with engine.begin() as conn:
+        one, _ = create_task(conn, _spec("single"), Budgets())
+        out = bulk_create_tasks(conn, [_spec(f"c{i}") for i in range(20)] + [_spec(None)], Budgets())
+    assert all(o[1] for o in out)
+    with engine.connect() as conn:
+        assert all(_snapshot(conn, o[0]) == _snapshot(conn, one) for o in out[:20])
+        assert get_task(conn, out[20][0]).idempotency_key is None
