@@ -12,6 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="consume task submissions from Kafka (dayzero.tasks)")
     p.add_argument("--upgrade", action="store_true", help="apply migrations first")
     p.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     p.set_defaults(func=_ingest)
 
 
@@ -24,6 +25,10 @@ def _ingest(args: argparse.Namespace) -> int:
     from orchestrator.kafka.topics import ensure_topics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
     settings, kafka = Settings(), KafkaSettings()
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")

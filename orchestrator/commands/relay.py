@@ -11,6 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("relay", help="publish task events and results to Kafka (the outbox relay)")
     p.add_argument("--upgrade", action="store_true", help="apply migrations first")
     p.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     p.add_argument("--batch-size", type=int, default=500, help="events per publish round")
     p.set_defaults(func=_relay)
 
@@ -23,6 +24,10 @@ def _relay(args: argparse.Namespace) -> int:
     from orchestrator.relay import Relay, RelayConfig, make_relay_producer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
     settings, kafka = Settings(), KafkaSettings()
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")

@@ -87,3 +87,28 @@ def test_apikey_create_then_submit_via_kafka_and_rest(
         assert json.loads(rest.stdout)["status"] == "READY"
         revoked = _cli("apikey", "revoke", key.split("_")[1], env=env)
         assert revoked.returncode == 0 and revoked.stdout.strip() == "revoked"
+
+
+def test_example_producer_record_is_a_valid_task_message(kafka_broker):
+    from orchestrator.api.schemas import KafkaTaskMessage
+    from orchestrator.kafka.topics import ensure_topics
+    from tests.support.kafka_broker import consume_all
+
+    ensure_topics(kafka_broker.bootstrap, ["dayzero.tasks"], 1)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.kafka.example_producer", "acme", "plan a trip"],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.split("key=", 1)[1].split()[0]
+    records = [
+        r
+        for r in consume_all(kafka_broker.bootstrap, "dayzero.tasks", 100, timeout_s=3)
+        if r.key.decode() == key
+    ]
+    assert len(records) == 1
+    msg = KafkaTaskMessage.model_validate_json(records[0].value)
+    assert msg.tenant == "acme" and msg.goal == "plan a trip"
