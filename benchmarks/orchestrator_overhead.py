@@ -38,7 +38,10 @@ from workers.tool_jobs import build_registry
 
 ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 CYCLES = 20
-SCRIPT = "script:" + json.dumps({"cycles": CYCLES, "tool": "echo"})
+
+
+def script(cycles: int = CYCLES) -> str:
+    return "script:" + json.dumps({"cycles": cycles, "tool": "echo"})
 
 
 class InstantModel:
@@ -62,14 +65,52 @@ def make_runner(url: str, runner_id: str) -> Runner:
     )
 
 
-def submit(url: str, n: int) -> list[str]:
+def submit(url: str, n: int, cycles: int = CYCLES) -> list[str]:
     engine = make_engine(url)
     ids = []
     with engine.begin() as conn:
         for _ in range(n):
-            ids.append(create_task(conn, NewTask(tenant="bench", goal=SCRIPT), Budgets())[0])
+            ids.append(create_task(conn, NewTask(tenant="bench", goal=script(cycles)), Budgets())[0])
     engine.dispose()
     return ids
+
+
+def wal_record_bytes(url: str, start_lsn: int, end_lsn: int) -> tuple[int, int]:
+    """(record bytes, full-page-image bytes) of the WAL between two LSNs (pg_walinspect)."""
+    engine = make_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        rec, fpi = conn.execute(
+            text(
+                "SELECT sum(record_size), sum(fpi_size) FROM pg_get_wal_stats("
+                "'0/0'::pg_lsn + CAST(:a AS numeric), '0/0'::pg_lsn + CAST(:b AS numeric), false)"
+            ),
+            {"a": start_lsn, "b": end_lsn},
+        ).one()
+    engine.dispose()
+    return int(rec or 0), int(fpi or 0)
+
+
+def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks: int = 10) -> dict[str, Any]:
+    """WAL record bytes per task for tasks of different lengths: appended, never rewritten, so
+    the bytes per step stay flat as tasks grow."""
+    runner = make_runner(url, "bench-wal")
+    out = {}
+    for cycles in lengths:
+        submit(url, n_tasks, cycles)
+        lsn0, _ = wal_and_sizes(url)
+        while runner.run_once():
+            pass
+        lsn1, _ = wal_and_sizes(url)
+        rec, fpi = wal_record_bytes(url, lsn0, lsn1)
+        steps = 2 * cycles + 1
+        out[f"cycles_{cycles}"] = {
+            "steps": steps,
+            "wal_record_bytes_per_task": rec / n_tasks,
+            "wal_record_bytes_per_step": rec / n_tasks / steps,
+            "full_page_image_bytes_per_task": fpi / n_tasks,
+        }
+    return out
 
 
 def wal_and_sizes(url: str) -> tuple[int, int]:
@@ -127,6 +168,7 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
             progress.update(bar, completed=len(durations) // (2 * CYCLES + 1))
     wall = time.perf_counter() - t0
     wal1, size1 = wal_and_sizes(url)
+    rec, fpi = wal_record_bytes(url, wal0, wal1)
     steps = len(durations) + n_tasks  # + the first step of each task, started at claim
     durations.sort()
     return {
@@ -136,6 +178,8 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
         "step_ms_p50": 1000 * statistics.median(durations),
         "step_ms_p99": 1000 * durations[int(0.99 * (len(durations) - 1))],
         "wal_bytes_per_task": (wal1 - wal0) / n_tasks,
+        "wal_record_bytes_per_task": rec / n_tasks,  # without full-page images (checkpoint timing)
+        "full_page_image_bytes_per_task": fpi / n_tasks,
         "table_bytes_per_task": (size1 - size0) / n_tasks,
     }
 
@@ -199,6 +243,7 @@ def main() -> None:
         floor = commit_floor_ms(url)
         one = single_runner(url, args.tasks)
         many = many_runners(url, args.runners, args.tasks * 2)
+        by_length = wal_by_length(url)
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -214,6 +259,7 @@ def main() -> None:
                 "insert_commit_floor_ms_p50": floor,
                 "one_runner": one,
                 "many_runners": many,
+                "wal_by_task_length": by_length,
             },
             indent=2,
         )

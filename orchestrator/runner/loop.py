@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError
 
 from orchestrator.attachments import local_blob_path, resolve_images
@@ -280,11 +280,9 @@ class Runner:
             if att["status"] != "PENDING":
                 continue
             tx = self._txn(task)
-            row_update = update(attachments_t).where(
-                attachments_t.c.id == att["id"], attachments_t.c.status == "PENDING"
-            )
+            key = {"id": att["id"], "status": "PENDING"}
             if not att["media_type"].startswith("image/"):
-                tx.write(row_update.values(status="READY", updated_at=tx.now), must_hit=True)
+                tx.update_row(attachments_t, key, status="READY", updated_at=tx.now)
                 att["status"] = "READY"
                 tx.commit(self._conn)
                 continue
@@ -302,16 +300,15 @@ class Runner:
                 result, error = None, describe_job_error(exc)
             tx = self._txn(task)
             if error is None:
-                tx.write(
-                    row_update.values(
-                        status="READY",
-                        content_hash=result["content_hash"],
-                        processed_sha256=result["processed_sha256"],
-                        grid_thw=result["grid_thw"],
-                        redaction=result.get("redaction"),
-                        updated_at=tx.now,
-                    ),
-                    must_hit=True,
+                tx.update_row(
+                    attachments_t,
+                    key,
+                    status="READY",
+                    content_hash=result["content_hash"],
+                    processed_sha256=result["processed_sha256"],
+                    grid_thw=result["grid_thw"],
+                    redaction=result.get("redaction"),
+                    updated_at=tx.now,
                 )
                 tx.event("attachment.ready", {"attachment": att["id"], "grid_thw": result["grid_thw"]})
                 att.update(status="READY", content_hash=result["content_hash"])
@@ -327,7 +324,7 @@ class Runner:
                 )
                 tx.commit(self._conn)
                 return False
-            tx.write(row_update.values(status="FAILED", error=error, updated_at=tx.now), must_hit=True)
+            tx.update_row(attachments_t, key, status="FAILED", error=error, updated_at=tx.now)
             tx.event("attachment.failed", {"attachment": att["id"], "error": error})
             tx.task_transition(TaskEvent.FAIL, error={"kind": "attachment", "attachment": att["id"], **error})
             tx.commit(self._conn)
@@ -440,14 +437,11 @@ class Runner:
         task.cached_tokens += usage.cached_tokens
         task.completion_tokens += usage.completion_tokens
         tx.append_transcript([turn.message()], step.index)
+        # Usage is kept on the attempt row; the event carries the token total only.
+        tokens = usage.prompt_tokens + usage.completion_tokens
         tx.event(
             "step.succeeded",
-            {
-                "step": step.index,
-                "kind": "model",
-                "tool_calls": len(turn.tool_calls),
-                "usage": usage.to_dict(),
-            },
+            {"step": step.index, "kind": "model", "calls": len(turn.tool_calls), "tokens": tokens},
         )
         if not turn.tool_calls:
             tx.task_transition(TaskEvent.SUCCEED, result=turn.content or "")

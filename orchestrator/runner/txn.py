@@ -4,7 +4,8 @@ The runner holds the task's lease, so its in-memory `TaskView` is the truth whil
 `StepTxn` records the writes a step needs and `commit()` sends them:
 - on PostgreSQL as ONE statement of data-modifying CTEs (one round trip, then COMMIT), whose
   result says whether the lease still held and every conditional update hit its row;
-- on SQLite as the same statements one after another inside `BEGIN IMMEDIATE`.
+- on SQLite as the same statements one after another inside `BEGIN IMMEDIATE`
+(see `runner.writes`).
 If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
 (`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
 `cancel_requested`, which the runner honours at the next step boundary.
@@ -17,23 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    Insert,
-    Update,
-    func,
-    insert,
-    literal,
-    literal_column,
-    select,
-    union_all,
-    update,
-)
+from sqlalchemy import Connection, Table
 
 from orchestrator.clock import utcnow
-from orchestrator.db.types import JSONType, UTCDateTime
 from orchestrator.failpoints import failpoint
 from orchestrator.runner.lease import LeaseLost
+from orchestrator.runner.writes import RowWrite, apply_postgres, apply_sequential
 from orchestrator.statemachine import (
     TERMINAL_TASK_STATUSES,
     StepEvent,
@@ -42,7 +32,7 @@ from orchestrator.statemachine import (
     next_step_status,
     next_task_status,
 )
-from orchestrator.store import StaleTransition, attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.store import StaleTransition, attempts_t, messages_t, steps_t
 
 
 @dataclass
@@ -98,7 +88,7 @@ class TaskView:
 
 
 class StepTxn:
-    """Collects one step's writes; `commit(engine)` applies them atomically or not at all."""
+    """Collects one step's writes; `commit(conn)` applies them atomically or not at all."""
 
     def __init__(self, task: TaskView, runner_id: str, lease_s: float):
         self.task = task
@@ -107,8 +97,7 @@ class StepTxn:
         self.now = utcnow()
         self._events: list[tuple[str, dict[str, Any]]] = []
         self._task_values: dict[str, Any] = {}
-        self._writes: list[tuple[Insert | Update, bool]] = []  # (statement, must hit exactly one row)
-        self._finished_steps: list[int] = []
+        self._writes: list[RowWrite] = []
 
     # -- events and the task row -------------------------------------------------------------
     def event(self, typ: str, payload: dict[str, Any]) -> None:
@@ -126,9 +115,9 @@ class StepTxn:
     def set_task(self, **values: Any) -> None:
         self._task_values.update(values)
 
-    def write(self, stmt: Insert | Update, *, must_hit: bool = False) -> None:
-        """Add another write to this transaction (`must_hit`: an UPDATE that must hit one row)."""
-        self._writes.append((stmt, must_hit))
+    def update_row(self, table: Table, where: Mapping[str, Any], **values: Any) -> None:
+        """An UPDATE of one row (keyed by `where`) that must hit exactly that row."""
+        self._writes.append(RowWrite(table, values, dict(where)))
 
     # -- steps, attempts, messages -----------------------------------------------------------
     def add_step(self, step: StepView, *, start: bool = False) -> None:
@@ -137,24 +126,20 @@ class StepTxn:
             step.status = next_step_status(step.status, StepEvent.START).value
             self._mark_started(step)
             self._started_event(step)
-        self._writes.append(
-            (
-                insert(steps_t).values(
-                    task_id=self.task.id,
-                    step_index=step.index,
-                    kind=step.kind,
-                    status=step.status,
-                    tool_name=step.tool_name,
-                    tool_call_id=step.tool_call_id,
-                    arguments=step.arguments,
-                    attempt_count=step.attempt_count,
-                    started_at=step.started_at,
-                    runner_id=step.runner_id,
-                    created_at=self.now,
-                ),
-                False,
-            )
-        )
+        row = {
+            "task_id": self.task.id,
+            "step_index": step.index,
+            "kind": step.kind,
+            "status": step.status,
+            "tool_name": step.tool_name,
+            "tool_call_id": step.tool_call_id,
+            "arguments": step.arguments,
+            "attempt_count": step.attempt_count,
+            "started_at": step.started_at,
+            "runner_id": step.runner_id,
+            "created_at": self.now,
+        }
+        self._writes.append(RowWrite(steps_t, row))
         self.task.steps[step.index] = step
         self.task.next_step_index = max(self.task.next_step_index, step.index + 1)
 
@@ -162,18 +147,8 @@ class StepTxn:
         new = next_step_status(step.status, event)
         if new in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             values.setdefault("finished_at", self.now)
-        self._writes.append(
-            (
-                update(steps_t)
-                .where(
-                    steps_t.c.task_id == self.task.id,
-                    steps_t.c.step_index == step.index,
-                    steps_t.c.status == step.status,
-                )
-                .values(status=new.value, **values),
-                True,
-            )
-        )
+        where = {"task_id": self.task.id, "step_index": step.index, "status": step.status}
+        self._writes.append(RowWrite(steps_t, {"status": new.value, **values}, where))
         step.status = new.value
         for k in ("attempt_count", "next_attempt_at", "started_at", "runner_id"):
             if k in values:
@@ -182,16 +157,13 @@ class StepTxn:
     def _started_event(self, step: StepView) -> None:
         """One event per state change, but a step that finishes and the next one that starts in the
         same transaction share a row: the start rides on the finish event as `next`."""
-        started = {
-            "step": step.index,
-            "kind": step.kind,
-            "attempt": step.attempt_count,
-            "tool": step.tool_name,
-        }
+        started: dict[str, Any] = {"step": step.index, "attempt": step.attempt_count}
+        if step.tool_name:
+            started["tool"] = step.tool_name
         if self._events and self._events[-1][0] in ("step.succeeded", "step.failed"):
             self._events[-1][1]["next"] = started
         else:
-            self.event("step.started", started)
+            self.event("step.started", {**started, "kind": step.kind})
 
     def _mark_started(self, step: StepView) -> None:
         step.attempt_count += 1
@@ -228,27 +200,22 @@ class StepTxn:
         `resumed` is 1 when this runner did not start the attempt itself: it took the attempt
         over after the runner that started it died, under the same idempotency key."""
         fresh = (step.index, step.attempt_count) in self.task.fresh_attempts
-        self._writes.append(
-            (
-                insert(attempts_t).values(
-                    task_id=self.task.id,
-                    step_index=step.index,
-                    attempt=step.attempt_count,
-                    status=status,
-                    runner_id=self.runner_id,
-                    resumed=0 if fresh else 1,
-                    error=error,
-                    usage=usage,
-                    started_at=step.started_at or self.now,
-                    finished_at=self.now,
-                ),
-                False,
-            )
-        )
+        row = {
+            "task_id": self.task.id,
+            "step_index": step.index,
+            "attempt": step.attempt_count,
+            "status": status,
+            "runner_id": self.runner_id,
+            "resumed": 0 if fresh else 1,
+            "error": error,
+            "usage": usage,
+            "started_at": step.started_at or self.now,
+            "finished_at": self.now,
+        }
+        self._writes.append(RowWrite(attempts_t, row))
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
     def append_transcript(self, messages: Sequence[dict[str, Any]], step_index: int) -> None:
-        # One single-row INSERT per message: a multi-row VALUES insert is never statement-cached.
         first = len(self.task.transcript)
         for i, m in enumerate(messages):
             row = {
@@ -261,104 +228,41 @@ class StepTxn:
                 "step_index": step_index,
                 "created_at": self.now,
             }
-            self._writes.append((insert(messages_t).values(**row), False))
+            self._writes.append(RowWrite(messages_t, row))
         self.task.transcript.extend(messages)
 
     # -- commit ------------------------------------------------------------------------------
-    def _task_update(self) -> Update:
+    def commit(self, conn: Connection) -> None:
+        """Apply every write in one transaction on `conn` (which must not be in a transaction).
+
+        Raises `LeaseLost` when another runner holds the task now, `StaleTransition` when a row
+        was not in the state this runner expected; either way nothing was written."""
         t = self.task
-        vals: dict[str, Any] = {
+        task_values: dict[str, Any] = {
             "updated_at": self.now,
             "step_count": t.step_count,
             "prompt_tokens": t.prompt_tokens,
             "cached_tokens": t.cached_tokens,
             "completion_tokens": t.completion_tokens,
-            "event_seq": tasks_t.c.event_seq + len(self._events),
             "lease_until": self.now + dt.timedelta(seconds=self.lease_s),
             **self._task_values,
         }
-        return (
-            update(tasks_t)
-            .where(tasks_t.c.id == t.id, tasks_t.c.lease_owner == self.runner_id)
-            .values(**vals)
-            .returning(tasks_t.c.event_seq, tasks_t.c.cancel_requested)
-        )
-
-    def commit(self, conn: Connection) -> None:
-        """Apply every write in one transaction on `conn` (which must not be in a transaction)."""
-        if conn.dialect.name == "postgresql":
-            self._commit_single_statement(conn)
-        else:
-            self._commit_sequential(conn)
-        failpoint("after_commit")
-
-    def _commit_sequential(self, conn: Connection) -> None:
+        apply = apply_postgres if conn.dialect.name == "postgresql" else apply_sequential
         with conn.begin():
-            row = conn.execute(self._task_update()).first()
-            if row is None:
-                raise LeaseLost(self.task.id)
-            for stmt, must_hit in self._writes:
-                res = conn.execute(stmt)
-                if must_hit and res.rowcount != 1:
-                    raise StaleTransition(f"task {self.task.id}: a row was not in its expected state")
-            if self._events:
-                first = row.event_seq - len(self._events) + 1
-                conn.execute(
-                    insert(events_t),
-                    [
-                        {
-                            "task_id": self.task.id,
-                            "seq": first + i,
-                            "type": typ,
-                            "payload": p,
-                            "created_at": self.now,
-                        }
-                        for i, (typ, p) in enumerate(self._events)
-                    ],
-                )
-            failpoint("before_commit")
-        self.task.cancel_requested = bool(row.cancel_requested)
-
-    def _commit_single_statement(self, conn: Connection) -> None:
-        t_cte = self._task_update().cte("t")
-        ctes = [t_cte]
-        checks = []
-        for i, (stmt, must_hit) in enumerate(self._writes):
-            if must_hit:
-                c = stmt.returning(literal_column("1").label("hit")).cte(f"w{i}")
-                checks.append(select(func.count()).select_from(c).scalar_subquery())
-            else:
-                c = stmt.cte(f"w{i}")
-            ctes.append(c)
-        if self._events:
-            # One SELECT per event, UNION ALL: bound parameters only, so the statement's compiled
-            # form is cached by shape (a VALUES list with data would be recompiled every time).
-            n = len(self._events)
-            rows = [
-                select(
-                    literal(self.task.id, type_=events_t.c.task_id.type),
-                    t_cte.c.event_seq + literal(i - n + 1),
-                    literal(typ, type_=events_t.c.type.type),
-                    literal(payload, type_=JSONType),
-                    literal(self.now, type_=UTCDateTime()),
-                ).select_from(t_cte)
-                for i, (typ, payload) in enumerate(self._events)
-            ]
-            ev_select = rows[0] if n == 1 else union_all(*rows)
-            ctes.append(
-                insert(events_t)
-                .from_select(["task_id", "seq", "type", "payload", "created_at"], ev_select)
-                .cte("ev_ins")
+            outcome = apply(
+                conn,
+                t.id,
+                self.runner_id,
+                task_values,
+                len(self._events),
+                self._writes,
+                self._events,
+                self.now,
             )
-        stmt = select(
-            select(t_cte.c.cancel_requested).scalar_subquery().label("cancel_requested"),
-            *[c.label(f"c{i}") for i, c in enumerate(checks)],
-        ).add_cte(*ctes)
-        with conn.begin():
-            row = conn.execute(stmt).one()
-            if row.cancel_requested is None:
-                raise LeaseLost(self.task.id)
-            if any(v != 1 for v in row[1:]):
-                raise StaleTransition(f"task {self.task.id}: a row was not in its expected state")
+            if outcome is None:
+                raise LeaseLost(t.id)
+            if not outcome.all_hit:
+                raise StaleTransition(f"task {t.id}: a row was not in its expected state")
             failpoint("before_commit")
-        self.task.cancel_requested = bool(row.cancel_requested)
+        failpoint("after_commit")
+        t.cancel_requested = outcome.cancel_requested
