@@ -184,7 +184,7 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
     }
 
 
-def _worker(url: str, runner_id: str, start: Any, counts: Any, idx: int) -> None:
+def _worker(url: str, runner_id: str, ready: Any, start: Any, counts: Any, ends: Any, idx: int) -> None:
     runner = make_runner(url, runner_id)
     n = 0
     execute = runner._execute
@@ -195,28 +195,32 @@ def _worker(url: str, runner_id: str, start: Any, counts: Any, idx: int) -> None
         n += 1
 
     runner._execute = counted  # type: ignore[method-assign]
+    ready.release()
     start.wait()
     while runner.run_once():
         pass
+    ends[idx] = time.perf_counter()  # before interpreter teardown, which is not runner work
     counts[idx] = n
 
 
 def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     ids = submit(url, n_tasks)
     ctx = mp.get_context("spawn")
-    start = ctx.Event()
-    counts = ctx.Array("i", n_runners)
+    ready, start = ctx.Semaphore(0), ctx.Event()
+    counts, ends = ctx.Array("i", n_runners), ctx.Array("d", n_runners)
     procs = [
-        ctx.Process(target=_worker, args=(url, f"bench-{i}", start, counts, i)) for i in range(n_runners)
+        ctx.Process(target=_worker, args=(url, f"bench-{i}", ready, start, counts, ends, i))
+        for i in range(n_runners)
     ]
     for p in procs:
         p.start()
-    time.sleep(3.0)  # let every process import and connect before the clock starts
+    for _ in procs:  # every process imported, connected and built its runner
+        ready.acquire()
     t0 = time.perf_counter()
     start.set()
     for p in procs:
         p.join()
-    wall = time.perf_counter() - t0
+    wall = max(ends) - t0
     steps = sum(counts) + len(ids)
     return {
         "runners": n_runners,
