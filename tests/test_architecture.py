@@ -1,0 +1,51 @@
+"""The dependency rules of ARCHITECTURE.md, checked in fresh interpreters."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _loaded_after(imports: str) -> set[str]:
+    code = f"import sys; {imports}; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_orchestrator_starts_without_torch():
+    mods = _loaded_after(
+        "import orchestrator.cli as c; c.build_parser(); import orchestrator.api.app, orchestrator.runner, "
+        "orchestrator.app, orchestrator.kafka.ingest, orchestrator.relay"
+    )
+    assert "torch" not in mods
+
+
+def _imported_packages(package: str) -> set[str]:
+    found = set()
+    for path in (REPO / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        ("inference", {"orchestrator", "workers", "tools"}),
+        ("tools", {"orchestrator", "workers", "inference"}),
+        ("preprocess", {"orchestrator", "workers", "tools", "inference"}),
+        ("workers", {"orchestrator", "inference"}),
+    ],
+)
+def test_dependencies_point_one_way(package, forbidden):
+    assert not (_imported_packages(package) & forbidden)
