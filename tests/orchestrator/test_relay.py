@@ -93,26 +93,36 @@ def test_relay_killed_repeatedly_loses_nothing_and_keeps_order(db, make_runner, 
     }
     cmd = [sys.executable, "-m", "orchestrator.cli", "relay", "--batch-size", "25"]
     kills = 0
-    for _ in range(12):  # each run publishes a batch or more, then dies after a publish, before the mark
+    for _ in range(12):  # each run publishes a batch or more, then may die after a publish, before the mark
         if _unpublished(db) == 0:
             break
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             cmd,
             env={**env, "DAYZERO_FAILPOINTS": "relay.after_publish=0.5"},
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            timeout=60,
         )
-        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-        kills += 1
-    assert kills >= 2
-    final = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    end = time.monotonic() + 30
-    while _unpublished(db) and time.monotonic() < end:
-        time.sleep(0.2)
-    final.send_signal(signal.SIGTERM)
-    out, _ = final.communicate(timeout=30)
-    assert final.returncode == 0, out
+        end = time.monotonic() + 60
+        while proc.poll() is None and _unpublished(db) and time.monotonic() < end:
+            time.sleep(0.05)
+        if proc.poll() is None:  # it drained everything without dying: stop it
+            proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        if proc.returncode == -signal.SIGKILL:
+            kills += 1
+        else:  # drained and stopped (a SIGTERM that lands during start-up ends it before its handler exists)
+            assert proc.returncode in (0, -signal.SIGTERM), out
+    assert kills >= 1
+    if _unpublished(db):  # a last, healthy relay finishes the job
+        final = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        end = time.monotonic() + 30
+        while _unpublished(db) and time.monotonic() < end:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        final.send_signal(signal.SIGTERM)
+        out, _ = final.communicate(timeout=30)
+        assert final.returncode == 0, out
     assert _unpublished(db) == 0
 
     records = consume_all(kafka_broker.bootstrap, events_topic, total + 1000, timeout_s=8)

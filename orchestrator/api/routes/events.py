@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
@@ -18,7 +18,7 @@ from orchestrator.api.routes.tasks import TaskId
 from orchestrator.metrics import SSE_STREAMS
 from orchestrator.relay import EventFeed, event_record
 from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
-from orchestrator.store import get_task, list_events
+from orchestrator.store import events_t, get_task
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
 
@@ -31,7 +31,13 @@ number, `event` = its type (`task.created`, `task.running`, `step.started`, …)
 def _read(engine: Engine, task_id: str, after: int) -> tuple[bool, list[Any]]:
     with engine.connect() as conn:
         terminal = TaskStatus(get_task(conn, task_id).status) in TERMINAL_TASK_STATUSES
-        return terminal, list_events(conn, task_id, after_seq=after)[:500]
+        rows = conn.execute(
+            select(events_t)
+            .where(events_t.c.task_id == task_id, events_t.c.seq > after)
+            .order_by(events_t.c.seq)
+            .limit(500)
+        )
+        return terminal, list(rows)
 
 
 def _frame(e: Any, tenant: str) -> bytes:

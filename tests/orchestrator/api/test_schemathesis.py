@@ -73,8 +73,9 @@ class KeyAuth:
 @settings(
     max_examples=40,
     deadline=None,
+    derandomize=True,  # the same examples every run: CI failures reproduce; explore with a local seed
     phases=[Phase.explicit, Phase.generate],  # no shrinking: bounded time; failures print the case
     suppress_health_check=list(HealthCheck),
 )
 def test_api_conforms_to_its_openapi(case):
-    case.call_and_validate(timeout=10)
+    case.call_and_validate(timeout=30)
