@@ -23,6 +23,7 @@ from orchestrator.clock import utcnow
 from orchestrator.config import Budgets
 from orchestrator.statemachine import TaskEvent, TaskStatus, next_task_status
 from orchestrator.store import IdempotencyConflict, NewTask, events_t, messages_t, tasks_t
+from orchestrator.tracing import new_traceparent, valid_traceparent
 
 _LOOKUP_CHUNK = 500
 _COPY_MIN_ROWS = 8  # below this a plain INSERT is cheaper than the COPY protocol
@@ -106,7 +107,7 @@ def bulk_create_tasks(
                 "max_tokens": max_tokens,
                 "deadline_at": now + dt.timedelta(seconds=deadline_s),
                 "next_run_at": now,
-                "traceparent": spec.traceparent,
+                "traceparent": valid_traceparent(spec.traceparent) or new_traceparent(),
                 "event_seq": 2,
                 "created_at": now,
                 "updated_at": now,

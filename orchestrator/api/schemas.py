@@ -18,7 +18,6 @@ IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
-TRACEPARENT_RE = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 
 
 class _Strict(BaseModel):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 
 from orchestrator.api.bulk import bulk_create_tasks
-from orchestrator.api.schemas import TRACEPARENT_RE, KafkaTaskMessage
+from orchestrator.api.schemas import KafkaTaskMessage
 from orchestrator.api.submission import InvalidSubmission, submit_task, to_new_task
 from orchestrator.auth import known_tenants
 from orchestrator.config import Settings
@@ -36,10 +35,10 @@ from orchestrator.kafka.config import KafkaSettings
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
 from orchestrator.statemachine import TaskStatus
 from orchestrator.store import IdempotencyConflict, NewTask, tasks_t
+from orchestrator.tracing import valid_traceparent
 
 log = logging.getLogger(__name__)
 
-_TP_RE = re.compile(TRACEPARENT_RE)
 MAX_KEY_CHARS = 255
 
 
@@ -160,7 +159,7 @@ class Ingestor:
             return Rejected(record, "unknown_tenant", f"tenant {msg.tenant!r} has no API key")
         tp = _header(record, "traceparent")
         tp_s = tp.decode("ascii", "replace") if tp else None
-        return Accepted(record, msg, key, tp_s if tp_s and _TP_RE.match(tp_s) else None)
+        return Accepted(record, msg, key, valid_traceparent(tp_s))
 
     def handle(self, records: list[Any]) -> None:
         parsed = [self.parse(r) for r in records]

@@ -15,7 +15,6 @@ from orchestrator.api.deps import EngineDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
 from orchestrator.api.schemas import (
     ID_PATTERN,
-    TRACEPARENT_RE,
     TaskCreate,
     TaskDetail,
     TaskPage,
@@ -26,13 +25,13 @@ from orchestrator.api.submission import InvalidSubmission, submit_task
 from orchestrator.api.views import new_task_row, task_detail, task_summary
 from orchestrator.metrics import TASKS_SUBMITTED
 from orchestrator.store import get_task, list_attempts, list_steps, request_cancel, tasks_t
+from orchestrator.tracing import valid_traceparent
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
 StatusName = Literal[
     "PENDING", "PREPROCESSING", "READY", "RUNNING", "WAITING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"
 ]
-_TRACEPARENT = re.compile(TRACEPARENT_RE)
 META_FILTER_PATTERN = r"^[^=]{1,128}=.{0,1024}$"
 _META_FILTER = re.compile(r"^([^=]{1,128})=(.{0,1024})$", re.S)
 _ID = re.compile(ID_PATTERN)
@@ -69,7 +68,7 @@ def create_task(
     ] = None,
     traceparent: Annotated[str | None, Header(description="W3C trace context")] = None,
 ) -> TaskSummary:
-    tp = traceparent if traceparent and _TRACEPARENT.match(traceparent) else None
+    tp = valid_traceparent(traceparent)  # an invalid one is ignored (W3C): the task gets a new trace
     for attempt in range(2):
         try:
             inserted: dict[str, dict[str, Any]] = {}

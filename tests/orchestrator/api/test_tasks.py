@@ -220,3 +220,13 @@ def test_health_ready_metrics(api: Api):
     text = api.client.get("/metrics").text
     assert 'dayzero_http_requests_total{method="POST",route="/v1/tasks",status="201"}' in text
     assert "dayzero_tasks_submitted_total" in text
+
+
+def test_trace_context_from_the_request_is_the_tasks_trace(api: Api):
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    given = api.client.post("/v1/tasks", json={"goal": "traced"}, headers=api.h(traceparent=tp)).json()
+    minted = api.client.post("/v1/tasks", json={"goal": "untraced"}, headers=api.h(traceparent="junk")).json()
+    with api.engine.connect() as conn:
+        assert get_task(conn, given["id"]).traceparent == tp
+        other = get_task(conn, minted["id"]).traceparent
+    assert other and other.split("-")[1] != tp.split("-")[1]

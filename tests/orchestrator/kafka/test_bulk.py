@@ -68,3 +68,13 @@ def test_copy_path_rows_equal_create_task_rows(engine):
     with engine.connect() as conn:
         assert all(_snapshot(conn, o[0]) == _snapshot(conn, one) for o in out[:20])
         assert get_task(conn, out[20][0]).idempotency_key is None
+
+
+def test_a_task_without_trace_context_gets_a_new_trace(engine):
+    from orchestrator.tracing import valid_traceparent
+
+    with engine.begin() as conn:
+        (out,) = bulk_create_tasks(conn, [_spec("t", traceparent=None)], Budgets())
+        (bad,) = bulk_create_tasks(conn, [_spec("u", traceparent="garbage")], Budgets())
+        assert valid_traceparent(get_task(conn, out[0]).traceparent)
+        assert valid_traceparent(get_task(conn, bad[0]).traceparent)
