@@ -106,3 +106,34 @@ def test_postgres_feed_wakes_on_notify_before_the_poll_interval(pg_url):
         assert asyncio.run(scenario()) < 5.0  # woken by NOTIFY, not by the 30 s poll
     finally:
         engine.dispose()
+
+
+def test_images_uploaded_and_inline_are_preprocessed_and_the_task_runs(db, api_settings, make_runner):
+    import base64
+    import io
+
+    from PIL import Image
+
+    def image(fmt: str, color: tuple[int, int, int]) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), color).save(buf, format=fmt)
+        return buf.getvalue()
+
+    keys = make_keys(db, "acme")
+    app = create_app(api_settings, engine=db, ingress=IngressSettings(sse_poll_s=0.2, gc_freeze=False))
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        h = {"Authorization": f"Bearer {keys['acme']}"}
+        up = client.post(
+            "/v1/attachments", content=image("PNG", (200, 10, 10)), headers={**h, "Content-Type": "image/png"}
+        ).json()
+        inline = {"data": base64.b64encode(image("JPEG", (10, 200, 10))).decode(), "media_type": "image/jpeg"}
+        goal = "script:" + json.dumps({"cycles": 1, "tool": "echo"})
+        task = client.post(
+            "/v1/tasks", json={"goal": goal, "attachments": [{"upload_id": up["id"]}, inline]}, headers=h
+        ).json()
+        assert task["status"] == "PREPROCESSING"
+        make_runner(blob_url=api_settings.blob_dir).run_until_idle(timeout_s=60)
+        with client.stream("GET", f"/v1/tasks/{task['id']}/events", headers=h) as resp:
+            types = [e["event"] for e in _read_sse(resp)]
+        assert types.count("attachment.ready") == 2 and types[-1] == "task.succeeded"
+        assert client.get(f"/v1/attachments/{up['id']}", headers=h).json()["status"] == "READY"
