@@ -230,3 +230,15 @@ def test_trace_context_from_the_request_is_the_tasks_trace(api: Api):
         assert get_task(conn, given["id"]).traceparent == tp
         other = get_task(conn, minted["id"]).traceparent
     assert other and other.split("-")[1] != tp.split("-")[1]
+
+
+def test_concurrent_submissions_with_one_key_make_one_task(api: Api):
+    from concurrent.futures import ThreadPoolExecutor
+
+    h = api.h(**{"Idempotency-Key": "race"})
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(
+            pool.map(lambda _: api.client.post("/v1/tasks", json={"goal": "once"}, headers=h), range(16))
+        )
+    assert sorted(r.status_code for r in responses) == [200] * 15 + [201]
+    assert len({r.json()["id"] for r in responses}) == 1
