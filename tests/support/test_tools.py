@@ -110,6 +110,24 @@ class Hang:
         return ToolResult(content="woke up")
 
 
+class Charge:
+    """A side effect that is not idempotent and takes no idempotency key (a payment, an e-mail)."""
+
+    spec = ToolSpec(
+        name="charge",
+        description="charge a card",
+        parameters=OBJ,
+        idempotent=False,
+        retry=RetryPolicy(max_attempts=3, backoff_base_s=0.05, backoff_max_s=0.1, timeout_s=0.5),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        with open(_state_dir() / "charges.log", "a") as f:
+            f.write(f"{context.idempotency_key}\n")
+        time.sleep(float(arguments.get("sleep_s", 0)))
+        return ToolResult(content={"charged": True})
+
+
 class WhoAmI:
     """Returns the id of the process that ran it (tells a Celery worker from the runner)."""
 
@@ -120,4 +138,4 @@ class WhoAmI:
 
 
 def dayzero_tools() -> list[Any]:
-    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), WhoAmI()]
+    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), Charge(), WhoAmI()]

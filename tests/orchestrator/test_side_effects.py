@@ -1,0 +1,59 @@
+"""A tool that is not idempotent and takes no idempotency key is never run twice: not after a
+runner died while it may have been running, and not after it timed out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.runner.txn import StepTxn
+from orchestrator.store import get_task, list_attempts, list_messages
+from tests.orchestrator.conftest import submit
+
+
+def test_in_doubt_side_effect_is_not_repeated(db, make_runner, state_dir):
+    task_id = submit(db, {"cycles": 1, "tool": "charge"})
+    dead = make_runner(lease_s=0.3)
+    # Runner "dead" takes the task, runs the model step and commits the start of the charge
+    # attempt, then vanishes before running it (as if SIGKILLed between commit and call).
+    original = dead._execute_tool
+    dead._execute_tool = lambda task, step, in_doubt: dead.stop()  # type: ignore[method-assign]
+    dead.run_once()
+    dead._execute_tool = original  # type: ignore[method-assign]
+    survivor = make_runner(lease_s=5)
+    survivor.run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+        tool_msg = next(m for m in list_messages(conn, task_id) if m["role"] == "tool")
+    assert task.status == "SUCCEEDED"
+    assert not (state_dir / "charges.log").exists()  # never executed by anyone
+    assert [(a.attempt, a.status, a.resumed) for a in attempts] == [(1, "LOST", 1)]
+    assert "unknown" in json.loads(tool_msg["content"])["error"]
+
+
+def test_timed_out_side_effect_is_not_retried(db, make_runner, state_dir):
+    task_id = submit(db, {"cycles": 1, "tool": "charge", "args": {"sleep_s": 2}})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+    assert [(a.attempt, a.status, a.error["kind"]) for a in attempts] == [(1, "FAILED", "timeout")]
+    assert len((state_dir / "charges.log").read_text().split()) == 1
+
+
+def test_steptxn_refuses_writes_after_the_lease_moved(db, make_runner):
+    from orchestrator.runner.lease import LeaseLost
+    from orchestrator.store import tasks_t
+
+    task_id = submit(db, {"cycles": 1})
+    runner = make_runner()
+    with db.begin() as conn:
+        conn.execute(tasks_t.update().where(tasks_t.c.id == task_id).values(lease_owner="someone-else"))
+    task = runner._load(task_id)
+    tx = StepTxn(task, runner.config.runner_id, 5.0)
+    tx.event("step.started", {"step": 0})
+    with db.connect() as conn, pytest.raises(LeaseLost):
+        tx.commit(conn)
+    with db.connect() as conn:
+        assert get_task(conn, task_id).event_seq == 2  # created + ready; nothing written
