@@ -18,11 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from orchestrator.api.server import TcpConfig
     from orchestrator.app import make_db
     from orchestrator.config import Settings
 
     make_db(Settings(), upgrade=args.upgrade).dispose()  # fail fast on a schema that is behind
-    uvicorn.run(
+    config = TcpConfig(
         "orchestrator.api.app:create_app",
         factory=True,
         host=args.host,
@@ -31,4 +32,11 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
     )
+    server = uvicorn.Server(config)
+    if args.workers == 1:
+        server.run()
+    else:
+        from uvicorn.supervisors import Multiprocess
+
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
     return 0
