@@ -144,3 +144,27 @@ def test_keyless_and_traced_messages(db, tenants, producer, kafka_settings, make
     with db.connect() as conn:
         row = conn.execute(select(tasks_t)).one()
     assert row.idempotency_key.startswith(f"kafka:{kafka_settings.tasks_topic}:") and row.traceparent == tp
+
+
+def test_inline_image_and_unknown_upload_via_kafka(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    import base64
+
+    from orchestrator.store import attachments_t
+
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()
+    img = {"tenant": "acme", "goal": "look", "attachments": [{"data": png, "media_type": "image/png"}]}
+    ghost = {"tenant": "acme", "goal": "look", "attachments": [{"upload_id": "no-such-upload"}]}
+    for key, body in ((b"img-1", img), (b"img-1", img), (b"ghost", ghost)):
+        producer.send(kafka_settings.tasks_topic, key=key, value=json.dumps(body).encode())
+    producer.flush()
+    ing = make_ingestor()
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["duplicate"] + ing.stats["dlq"] >= 3)
+    assert (ing.stats["created"], ing.stats["duplicate"], ing.stats["dlq"]) == (1, 1, 1)
+    with db.connect() as conn:
+        task = conn.execute(select(tasks_t)).one()
+        atts = conn.execute(select(attachments_t)).all()
+    assert task.status == "PREPROCESSING" and [a.task_id for a in atts] == [task.id]
+    (dead,) = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 1)
+    assert dict(dead.headers)["dlq-reason"] == b"unknown_attachment"
