@@ -313,7 +313,7 @@ class PgNotifyFeed(EventFeed):
                 self._stop.wait(1.0)
 
 
-def make_feed(engine: Engine, poll_s: float) -> EventFeed:
-    if engine.dialect.name == "postgresql":
+def make_feed(engine: Engine, poll_s: float, listen: bool = True) -> EventFeed:
+    if listen and engine.dialect.name == "postgresql":
         return PgNotifyFeed(engine.url.render_as_string(hide_password=False), poll_s=max(poll_s, 2.0))
     return EventFeed(poll_s)

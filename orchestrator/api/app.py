@@ -154,7 +154,7 @@ def create_app(
     app.state.ingress = ingress
     app.state.engine = engine
     app.state.key_cache = KeyCache(engine)
-    app.state.feed = make_feed(engine, ingress.sse_poll_s)
+    app.state.feed = make_feed(engine, ingress.sse_poll_s, ingress.sse_listen)
     errors.install(app)
     for r in (tasks.router, events.router, attachments.router, health.router):
         app.include_router(r)

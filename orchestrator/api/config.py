@@ -16,6 +16,9 @@ class IngressSettings(BaseSettings):
     )
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="one POST /v1/attachments upload")
     sse_poll_s: float = Field(0.5, gt=0, description="SSE re-check interval without (or besides) NOTIFY")
+    sse_listen: bool = Field(
+        True, description="on PostgreSQL, wake SSE streams by LISTEN/NOTIFY (else poll every sse_poll_s)"
+    )
     sse_keepalive_s: float = Field(15.0, gt=0)
     list_limit_max: int = Field(200, ge=1)
     gc_freeze: bool = Field(
