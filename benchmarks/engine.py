@@ -24,7 +24,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "inference" / "model"))
 
 from inference.config import parse_config  # noqa: E402
 from inference.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -199,8 +198,9 @@ def engine_decode(model, spec, dtype, device, batch: int, prompt_len: int, steps
 
 
 def hf_model(model, cfg, dtype, device):
-    from kimi_hf_mapping import published_to_hf
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    from tests.inference.model.kimi_hf_mapping import published_to_hf
 
     hc = KimiLinearConfig(**cfg, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     with torch.device(device):

@@ -31,12 +31,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "inference" / "model"))
-
-from kimi_hf_mapping import published_to_hf, tiny_kimi_linear_config
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
+from tests.inference.model.kimi_hf_mapping import published_to_hf, tiny_kimi_linear_config
 
 
 class _BlockFla(importlib.abc.MetaPathFinder):

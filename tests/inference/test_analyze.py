@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,11 @@ def test_published_totals_match_the_model_name(spec):
 
 
 def test_counts_equal_the_built_model():
-    torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(Path(__file__).parent / "model"))
-    from kimi_hf_mapping import tiny_kimi_linear_config
+    import torch
 
     from inference.config import parse_config
     from inference.model import HybridCacheSpec, build_model
+    from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
 
     for cfg in (
         tiny_kimi_linear_config(),

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent / "model"))
-from kimi_hf_mapping import tiny_kimi_linear_config
 
 from inference.config import parse_config
 from inference.loader import (
@@ -22,6 +17,7 @@ from inference.loader import (
     save_sharded,
 )
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
+from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
 
 
 @pytest.fixture(scope="module")

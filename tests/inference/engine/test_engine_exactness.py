@@ -6,11 +6,11 @@ import random
 from dataclasses import replace
 
 import pytest
-from engine_fakes import checkpoint_positions, expected_hit
 
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
+from tests.inference.engine.engine_fakes import checkpoint_positions, expected_hit
 
 BASE = EngineConfig(
     block_size=8,

@@ -1,19 +1,13 @@
 """The engine's greedy generations equal transformers' `generate` on the same random weights
 (the bundled small model; CPU, fp32), for prompts batched with chunked prefill and prefix hits."""
 
-import sys
-from pathlib import Path
-
-import pytest
 import torch
+import transformers
 
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine, small_model_config
 from inference.engine.request import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-mapping = pytest.importorskip("kimi_hf_mapping")
-transformers = pytest.importorskip("transformers")
+from tests.inference.model import kimi_hf_mapping as mapping
 
 
 def test_greedy_equals_transformers_generate():

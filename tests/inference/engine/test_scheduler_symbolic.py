@@ -3,12 +3,12 @@
 import random
 
 import pytest
-from engine_fakes import SymbolicExecutor, expected_hit, reference_output
-from engine_fakes import checkpoint_positions as _positions
 
 from inference.cache.coordinator import CacheConfig
 from inference.engine.request import RequestStatus, SamplingParams, make_request
 from inference.engine.scheduler import Scheduler, SchedulerConfig
+from tests.inference.engine.engine_fakes import SymbolicExecutor, expected_hit, reference_output
+from tests.inference.engine.engine_fakes import checkpoint_positions as _positions
 
 B, INTERVAL = 4, 16
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
-from kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, init_dummy_weights
 from inference.model.mla import MLAttention
 from inference.model.ops.mla import dsa_topk_indices
+from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
 
-mod = pytest.importorskip("transformers.models.deepseek_v32.modeling_deepseek_v32")
+mod = importlib.import_module("transformers.models.deepseek_v32.modeling_deepseek_v32")
 from transformers import DeepseekV32Config  # noqa: E402
 
 SEQ, TOPK, BLOCK = 64, 16, 8

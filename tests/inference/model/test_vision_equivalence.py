@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
 import torch
-from kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
+from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
 
-mod = pytest.importorskip("transformers.models.kimi_k25.modeling_kimi_k25")
+mod = importlib.import_module("transformers.models.kimi_k25.modeling_kimi_k25")
 from transformers import Kimi_K25Config  # noqa: E402
 
 IMAGE_TOKEN = 200
@@ -127,7 +128,7 @@ def test_image_embeddings_replace_placeholders(models):
 @torch.no_grad()
 def test_processor_output_feeds_the_tower(models):
     """`Kimi_K25ImageProcessor` output (the layout preprocess produces) goes straight in."""
-    np = pytest.importorskip("numpy")
+    np = importlib.import_module("numpy")
     from PIL import Image
     from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
 
