@@ -48,12 +48,20 @@ def task_span(
         yield span
 
 
-def setup_tracing(service_name: str, otlp_endpoint: str | None) -> None:
-    """Install the SDK tracer provider; export over OTLP/HTTP when an endpoint is configured.
+_installed = False
 
-    Without an endpoint spans are still created (and their context propagated), just not exported."""
+
+def setup_tracing(service_name: str, otlp_endpoint: str | None) -> None:
+    """Install the SDK tracer provider once per process; export over OTLP/HTTP when an endpoint is
+    configured. Without an endpoint spans are still created (and their context propagated), just
+    not exported."""
+    global _installed
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+
+    if _installed or isinstance(trace.get_tracer_provider(), TracerProvider):
+        return  # one provider per process (OpenTelemetry refuses a second)
+    _installed = True
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))

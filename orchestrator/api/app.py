@@ -20,6 +20,7 @@ from orchestrator.config import Settings
 from orchestrator.db.engine import make_engine
 from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from orchestrator.relay import make_feed
+from orchestrator.tracing import setup_tracing
 
 _STREAMED_PATHS = ("/v1/attachments",)  # these enforce their own (larger) limit while streaming
 
@@ -133,6 +134,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        setup_tracing(settings.service_name, settings.otlp_endpoint)
         if ingress.gc_freeze:
             gc.collect()
             gc.freeze()

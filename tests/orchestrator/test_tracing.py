@@ -17,9 +17,11 @@ _EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module")
 def spans() -> InMemorySpanExporter:
-    provider = TracerProvider()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):  # OTel takes one provider per process: reuse it
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    trace.set_tracer_provider(provider)  # once per process; later calls are ignored by OTel
     return _EXPORTER
 
 

@@ -25,7 +25,7 @@ from orchestrator.api.submission import InvalidSubmission, submit_task
 from orchestrator.api.views import new_task_row, task_detail, task_summary
 from orchestrator.metrics import TASKS_SUBMITTED
 from orchestrator.store import get_task, list_attempts, list_steps, request_cancel, tasks_t
-from orchestrator.tracing import valid_traceparent
+from orchestrator.tracing import current_traceparent, task_span, valid_traceparent
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -68,34 +68,40 @@ def create_task(
     ] = None,
     traceparent: Annotated[str | None, Header(description="W3C trace context")] = None,
 ) -> TaskSummary:
-    tp = valid_traceparent(traceparent)  # an invalid one is ignored (W3C): the task gets a new trace
-    for attempt in range(2):
-        try:
-            inserted: dict[str, dict[str, Any]] = {}
-            with engine.begin() as conn:
-                task_id, created = submit_task(
-                    conn,
-                    body,
-                    tenant,
-                    settings.budgets,
-                    settings.blob_dir,
-                    idempotency_key=idempotency_key,
-                    traceparent=tp,
-                    inserted=inserted,
-                )
-                row = (
-                    new_task_row(inserted[task_id])
-                    if task_id in inserted
-                    else get_task(conn, task_id, tenant)
-                )
-            break
-        except InvalidSubmission as exc:
-            title = {404: "Not Found", 409: "Conflict"}.get(exc.status, "Unprocessable Content")
-            raise ProblemError(exc.status, title, exc.detail, type_=exc.reason.replace("_", "-")) from None
-        except IntegrityError:
-            # A concurrent request with the same Idempotency-Key won the insert: the retry finds it.
-            if attempt == 1 or idempotency_key is None:
-                raise
+    # The submission is a span of the caller's trace (an invalid traceparent is ignored, W3C), and
+    # the task's own trace context is this span: every later span of the task hangs below it.
+    with task_span(valid_traceparent(traceparent), "task.submit", {"dayzero.tenant": tenant}) as span:
+        tp = current_traceparent() or valid_traceparent(traceparent)
+        for attempt in range(2):
+            try:
+                inserted: dict[str, dict[str, Any]] = {}
+                with engine.begin() as conn:
+                    task_id, created = submit_task(
+                        conn,
+                        body,
+                        tenant,
+                        settings.budgets,
+                        settings.blob_dir,
+                        idempotency_key=idempotency_key,
+                        traceparent=tp,
+                        inserted=inserted,
+                    )
+                    row = (
+                        new_task_row(inserted[task_id])
+                        if task_id in inserted
+                        else get_task(conn, task_id, tenant)
+                    )
+                break
+            except InvalidSubmission as exc:
+                title = {404: "Not Found", 409: "Conflict"}.get(exc.status, "Unprocessable Content")
+                raise ProblemError(
+                    exc.status, title, exc.detail, type_=exc.reason.replace("_", "-")
+                ) from None
+            except IntegrityError:
+                # A concurrent request with the same Idempotency-Key won the insert: the retry finds it.
+                if attempt == 1 or idempotency_key is None:
+                    raise
+        span.set_attribute("dayzero.task_id", task_id)
     TASKS_SUBMITTED.labels("rest", "created" if created else "replayed").inc()
     response.status_code = 201 if created else 200
     if created:
