@@ -53,6 +53,12 @@ def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen:
     )
 
 
+def _progress(engine, ids) -> int:
+    """Attempts finished so far (a runner that wrote one has done real work)."""
+    with engine.connect() as conn:
+        return sum(len(list_attempts(conn, t)) for t in ids)
+
+
 def _all_done(engine, ids) -> bool:
     with engine.connect() as conn:
         rows = conn.execute(select(Task.status).where(Task.id.in_(ids))).all()
@@ -96,16 +102,28 @@ def test_sigkilled_runners_lose_nothing(pg_url, model_server, tmp_path):
     migrate.upgrade(engine)
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    cycles = 6
-    ids = [submit(engine, {"cycles": cycles, "tool": "ledger" if i % 2 else "slow_echo"}) for i in range(6)]
+    cycles = 10
+    # Enough work (~6 s of tool time) that 25 runner lifetimes, each killed soon after it made
+    # progress, end before it is done.
+    slow = {"i": "{i}", "max_sleep_s": 0.1}
+    ids = [
+        submit(engine, {"cycles": cycles, "tool": "ledger" if i % 2 else "slow_echo", "args": slow})
+        for i in range(8)
+    ]
     log = tmp_path / "runners.log"
     rng = random.Random(1234)
     kills = 0
     fp = "before_commit=0.03,after_commit=0.03,before_tool=0.03,after_tool=0.03"
     # Phase 1: runners killed from outside at random instants, plus self-kills at failpoints.
-    while kills < 25 and not _all_done(engine, ids):
+    while kills < 25:
+        assert not _all_done(engine, ids), f"the work ran out after {kills} kills; give the test more"
+        before = _progress(engine, ids)
         proc = _spawn(_runner_env(pg_url, model_server.url, state_dir, fp), log)
-        time.sleep(rng.uniform(0.8, 1.6))  # start-up takes most of this; some steps run
+        # Kill mid-work: once this runner has made progress, after a random extra moment.
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and _progress(engine, ids) == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.25))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -38,7 +38,7 @@ class SlowEcho:
     spec = ToolSpec(name="slow_echo", description="echo after a pause", parameters=OBJ)
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        time.sleep(random.uniform(0.0, 0.05))
+        time.sleep(random.uniform(0.0, float(arguments.get("max_sleep_s", 0.05))))
         return ToolResult(content={"echo": arguments})
 
 
@@ -54,12 +54,13 @@ class Ledger:
     )
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        time.sleep(random.uniform(0.0, 0.03))
+        pause = float(arguments.get("max_sleep_s", 0.03))
+        time.sleep(random.uniform(0.0, pause))
         with open(_state_dir() / "ledger.log", "a") as f:
             f.write(f"{context.idempotency_key}\n")
             f.flush()
             os.fsync(f.fileno())
-        time.sleep(random.uniform(0.0, 0.03))
+        time.sleep(random.uniform(0.0, pause))
         return ToolResult(content={"recorded": context.idempotency_key})
 
 
