@@ -155,7 +155,9 @@ class Runner:
     def _has_unfinished_tasks(self) -> bool:
         with self.engine.connect() as conn:
             q = select(tasks_t.c.id).where(
-                tasks_t.c.status.in_([TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING])
+                tasks_t.c.status.in_(
+                    [TaskStatus.PREPROCESSING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING]
+                )
             )
             return conn.execute(q.limit(1)).first() is not None
 
