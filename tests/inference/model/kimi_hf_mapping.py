@@ -15,50 +15,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from inference.engine.factory import small_model_config
+
 # fp32 tolerance of every CPU equivalence check: max |ours - ref| / max |ref|.
 FP32_REL_TOL = 1e-4
 
 
 def tiny_kimi_linear_config(**overrides: Any) -> dict[str, Any]:
-    """A published-layout `kimi_linear` config small enough for a 2-core CI machine."""
+    """A published-layout `kimi_linear` config small enough for a 2-core CI machine: the bundled
+    small model's shape, with a 256-token vocabulary, special-token ids and a narrower dense MLP."""
     cfg: dict[str, Any] = {
-        "model_type": "kimi_linear",
+        **small_model_config(),
         "vocab_size": 256,
-        "hidden_size": 64,
         "intermediate_size": 96,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 0,
-        "q_lora_rank": None,
-        "kv_lora_rank": 32,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "mla_use_nope": True,
-        "num_experts": 8,
-        "num_experts_per_token": 2,
-        "moe_intermediate_size": 32,
-        "num_shared_experts": 1,
-        "routed_scaling_factor": 2.446,
-        "moe_renormalize": True,
-        "moe_router_activation_func": "sigmoid",
-        "num_expert_group": 2,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
-        "linear_attn_config": {
-            "kda_layers": [1, 2, 4],
-            "full_attn_layers": [3],
-            "num_heads": 2,
-            "head_dim": 16,
-            "short_conv_kernel_size": 4,
-        },
     }
     cfg.update(overrides)
     return copy.deepcopy(cfg)
