@@ -7,34 +7,21 @@ import json
 import logging
 import signal
 
+from orchestrator.commands.kafka_process import add_kafka_process_arguments, start_kafka_process
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="consume task submissions from Kafka (dayzero.tasks)")
-    p.add_argument("--upgrade", action="store_true", help="apply migrations first")
-    p.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    add_kafka_process_arguments(p)
     p.set_defaults(func=_ingest)
 
 
 def _ingest(args: argparse.Namespace) -> int:
     from orchestrator.api.config import IngressSettings
     from orchestrator.app import make_db
-    from orchestrator.config import Settings
-    from orchestrator.kafka.config import KafkaSettings
     from orchestrator.kafka.ingest import Ingestor, make_consumer, make_dlq_producer
-    from orchestrator.kafka.topics import ensure_topics
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port)
-    settings, kafka = Settings(), KafkaSettings()
-    if not settings.kafka_bootstrap_servers:
-        raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")
-    bootstrap = settings.kafka_bootstrap_servers
-    if not args.no_create_topics:
-        ensure_topics(bootstrap, [kafka.tasks_topic, kafka.dlq_topic], kafka.partitions)
+    settings, kafka, bootstrap = start_kafka_process(args, lambda k: [k.tasks_topic, k.dlq_topic])
     engine = make_db(settings, upgrade=args.upgrade)
     consumer = make_consumer(bootstrap, kafka)
     producer = make_dlq_producer(bootstrap)

@@ -3,40 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
+
+from orchestrator.commands.kafka_process import add_kafka_process_arguments, start_kafka_process
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("relay", help="publish task events and results to Kafka (the outbox relay)")
-    p.add_argument("--upgrade", action="store_true", help="apply migrations first")
-    p.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    add_kafka_process_arguments(p)
     p.add_argument("--batch-size", type=int, default=500, help="events per publish round")
     p.set_defaults(func=_relay)
 
 
 def _relay(args: argparse.Namespace) -> int:
     from orchestrator.app import make_db
-    from orchestrator.config import Settings
-    from orchestrator.kafka.config import KafkaSettings
-    from orchestrator.kafka.topics import ensure_topics
     from orchestrator.relay import Relay, RelayConfig, make_relay_producer
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port)
-    settings, kafka = Settings(), KafkaSettings()
-    if not settings.kafka_bootstrap_servers:
-        raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")
-    if not args.no_create_topics:
-        ensure_topics(
-            settings.kafka_bootstrap_servers, [kafka.events_topic, kafka.results_topic], kafka.partitions
-        )
+    settings, kafka, bootstrap = start_kafka_process(args, lambda k: [k.events_topic, k.results_topic])
     engine = make_db(settings, upgrade=args.upgrade)
-    producer = make_relay_producer(settings.kafka_bootstrap_servers)
+    producer = make_relay_producer(bootstrap)
     relay = Relay(
         engine,
         producer,
