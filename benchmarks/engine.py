@@ -162,7 +162,9 @@ def exactness(model, spec, dtype, device, n_tok: int) -> dict[str, Any]:
     return res
 
 
-def engine_decode(model, spec, dtype, device, batch: int, prompt_len: int, steps: int) -> dict[str, float]:
+def engine_decode(
+    model, spec, dtype, device, batch: int, prompt_len: int, steps: int, **engine_kw
+) -> dict[str, float]:
     eng = make_engine(
         model,
         spec,
@@ -170,6 +172,7 @@ def engine_decode(model, spec, dtype, device, batch: int, prompt_len: int, steps
         device,
         num_state_slots=2 * batch + 8,
         num_blocks=batch * ((prompt_len + steps + 80) // 64 + 2),
+        **engine_kw,
     )
     rids = [
         eng.add_request(p, SamplingParams(temperature=0, max_tokens=steps + 40, ignore_eos=True))
@@ -194,7 +197,64 @@ def engine_decode(model, spec, dtype, device, batch: int, prompt_len: int, steps
         "tok_per_s": round(n / dt, 1),
         "ms_per_step": round(1000 * dt / steps, 2),
         "first_tokens": first.output_token_ids[:8],
+        "graph_replays": eng.runner.graphs.num_replays if eng.runner.graphs is not None else 0,
     }
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+@torch.inference_mode()
+def decode_paths(model, spec, dtype, device) -> dict[str, Any]:
+    """The decode fast paths against their references on this GPU: fla's fused in-place KDA decode
+    vs the PyTorch recurrence, the grouped-GEMM MoE vs the per-expert loop, and the engine with
+    CUDA graphs vs eager (greedy tokens of 32 requests)."""
+    from inference.model.ops.kda import kda_decode, kda_decode_ref
+    from inference.model.ops.moe import moe_experts_grouped, moe_experts_reference
+
+    res: dict[str, Any] = {}
+    g = torch.Generator(device=device).manual_seed(0)
+    n, h, d = 32, spec.kda.num_heads, spec.kda.head_dim
+    q, k, v, f = (torch.randn(n, h, d, generator=g, device=device, dtype=dtype) for _ in range(4))
+    b = torch.randn(n, h, generator=g, device=device, dtype=dtype)
+    layer = next(m for m in model.modules() if hasattr(m, "A_log"))
+    pool = torch.randn(2 * n, h, d, d, generator=g, device=device) * 0.1
+    slots = torch.randperm(2 * n, device=device)[:n]
+    p_fast, p_ref = pool.clone(), pool.clone()
+    o_fast = kda_decode(q, k, v, f, b, layer.A_log, layer.dt_bias, p_fast, slots, use_fla=True)
+    o_ref = kda_decode_ref(q, k, v, f, b, layer.A_log, layer.dt_bias, p_ref, slots)
+    res["kda_decode_fla_vs_ref"] = {"out_rel": _rel(o_fast, o_ref), "state_rel": _rel(p_fast, p_ref)}
+    moe = next(m for m in model.modules() if hasattr(m, "_stacked"))
+    for t in (1, 32, 128):
+        x = torch.randn(t, spec.hidden_size, generator=g, device=device, dtype=dtype)
+        w, ids = moe.gate(x)
+        ref = moe_experts_reference(
+            x, w, ids, [e.w1.weight for e in moe.experts], [e.w2.weight for e in moe.experts],
+            [e.w3.weight for e in moe.experts],
+        )  # fmt: skip
+        res[f"moe_grouped_vs_loop_t{t}_rel"] = _rel(moe_experts_grouped(x, w, ids, *moe._stacked()), ref)
+    prompts = rand_prompts(32, 96, 3)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    runs = {}
+    for name, graphs in (("eager", False), ("graphs", True)):
+        eng = make_engine(model, spec, dtype, device, enable_cuda_graphs=graphs, num_state_slots=72)
+        eng.generate(prompts[:2], sp)  # warm-up (and the first captures)
+        sync(device)
+        t0 = time.perf_counter()
+        runs[name] = eng.generate(prompts, sp)
+        sync(device)
+        res[f"{name}_generate_s"] = round(time.perf_counter() - t0, 3)
+        if eng.runner.graphs is not None:
+            res["graphs"] = {
+                "captured": sorted(eng.runner.graphs.graphs),
+                "replays": eng.runner.graphs.num_replays,
+                "capture_s": round(eng.runner.graphs.capture_s, 2),
+            }
+        else:
+            res["graphs_note"] = res.get("graphs_note", "") + f"{name}: no graphs; "
+    res["graphs_vs_eager"] = _compare(runs["eager"], runs["graphs"])
+    return res
 
 
 def hf_model(model, cfg, dtype, device):
@@ -312,13 +372,24 @@ def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, A
     return {"ttft_ms": round(1000 * ttft, 2), "cached_tokens": hit, "table": table, "cpu_table": cpu_table}
 
 
+SECTIONS = ("decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="CPU smoke run with the bundled small model")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list, in run order: {SECTIONS}")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-fp32", action="store_true")
     ap.add_argument("--profile-ttft", action="store_true", help="torch.profiler table of one cached turn")
     args = ap.parse_args()
+    want = set(args.sections.split(","))
+    if args.skip_hf:
+        want.discard("hf")
+    if args.skip_fp32:
+        want.discard("exactness_fp32")
+    if unknown := want - set(SECTIONS):
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     out_dir = os.environ.get("OUT")
     quick = args.quick or not torch.cuda.is_available()
     device = torch.device("cpu" if quick else "cuda")
@@ -326,26 +397,31 @@ def main() -> None:
         torch.set_num_threads(1)
     cfg = small_model_config() if quick else bench_config()
     spec = parse_config(cfg)
-    t0 = time.perf_counter()
-    model = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
-    RESULTS["config"] = cfg
-    RESULTS["params_total"] = sum(p.numel() for p in model.parameters())
-    RESULTS["device"] = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    RESULTS["build_s"] = round(time.perf_counter() - t0, 2)
-    n_tok = 8 if quick else 16
-    if not args.skip_fp32:
-        section("exactness_fp32", out_dir)(exactness)(model, spec, torch.float32, device, n_tok)
     dtype = torch.float32 if quick else torch.bfloat16
+    t0 = time.perf_counter()
+    # fp32 init then a cast (the decay parameters stay fp32), as the exactness_fp32 model is built
+    model = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
     for name, p in model.named_parameters():
         if not name.endswith(("A_log", "dt_bias")):
             p.data = p.data.to(dtype)
-    if not quick:
-        section("exactness_bf16", out_dir)(exactness)(model, spec, dtype, device, n_tok)
+    RESULTS["config"] = cfg
+    RESULTS["params_total"] = sum(p.numel() for p in model.parameters())
+    RESULTS["device"] = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    RESULTS["torch"] = torch.__version__
+    RESULTS["build_s"] = round(time.perf_counter() - t0, 2)
+    n_tok = 8 if quick else 16
     batches = (1, 4) if quick else (1, 32, 128)
     plen, steps = (32, 8) if quick else (128, 64)
-    for b in batches:
-        section(f"engine_decode_b{b}", out_dir)(engine_decode)(model, spec, dtype, device, b, plen, steps)
-    if not args.skip_hf:
+    if "decode_paths" in want and not quick:
+        section("decode_paths", out_dir)(decode_paths)(model, spec, dtype, device)
+    if "decode" in want:
+        for b in batches:
+            section(f"engine_decode_b{b}", out_dir)(engine_decode)(model, spec, dtype, device, b, plen, steps)
+        if not quick:  # the same at batch 32 without CUDA graphs: what the graphs buy
+            section("engine_decode_b32_eager", out_dir)(engine_decode)(
+                model, spec, dtype, device, 32, plen, steps, enable_cuda_graphs=False
+            )
+    if "hf" in want:
         holder: dict[str, Any] = {}
         section("hf_build", out_dir)(
             lambda: holder.update(hf=hf_model(model, cfg, dtype, device)) or {"ok": True}
@@ -357,9 +433,16 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     ctx = (256, 16, 4) if quick else (16384, 64, 32)
-    section("ttft", out_dir)(ttft_turn10)(model, spec, dtype, device, *ctx)
+    if "ttft" in want:
+        section("ttft", out_dir)(ttft_turn10)(model, spec, dtype, device, *ctx)
     if args.profile_ttft:
         section("ttft_profile", out_dir)(profile_cached_turn)(model, spec, dtype, device, ctx[0])
+    if "exactness_bf16" in want and not quick:
+        section("exactness_bf16", out_dir)(exactness)(model, spec, dtype, device, n_tok)
+    if "exactness_fp32" in want:
+        del model
+        fp32 = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
+        section("exactness_fp32", out_dir)(exactness)(fp32, spec, torch.float32, device, n_tok)
     summary = {}
     for b in batches:
         e, h = RESULTS.get(f"engine_decode_b{b}", {}), RESULTS.get(f"hf_decode_b{b}", {})

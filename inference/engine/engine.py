@@ -28,6 +28,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     checkpoint_interval: int = 1024
+    enable_cuda_graphs: bool = True  # pure-decode steps replay captured graphs (CUDA, capable models)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(
@@ -113,6 +114,7 @@ class Engine:
             device=device,
             dtype=dtype,
             vocab_size=tokenizer.vocab_size,
+            cuda_graphs=config.enable_cuda_graphs,
         )
         self._text: dict[str, _TextState] = {}
         self._ids = itertools.count()

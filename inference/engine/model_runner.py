@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.cuda_graphs import DEFAULT_BATCH_BUCKETS, DecodeBatch, DecodeGraphs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.sampler import Sampler
 from inference.engine.scheduler import SchedulerOutput
@@ -41,14 +42,26 @@ class ModelRunner:
         device: torch.device | str,
         dtype: torch.dtype,
         vocab_size: int | None = None,
+        cuda_graphs: bool = False,
+        graph_batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's: ids past it (padded embedding rows) are never sampled
         self.device = torch.device(device)
         self.block_size = block_size
+        supports = getattr(model, "supports_decode_graphs", None)
+        use_graphs = cuda_graphs and self.device.type == "cuda" and supports is not None and supports(dtype)
+        # decode graphs pad their batches into one extra block and one extra slot nobody owns
+        extra = 1 if use_graphs else 0
         self.cache = HybridCacheTensors.allocate(
-            cache_spec, num_blocks, block_size, num_slots, self.device, dtype
+            cache_spec, num_blocks + extra, block_size, num_slots + extra, self.device, dtype
         )
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            self.graphs = DecodeGraphs(
+                model, self.cache, device=self.device, block_size=block_size,
+                scratch_block=num_blocks, scratch_slot=num_slots, batch_buckets=graph_batch_buckets,
+            )  # fmt: skip
         self.sampler = Sampler()
         self.tables: dict[str, list[int]] = {}
         self.forward_time = 0.0
@@ -126,6 +139,40 @@ class ModelRunner:
                 parts.append(mm.embeds[lo:hi])
         return torch.cat(parts).to(self.device) if parts else None
 
+    def _forward(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> torch.Tensor:
+        """Logits of the sampled rows: a captured graph for pure-decode steps where one fits."""
+        image_embeds = self._image_embeds(out, requests)
+        if (
+            self.graphs is not None
+            and image_embeds is None
+            and all(len(s.token_ids) == 1 for s in out.scheduled)
+        ):
+            batch, rows = self._decode_batch(out)
+            logits = self.graphs.run(batch)
+            if logits is not None:
+                for s, table in zip(out.scheduled, batch.tables, strict=True):
+                    self.tables[s.req_id] = table
+                return logits[rows] if len(rows) != len(batch.ids) else logits
+        meta, ids, _ = self.build_meta(out)
+        return self.model(self._to(ids, torch.int64), meta, self.cache, image_embeds=image_embeds)
+
+    def _decode_batch(self, out: SchedulerOutput) -> tuple[DecodeBatch, list[int]]:
+        """Host lists of a one-token-per-sequence step, and the rows to sample (tables not stored)."""
+        B = self.block_size
+        ids, positions, slot_mapping, seq_lens, tables, slots, rows = [], [], [], [], [], [], []
+        for i, s in enumerate(out.scheduled):
+            table = list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+            pos = s.start
+            ids.append(s.token_ids[0])
+            positions.append(pos)
+            slot_mapping.append(table[pos // B] * B + pos % B)
+            seq_lens.append(pos + 1)
+            tables.append(table)
+            slots.append(s.slot)
+            if s.sample:
+                rows.append(i)
+        return DecodeBatch(ids, positions, slot_mapping, seq_lens, tables, slots), rows
+
     @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, requests: Mapping[str, Request]
@@ -140,11 +187,8 @@ class ModelRunner:
             self.cache.zero_slot(slot)
         if out.is_empty:
             return {}, {}
-        meta, ids, _ = self.build_meta(out)
         t0 = time.perf_counter()
-        logits = self.model(
-            self._to(ids, torch.int64), meta, self.cache, image_embeds=self._image_embeds(out, requests)
-        )
+        logits = self._forward(out, requests)
         for src, dst in out.snapshots:
             self.cache.copy_slot(src, dst)
         self.copy_blocks(out.snapshot_block_copies)

@@ -16,7 +16,7 @@ from inference.config import ModelSpec
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.layers import GatedRMSNorm
-from inference.model.ops.kda import causal_conv_varlen, kda_gate, kda_varlen
+from inference.model.ops.kda import causal_conv_varlen, kda_decode, kda_gate, kda_varlen
 
 __all__ = ["KimiDeltaAttention", "ShortConv"]
 
@@ -80,6 +80,13 @@ class KimiDeltaAttention(nn.Module):
         )
         conv_pool.index_copy_(0, slots, window)
         q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
+        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
+        if meta.is_pure_decode:  # one fused kernel, state updated in place in its slot
+            f = self.f_b_proj(self.f_a_proj(x)).view(t, h, d)
+            o = kda_decode(
+                q, k, v, f, self.b_proj(x), self.A_log, self.dt_bias, cache.state[self.layer_idx], slots
+            )
+            return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
         g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(t, h, d), self.A_log, self.dt_bias)
         beta = torch.sigmoid(self.b_proj(x)).float()
         state_pool = cache.state[self.layer_idx]
@@ -87,5 +94,4 @@ class KimiDeltaAttention(nn.Module):
             q, k, v, g, beta, state_pool.index_select(0, slots), meta.cu_seqlens, meta.query_lens_cpu
         )
         state_pool.index_copy_(0, slots, final)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
         return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))

@@ -12,6 +12,7 @@ from inference.model.kda import KimiDeltaAttention
 from inference.model.layers import RMSNorm
 from inference.model.mla import MLAttention
 from inference.model.moe import DenseMLP, SparseMoE
+from inference.model.ops.moe import grouped_mm_available
 
 __all__ = ["DecoderLayer", "KimiLinearForCausalLM", "KimiLinearModel"]
 
@@ -72,6 +73,16 @@ class KimiLinearForCausalLM(nn.Module):
         """Share the LM head with the embedding when the config ties them (call after re-materialising)."""
         if self.spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def supports_decode_graphs(self, dtype: torch.dtype) -> bool:
+        """Whether a pure-decode forward in `dtype` is free of host syncs (CUDA-graph capturable).
+
+        Not with DSA (its decode selection is per sequence on the host) nor when the MoE would
+        take the per-expert loop (it reads expert counts on the host).
+        """
+        if self.spec.dsa is not None:
+            return False
+        return self.spec.moe is None or (dtype == torch.bfloat16 and grouped_mm_available())
 
     def embed(self, input_ids: Tensor, image_embeds: Tensor | None = None) -> Tensor:
         """`[T]` ids -> `[T, hidden]`; image placeholder rows are replaced by `image_embeds` in order."""

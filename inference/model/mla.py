@@ -144,15 +144,19 @@ class MLAttention(nn.Module):
         decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         if decode:
             lens = [meta.seq_lens_cpu[i] for i in decode]
-            if len(decode) == len(meta.query_lens_cpu):  # pure decode: the batch tensors as they are
+            if len(decode) == len(meta.query_lens_cpu):
+                # pure decode: the batch tensors as they are, and the whole block-table width read
+                # (shapes fixed by the tensors alone, not by host lengths: a CUDA graph replays it)
                 rows, tables, lens_t = slice(None), meta.block_tables, meta.seq_lens.to(q.device)
+                num_rows = tables.shape[1] * pool.shape[1]
             else:
                 rows = torch.tensor([starts[i] for i in decode], device=q.device)
                 tables, lens_t = meta.block_tables[decode], torch.tensor(lens, device=q.device)
-            latents = gather_paged(pool, tables, lens)
+                num_rows = max(lens)
+            latents = gather_paged(pool, tables, [num_rows])
             allowed = None
             if index is not None:  # DSA: the absorbed kernel sees only the selected keys
-                allowed = torch.zeros(len(decode), max(lens), dtype=torch.bool, device=q.device)
+                allowed = torch.zeros(len(decode), num_rows, dtype=torch.bool, device=q.device)
                 for j, i in enumerate(decode):
                     allowed[j, : lens[j]] = self._dsa_mask(index, i, slice(starts[i], starts[i] + 1), meta)[0]
             qd = q[rows]

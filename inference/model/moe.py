@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import MoESpec
+from inference.model.ops.moe import grouped_mm_available, moe_experts_grouped, moe_experts_reference
 
 __all__ = ["DenseMLP", "Expert", "SparseMoE", "TopKRouter"]
 
@@ -73,7 +74,14 @@ class TopKRouter(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Routed experts plus always-on shared experts."""
+    """Routed experts plus always-on shared experts.
+
+    On CUDA in bf16 (with `torch._grouped_mm`) the routed experts run as two grouped GEMMs over stacked
+    `[E, 2I, H]` / `[E, H, I]` weights, sync-free so a decode step can be captured in a CUDA graph.
+    The stacks are built on first use and the per-expert parameters are re-pointed into them, so the
+    published `experts.N.w1/w2/w3` names keep working (state_dict, loading) with no second copy.
+    Elsewhere the per-expert reference loop runs.
+    """
 
     def __init__(self, hidden: int, spec: MoESpec) -> None:
         super().__init__()
@@ -85,25 +93,45 @@ class SparseMoE(nn.Module):
             if spec.num_shared_experts
             else None
         )
+        self._stacks: tuple[Tensor, Tensor] | None = None
+
+    def _stacked(self) -> tuple[Tensor, Tensor]:
+        """`(w13 [E, 2I, H], w2 [E, H, I])`, rebuilt when a parameter was replaced (e.g. a cast)."""
+        first, last = self.experts[0], self.experts[-1]
+        if self._stacks is not None:
+            w13, w2 = self._stacks
+            i = self.spec.intermediate_size
+            if (
+                first.w1.weight.data_ptr() == w13.data_ptr()
+                and last.w2.weight.data_ptr() == w2[-1].data_ptr()
+                and last.w3.weight.data_ptr() == w13[-1, i:].data_ptr()
+                and first.w1.weight.dtype == w13.dtype
+            ):
+                return self._stacks
+        # plain (not inference-mode) tensors: loading into the parameters later must still work
+        with torch.inference_mode(False), torch.no_grad():
+            w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
+            w2 = torch.stack([e.w2.weight for e in self.experts])
+            i = self.spec.intermediate_size
+            for n, e in enumerate(self.experts):
+                e.w1.weight.data = w13[n, :i]
+                e.w3.weight.data = w13[n, i:]
+                e.w2.weight.data = w2[n]
+        self._stacks = (w13, w2)
+        return self._stacks
 
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""
         weights, ids = self.gate(x)
-        out = torch.zeros_like(x)
-        # Token-sorted dispatch: one gather/scatter per expert that received tokens.
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.spec.num_experts).tolist()
-        token_of = order // self.spec.top_k
-        w_of = weights.flatten()[order]
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            tok = token_of[start : start + n]
-            y = self.experts[e](x[tok]) * w_of[start : start + n, None]
-            out.index_add_(0, tok, y.to(out.dtype))
-            start += n
+        if x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available():
+            out = moe_experts_grouped(x, weights, ids, *self._stacked())
+        else:
+            out = moe_experts_reference(
+                x, weights, ids,
+                [e.w1.weight for e in self.experts],
+                [e.w2.weight for e in self.experts],
+                [e.w3.weight for e in self.experts],
+            )  # fmt: skip
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

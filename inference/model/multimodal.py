@@ -31,6 +31,10 @@ class KimiVLForConditionalGeneration(nn.Module):
         """`[P, 3, 14, 14]` patches + `[I, 3]` grids -> `[sum_i h_i*w_i/4, hidden]` text-space embeddings."""
         return self.mm_projector(self.vision_tower(pixel_values, grid_thw))
 
+    def supports_decode_graphs(self, dtype: torch.dtype) -> bool:
+        """See `KimiLinearForCausalLM.supports_decode_graphs` (decode steps carry no images)."""
+        return self.language_model.supports_decode_graphs(dtype)
+
     def forward(
         self,
         input_ids: Tensor,

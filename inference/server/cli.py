@@ -41,6 +41,7 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument("--no-chunked-prefill", action="store_true")
+    s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.set_defaults(func=_serve)
 
 
@@ -65,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         enable_chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching,
         checkpoint_interval=args.checkpoint_interval,
+        enable_cuda_graphs=not args.enforce_eager,
     )
     engine = build_engine(
         model_dir=args.model,

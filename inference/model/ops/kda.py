@@ -11,6 +11,11 @@ The delta rule per head, with state `S` `[K, V]`, per-channel log decay `g_t` `[
 `kda_varlen` runs it over a flat batch of sequences with per-sequence initial states: on CUDA
 through `fla` (`chunk_kda` for prefill, `fused_recurrent_kda` for pure decode), elsewhere through
 the fp32 references below (a chunked form for prefill, the plain recurrence for one token).
+
+`kda_decode` is the decode-only fast path: one token per sequence, the gate and beta activations
+fused into fla's recurrent kernel, and the state read and written in place in the state pool (no
+gather/scatter copies, fixed shapes: a CUDA graph can capture it). `kda_decode_ref` is its
+batched PyTorch reference.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from torch import Tensor
 __all__ = [
     "causal_conv_varlen",
     "kda_chunk_ref",
+    "kda_decode",
+    "kda_decode_ref",
     "kda_gate",
     "kda_recurrent_ref",
     "kda_varlen",
@@ -222,3 +229,52 @@ def kda_varlen(
         finals.append(s)
         start += n
     return torch.cat(outs).to(q.dtype), torch.stack(finals)
+
+
+def kda_decode_ref(
+    q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor,
+    a_log: Tensor, dt_bias: Tensor, state_pool: Tensor, slots: Tensor,
+) -> Tensor:  # fmt: skip
+    """One decode token per sequence; updates `state_pool[slots]` in place (batched reference).
+
+    Args:
+        q, k: `[N, H, K]` raw; v: `[N, H, V]`.
+        f: `[N, H, K]` gate pre-activation (see `kda_gate`); b: `[N, H]` beta logits.
+        a_log, dt_bias: the layer's decay parameters.
+        state_pool: `[num_slots, H, K, V]` fp32; slots: `[N]` int64 (distinct).
+    Returns:
+        `o [N, H, V]` in `q.dtype`.
+    """
+    scale = q.shape[-1] ** -0.5
+    qn, kn = l2norm(q.float()) * scale, l2norm(k.float())
+    g = kda_gate(f, a_log, dt_bias)
+    beta = torch.sigmoid(b.float())
+    s = state_pool.index_select(0, slots) * torch.exp(g).unsqueeze(-1)
+    u = beta.unsqueeze(-1) * (v.float() - torch.einsum("nhk,nhkv->nhv", kn, s))
+    s = s + kn.unsqueeze(-1) * u.unsqueeze(-2)
+    state_pool.index_copy_(0, slots, s)
+    return torch.einsum("nhk,nhkv->nhv", qn, s).to(q.dtype)
+
+
+def kda_decode(
+    q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor,
+    a_log: Tensor, dt_bias: Tensor, state_pool: Tensor, slots: Tensor,
+    *, use_fla: bool | None = None,
+) -> Tensor:  # fmt: skip
+    """`kda_decode_ref`'s contract; on CUDA one fla kernel (gate, beta, l2norm, in-place state)."""
+    if use_fla is None:
+        use_fla = _fla_available(q)
+    if not use_fla:
+        return kda_decode_ref(q, k, v, f, b, a_log, dt_bias, state_pool, slots)
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    h = q.shape[1]
+    o, _ = fused_recurrent_kda_fwd(
+        q=q.contiguous()[:, None], k=k.contiguous()[:, None], v=v.contiguous()[:, None],
+        g=f.contiguous()[:, None], beta=b.contiguous()[:, None],
+        A_log=a_log.reshape(h).float().contiguous(), dt_bias=dt_bias.float().contiguous(),
+        initial_state=state_pool, scale=q.shape[-1] ** -0.5,
+        inplace_final_state=True, ssm_state_indices=slots,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+    )  # fmt: skip
+    return o[:, 0]

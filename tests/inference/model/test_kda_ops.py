@@ -72,3 +72,30 @@ def test_pure_decode_conv_equals_the_general_path():
         xi = torch.cat([x[i : i + 1], torch.zeros(2, 6)])
         yi, ni = causal_conv_varlen(xi, windows[[i, i]], weight, torch.tensor([0, 1, 3]), (1, 2))
         assert torch.allclose(y[i], yi[0], rtol=0, atol=1e-6) and torch.equal(new[i], ni[0])
+
+
+def test_decode_reference_updates_the_slots_in_place_like_the_recurrence():
+    """`kda_decode_ref` (gate + beta inside, state in its pool slot) equals the per-sequence
+    recurrence on explicitly gated inputs, and leaves the other slots untouched."""
+    from inference.model.ops.kda import kda_decode, kda_gate
+
+    gen = torch.Generator().manual_seed(3)
+    n, h, d, num_slots = 3, 2, 16, 6
+    q, k, v, f = (torch.randn(n, h, d, generator=gen) for _ in range(4))
+    b = torch.randn(n, h, generator=gen)
+    a_log = torch.rand(1, 1, h, 1, generator=gen).log()
+    dt_bias = torch.randn(h * d, generator=gen) * 0.1
+    pool = torch.randn(num_slots, h, d, d, generator=gen)
+    slots = torch.tensor([4, 0, 2])
+    before = pool.clone()
+    o = kda_decode(q, k, v, f, b, a_log, dt_bias, pool, slots)  # CPU: the reference
+    g = kda_gate(f[:, None].reshape(n, h, d), a_log, dt_bias)
+    for i, slot in enumerate(slots.tolist()):
+        qn, kn = l2norm(q[i : i + 1]) * d**-0.5, l2norm(k[i : i + 1])
+        o_ref, s_ref = kda_recurrent_ref(
+            qn, kn, v[i : i + 1], g[i : i + 1], torch.sigmoid(b[i : i + 1]), before[slot]
+        )
+        assert_close_rel(o[i], o_ref[0], FP32_REL_TOL, f"decode output of sequence {i}")
+        assert_close_rel(pool[slot], s_ref, FP32_REL_TOL, f"state of slot {slot}")
+    untouched = [1, 3, 5]
+    assert torch.equal(pool[untouched], before[untouched])

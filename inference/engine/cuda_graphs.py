@@ -1,0 +1,182 @@
+"""CUDA graphs for pure-decode steps.
+
+A decode step of a small model is a few hundred tiny kernels; launched one by one from Python the
+GPU idles between them. Here each (batch bucket, block-table width bucket) gets one captured graph
+of the whole model forward. A step pads its batch up to the bucket: padding rows write their KV
+into a scratch block and their KDA state into a scratch slot that no request ever owns, so they
+compute harmless garbage. All step inputs live in one int64 device buffer per graph, filled by a
+single host-to-device copy, and the logits come back in the graph's static output.
+
+What may be captured is decided by the model (`supports_decode_graphs`): the forward must be free
+of host syncs and its shapes fixed by the tensors alone. Prefill and mixed steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from inference.model.cache_tensors import HybridCacheTensors
+from inference.model.forward_meta import ForwardMeta
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_BATCH_BUCKETS", "DecodeBatch", "DecodeGraphs", "padded_inputs", "pick_bucket"]
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """Host lists of one step in which every sequence has exactly one new token."""
+
+    ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    seq_lens: list[int]
+    tables: list[list[int]]
+    state_slots: list[int]
+
+
+def pick_bucket(n: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket >= n (None when n exceeds them all)."""
+    return next((b for b in buckets if b >= n), None)
+
+
+def width_bucket(width: int) -> int:
+    """Block-table width rounded up to a power of two (bounds the number of graphs per batch size)."""
+    return 1 << max(0, (width - 1).bit_length())
+
+
+def padded_inputs(
+    batch: DecodeBatch, rows: int, width: int, scratch_block: int, scratch_slot: int, block_size: int
+) -> list[int]:
+    """The graph's input buffer for `batch`, padded to `rows` sequences and `width` table entries.
+
+    Layout: ids | positions | slot_mapping | state_slots | seq_lens (each `rows`) | block tables
+    (`rows * width`, row-major). Padding rows decode token 0 at position 0 of the scratch block
+    into the scratch slot; short tables are padded with the scratch block.
+    """
+    n = len(batch.ids)
+    if n > rows or any(len(t) > width for t in batch.tables):
+        raise ValueError(f"a batch of {n} rows does not fit a {rows}x{width} decode graph")
+    pad = rows - n
+    flat_tables: list[int] = []
+    for t in batch.tables:
+        flat_tables += t
+        flat_tables += [scratch_block] * (width - len(t))
+    flat_tables += [scratch_block] * (pad * width)
+    return (
+        batch.ids + [0] * pad
+        + batch.positions + [0] * pad
+        + batch.slot_mapping + [scratch_block * block_size] * pad
+        + batch.state_slots + [scratch_slot] * pad
+        + batch.seq_lens + [1] * pad
+        + flat_tables
+    )  # fmt: skip
+
+
+class _Graph:
+    """One captured decode forward: its input buffer, the metadata views into it, its output."""
+
+    def __init__(self, rows: int, width: int, block_size: int, device: torch.device) -> None:
+        self.rows, self.width = rows, width
+        size = 5 * rows + rows * width
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        self.buf = torch.zeros(size, dtype=torch.int64, device=device)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        b = self.buf
+        self.ids = b[0:rows]
+        self.meta = ForwardMeta(
+            positions=b[rows : 2 * rows],
+            cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=device),
+            seq_lens=b[4 * rows : 5 * rows],
+            block_tables=b[5 * rows :].view(rows, width),
+            slot_mapping=b[2 * rows : 3 * rows],
+            state_slots=b[3 * rows : 4 * rows],
+            query_lens_cpu=(1,) * rows,
+            # an upper bound: the captured decode path reads lengths from `seq_lens` only
+            seq_lens_cpu=(width * block_size,) * rows,
+        )
+        self.graph = torch.cuda.CUDAGraph()
+        self.logits: Tensor | None = None
+
+    def load(self, values: list[int]) -> None:
+        self.copied.synchronize()  # the previous step's copy has left the pinned buffer
+        self.host.copy_(torch.tensor(values, dtype=torch.int64))
+        self.buf.copy_(self.host, non_blocking=True)
+        self.copied.record()
+
+
+class DecodeGraphs:
+    """Captures lazily, one graph per (batch bucket, width bucket); replays pure-decode steps."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: HybridCacheTensors,
+        *,
+        device: torch.device,
+        block_size: int,
+        scratch_block: int,
+        scratch_slot: int,
+        batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
+        max_graphs: int = 64,
+    ) -> None:
+        self.model, self.cache = model, cache
+        self.block_size = block_size
+        self.scratch_block, self.scratch_slot = scratch_block, scratch_slot
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.max_graphs = max_graphs
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.num_replays = 0
+        self.disabled = False
+        self.capture_s = 0.0
+
+    def run(self, batch: DecodeBatch) -> Tensor | None:
+        """Logits `[len(batch.ids), vocab]` of the step, or None when no graph fits (run eagerly)."""
+        rows = pick_bucket(len(batch.ids), self.batch_buckets)
+        if rows is None:
+            return None
+        width = width_bucket(max(len(t) for t in batch.tables))
+        g = self.graphs.get((rows, width))
+        if g is None:
+            if self.disabled or len(self.graphs) >= self.max_graphs:
+                return None
+            try:
+                g = self._capture(rows, width)
+            except Exception:  # a model that is not capturable after all: serve on eagerly
+                log.exception("decode graph capture failed (rows=%d width=%d); running eagerly", rows, width)
+                self.disabled = True
+                return None
+        g.load(padded_inputs(batch, rows, width, self.scratch_block, self.scratch_slot, self.block_size))
+        g.graph.replay()
+        self.num_replays += 1
+        assert g.logits is not None
+        return g.logits[: len(batch.ids)]
+
+    def _capture(self, rows: int, width: int) -> _Graph:
+        t0 = time.perf_counter()
+        g = _Graph(rows, width, self.block_size, self.device)
+        empty = DecodeBatch([], [], [], [], [], [])
+        g.load(padded_inputs(empty, rows, width, self.scratch_block, self.scratch_slot, self.block_size))
+        # warm-up on a side stream (Triton autotuning, cuBLAS handles) before capturing
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.model(g.ids, g.meta, self.cache)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(g.graph, pool=self.pool):
+            g.logits = self.model(g.ids, g.meta, self.cache)
+        self.graphs[(rows, width)] = g
+        self.capture_s += time.perf_counter() - t0
+        log.info("captured decode graph rows=%d width=%d in %.2fs", rows, width, time.perf_counter() - t0)
+        return g

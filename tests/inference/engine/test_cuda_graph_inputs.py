@@ -1,0 +1,40 @@
+"""Host-side layout of the decode CUDA graphs: buckets and the padded input buffer (the capture
+and replay themselves run on the GPU benchmark, `benchmarks/engine.py`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.engine.cuda_graphs import DecodeBatch, padded_inputs, pick_bucket, width_bucket
+
+
+def test_buckets():
+    assert [pick_bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 8)] == [1, 2, 4, 8]
+    assert pick_bucket(9, (1, 2, 4, 8)) is None
+    assert [width_bucket(w) for w in (1, 2, 3, 4, 5, 17)] == [1, 2, 4, 4, 8, 32]
+
+
+def test_padded_inputs_layout():
+    batch = DecodeBatch(
+        ids=[11, 12], positions=[5, 9], slot_mapping=[4 * 3 + 1, 7 * 4 + 1], seq_lens=[6, 10],
+        tables=[[2, 3], [6, 5, 7]], state_slots=[0, 3],
+    )  # fmt: skip
+    scratch_block, scratch_slot, bs = 9, 4, 4
+    buf = padded_inputs(batch, rows=4, width=4, scratch_block=9, scratch_slot=4, block_size=bs)
+    r = 4
+    assert buf[0:r] == [11, 12, 0, 0]  # ids
+    assert buf[r : 2 * r] == [5, 9, 0, 0]  # positions
+    assert buf[2 * r : 3 * r] == [13, 29, scratch_block * bs, scratch_block * bs]  # KV writes
+    assert buf[3 * r : 4 * r] == [0, 3, scratch_slot, scratch_slot]  # state slots
+    assert buf[4 * r : 5 * r] == [6, 10, 1, 1]  # lengths
+    tables = [buf[5 * r + i * 4 : 5 * r + (i + 1) * 4] for i in range(r)]
+    assert tables == [[2, 3, 9, 9], [6, 5, 7, 9], [9] * 4, [9] * 4]
+    assert len(buf) == 5 * r + r * 4
+
+
+def test_padded_inputs_refuses_what_does_not_fit():
+    batch = DecodeBatch([1], [0], [0], [1], [[0, 1, 2]], [0])
+    with pytest.raises(ValueError, match="does not fit"):
+        padded_inputs(batch, rows=1, width=2, scratch_block=5, scratch_slot=1, block_size=4)
+    with pytest.raises(ValueError, match="does not fit"):
+        padded_inputs(DecodeBatch([1, 2], [0, 0], [0, 0], [1, 1], [[0], [1]], [0, 1]), 1, 4, 5, 1, 4)
