@@ -372,6 +372,33 @@ def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, A
     return {"ttft_ms": round(1000 * ttft, 2), "cached_tokens": hit, "table": table, "cpu_table": cpu_table}
 
 
+def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any]:
+    """GPU time of eager decode steps at `batch`: kernels per step, busy time, top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    eng = make_engine(model, spec, dtype, device, enable_cuda_graphs=False, num_state_slots=2 * batch + 8)
+    for p in rand_prompts(batch, 128, 9):
+        eng.add_request(p, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    while any(r.num_output_tokens == 0 for r in eng.scheduler.requests.values()):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    sync(device)
+    steps = 5
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        sync(device)
+    ka = prof.key_averages()
+    kernels = [e for e in ka if getattr(e, "device_time_total", 0) > 0 and e.device_type.name == "CUDA"]
+    busy_us = sum(e.device_time_total for e in kernels) / steps
+    launches = sum(e.count for e in kernels) / steps
+    table = ka.table(sort_by="device_time_total", row_limit=30)
+    print(table, flush=True)
+    return {"batch": batch, "kernels_per_step": launches, "gpu_busy_ms_per_step": round(busy_us / 1000, 3),
+            "table": table}  # fmt: skip
+
+
 SECTIONS = ("decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32")
 
 
@@ -382,6 +409,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-fp32", action="store_true")
     ap.add_argument("--profile-ttft", action="store_true", help="torch.profiler table of one cached turn")
+    ap.add_argument("--profile-decode", action="store_true", help="GPU kernels of eager decode steps at b32")
     args = ap.parse_args()
     want = set(args.sections.split(","))
     if args.skip_hf:
@@ -421,6 +449,8 @@ def main() -> None:
             section("engine_decode_b32_eager", out_dir)(engine_decode)(
                 model, spec, dtype, device, 32, plen, steps, enable_cuda_graphs=False
             )
+    if args.profile_decode and not quick:
+        section("decode_profile", out_dir)(profile_decode)(model, spec, dtype, device)
     if "hf" in want:
         holder: dict[str, Any] = {}
         section("hf_build", out_dir)(
