@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
+from inference.model.fused_params import concat_params
 from inference.model.layers import GatedRMSNorm
 from inference.model.ops.kda import causal_conv_varlen, kda_decode, kda_gate, kda_varlen
 
@@ -53,6 +55,9 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = nn.Linear(hd, dim, bias=False)
         self.o_norm = GatedRMSNorm(hd, eps=spec.rms_norm_eps)
         self.o_proj = nn.Linear(dim, hidden, bias=False)
+        self._qkv: Tensor | None = None
+        self._fg_a: Tensor | None = None
+        self._conv: Tensor | None = None
 
     @torch.no_grad()
     def init_dummy(self, generator: torch.Generator) -> None:
@@ -67,27 +72,33 @@ class KimiDeltaAttention(nn.Module):
 
     def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`; updates `cache.state/conv[layer][meta.state_slots]`."""
-        t = x.shape[0]
+        t, hidden = x.shape
         h, d = self.num_heads, self.head_dim
         slots = meta.state_slots.to(x.device)
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3HD]
-        weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0).squeeze(
-            1
+        # q|k|v, the two low-rank gate inputs and the three conv filters each as one tensor
+        self._qkv = concat_params([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], self._qkv)
+        self._fg_a = concat_params([self.f_a_proj.weight, self.g_a_proj.weight], self._fg_a)
+        self._conv = concat_params(
+            [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], self._conv
         )
+        mixed = F.linear(x, self._qkv.view(-1, hidden))  # [T, 3HD]
+        f_a, g_a = F.linear(x, self._fg_a.view(-1, hidden)).chunk(2, dim=-1)
         conv_pool = cache.conv[self.layer_idx]
         mixed, window = causal_conv_varlen(
-            mixed, conv_pool.index_select(0, slots), weight, meta.cu_seqlens, meta.query_lens_cpu
-        )
+            mixed, conv_pool.index_select(0, slots), self._conv.view(3 * h * d, -1),
+            meta.cu_seqlens, meta.query_lens_cpu,
+        )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
-        q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
-        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
+        gate = self.g_b_proj(g_a).view(t, h, d)
+        f = self.f_b_proj(f_a).view(t, h, d)
         if meta.is_pure_decode:  # one fused kernel, state updated in place in its slot
-            f = self.f_b_proj(self.f_a_proj(x)).view(t, h, d)
+            q, k, v = mixed.view(t, 3, h, d).transpose(0, 1).contiguous()  # one copy, 3 dense tensors
             o = kda_decode(
                 q, k, v, f, self.b_proj(x), self.A_log, self.dt_bias, cache.state[self.layer_idx], slots
             )
             return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
-        g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(t, h, d), self.A_log, self.dt_bias)
+        q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
+        g = kda_gate(f, self.A_log, self.dt_bias)
         beta = torch.sigmoid(self.b_proj(x)).float()
         state_pool = cache.state[self.layer_idx]
         o, final = kda_varlen(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["GatedRMSNorm", "RMSNorm", "rope_cos_sin", "rope_half_split", "rope_interleaved"]
@@ -18,8 +19,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: `[..., dim]` -> same shape and dtype."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * xf.to(x.dtype)
 
 
@@ -33,9 +33,8 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         """x, gate: `[..., dim]` -> `[..., dim]` in `x.dtype`."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf * torch.sigmoid(gate.float())).to(x.dtype)
+        xf = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), eps=self.eps)
+        return (xf * torch.sigmoid(gate.float())).to(x.dtype)
 
 
 def rope_cos_sin(positions: Tensor, dim: int, theta: float) -> tuple[Tensor, Tensor]:

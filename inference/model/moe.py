@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import MoESpec
+from inference.model.fused_params import concat_params
 from inference.model.ops.moe import grouped_mm_available, moe_experts_grouped, moe_experts_reference
 
 __all__ = ["DenseMLP", "Expert", "SparseMoE", "TopKRouter"]
@@ -24,10 +25,13 @@ class DenseMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self._gate_up: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: `[T, hidden]` -> `[T, hidden]`."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        """x: `[T, hidden]` -> `[T, hidden]` (gate and up as one GEMM)."""
+        self._gate_up = concat_params([self.gate_proj.weight, self.up_proj.weight], self._gate_up)
+        gate, up = F.linear(x, self._gate_up.view(-1, x.shape[-1])).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Expert(nn.Module):
@@ -93,32 +97,15 @@ class SparseMoE(nn.Module):
             if spec.num_shared_experts
             else None
         )
-        self._stacks: tuple[Tensor, Tensor] | None = None
+        self._w13: Tensor | None = None
+        self._w2: Tensor | None = None
 
     def _stacked(self) -> tuple[Tensor, Tensor]:
-        """`(w13 [E, 2I, H], w2 [E, H, I])`, rebuilt when a parameter was replaced (e.g. a cast)."""
-        first, last = self.experts[0], self.experts[-1]
-        if self._stacks is not None:
-            w13, w2 = self._stacks
-            i = self.spec.intermediate_size
-            if (
-                first.w1.weight.data_ptr() == w13.data_ptr()
-                and last.w2.weight.data_ptr() == w2[-1].data_ptr()
-                and last.w3.weight.data_ptr() == w13[-1, i:].data_ptr()
-                and first.w1.weight.dtype == w13.dtype
-            ):
-                return self._stacks
-        # plain (not inference-mode) tensors: loading into the parameters later must still work
-        with torch.inference_mode(False), torch.no_grad():
-            w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
-            w2 = torch.stack([e.w2.weight for e in self.experts])
-            i = self.spec.intermediate_size
-            for n, e in enumerate(self.experts):
-                e.w1.weight.data = w13[n, :i]
-                e.w3.weight.data = w13[n, i:]
-                e.w2.weight.data = w2[n]
-        self._stacks = (w13, w2)
-        return self._stacks
+        """`(w13 [E, 2I, H], w2 [E, H, I])` views of the experts' own (re-pointed) parameters."""
+        e, i = self.spec.num_experts, self.spec.intermediate_size
+        self._w13 = concat_params([w for x in self.experts for w in (x.w1.weight, x.w3.weight)], self._w13)
+        self._w2 = concat_params([x.w2.weight for x in self.experts], self._w2)
+        return self._w13.view(e, 2 * i, -1), self._w2.view(e, -1, i)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""

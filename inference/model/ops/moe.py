@@ -68,7 +68,9 @@ def moe_experts_grouped(x: Tensor, weights: Tensor, ids: Tensor, w13: Tensor, w2
     num_experts, two_i, _ = w13.shape
     flat = ids.flatten()
     order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
-    offsets = torch.bincount(flat, minlength=num_experts).cumsum(0).to(torch.int32)
+    # group ends from the sorted ids (bincount would size its output on the host: a sync)
+    ends = torch.arange(1, num_experts + 1, device=ids.device, dtype=flat.dtype)
+    offsets = torch.searchsorted(flat[order], ends).to(torch.int32)
     xs = x.index_select(0, order // top_k)
     h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets)  # [T*k, 2I]
     a = F.silu(h[:, : two_i // 2]) * h[:, two_i // 2 :]
