@@ -192,12 +192,15 @@ def kda_varlen(
         g: `[T, H, K]` fp32 log decay; beta: `[T, H]`.
         states: `[N, H, K, V]` fp32 initial states (gathered from the state pool).
         cu_seqlens: `[N+1]` offsets; query_lens_cpu: host lengths.
-        use_fla: force (True) or forbid (False) the fla path; default: CUDA and fla installed.
+        use_fla: force (True) or forbid (False) the fla path; default: CUDA, fla installed and a
+            16-bit dtype.
     Returns:
         `(o [T, H, V] in q.dtype, final_states [N, H, K, V] fp32)`.
     """
     if use_fla is None:
-        use_fla = _fla_available(q)
+        # fla's chunked kernels take their dot products in TF32, not fp32: fp32 runs stay exact
+        # on the PyTorch path (bf16/fp16 are what fla is for)
+        use_fla = _fla_available(q) and q.dtype != torch.float32
     scale = q.shape[-1] ** -0.5
     if use_fla:
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
