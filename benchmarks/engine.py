@@ -6,6 +6,14 @@ Model: a Kimi-Linear-shaped random-weight config of about 2.7B total parameters 
 
     python benchmarks/engine.py                  # CUDA + fla installed; prints JSON, writes $OUT/engine_bench.json
     python benchmarks/engine.py --quick          # CPU smoke run with the bundled small model
+
+Recorded run (2026-11-30, one H200, torch 2.11, fla 0.6.0, transformers 5.17; 2,772,104,896-param config
+above, bf16, prompt 128, 64 timed steps): engine decode 266.6 / 4,911.1 / 12,533.1 tok/s at batch
+1 / 32 / 128 (3.75 / 6.52 / 10.21 ms per step, CUDA graphs), eager batch 32: 799.5 tok/s;
+transformers `generate` on the same weights 9.1 / 322.8 / 1,189.5 tok/s -> 29.3x / 15.2x / 10.5x.
+Turn-10 TTFT at a 16K shared context: 72.8 ms with the prefix cache vs 659.7 ms without (0.110x).
+Greedy exactness on the GPU in fp32: alone vs batched 6/6, chunked 6/6, prefix-cache turn 6/6
+identical; in bf16 2/6, 1/6, 2/6 (batch-shape-dependent GEMM rounding; see the issue note).
 """
 
 from __future__ import annotations

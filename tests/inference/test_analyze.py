@@ -28,6 +28,20 @@ def test_published_totals_match_the_model_name(spec):
     assert comp["routed_experts"] == 26 * 256 * 3 * 2304 * 1024
 
 
+def test_published_total_equals_transformers_own_model(spec):
+    """An independent count: transformers' KimiLinearForCausalLM built (on the meta device, no
+    memory) from the published config.json holds exactly the parameters + buffers we count."""
+    import torch
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    cfg = json.loads(PUBLISHED.read_text())
+    hc = KimiLinearConfig(**{k: v for k, v in cfg.items() if k not in ("auto_map", "architectures")})
+    with torch.device("meta"):
+        hf = KimiLinearForCausalLM(hc)
+    n = sum(p.numel() for p in hf.parameters()) + sum(b.numel() for b in hf.buffers())
+    assert parameter_counts(spec)[0]["total"] == n == 49_122_681_728
+
+
 def test_counts_equal_the_built_model():
     import torch
 
