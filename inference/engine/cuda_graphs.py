@@ -174,7 +174,8 @@ class DecodeGraphs:
             for _ in range(2):
                 self.model(g.ids, g.meta, self.cache)
         torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(g.graph, pool=self.pool):
+        # thread_local: the server encodes images on the GPU from other threads meanwhile
+        with torch.cuda.graph(g.graph, pool=self.pool, capture_error_mode="thread_local"):
             g.logits = self.model(g.ids, g.meta, self.cache)
         self.graphs[(rows, width)] = g
         self.capture_s += time.perf_counter() - t0
