@@ -407,7 +407,7 @@ def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any
             "table": table}  # fmt: skip
 
 
-SECTIONS = ("decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32")
+SECTIONS = ("decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32", "decode_long")
 
 
 def main() -> None:
@@ -477,6 +477,11 @@ def main() -> None:
         section("ttft_profile", out_dir)(profile_cached_turn)(model, spec, dtype, device, ctx[0])
     if "exactness_bf16" in want and not quick:
         section("exactness_bf16", out_dir)(exactness)(model, spec, dtype, device, n_tok)
+    if "decode_long" in want:  # batch 32 at a 16K context: wide block tables in the decode graphs
+        long_len = 512 if quick else 16384
+        section("engine_decode_b32_ctx16k", out_dir)(engine_decode)(
+            model, spec, dtype, device, 32, long_len, 32
+        )
     if "exactness_fp32" in want:
         del model
         fp32 = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
