@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -48,8 +49,15 @@ def pick_bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 
 
 def width_bucket(width: int) -> int:
-    """Block-table width rounded up to a power of two (bounds the number of graphs per batch size)."""
-    return 1 << max(0, (width - 1).bit_length())
+    """Block-table width rounded up to a quarter-octave step: 1, 2, .., 8, 10, 12, 14, 16, 20, ..
+
+    Decode attention reads the whole padded width, so the padding is work: at most 25% here,
+    with four graphs per doubling of the context.
+    """
+    if width <= 8:
+        return max(1, width)
+    step = 1 << (width.bit_length() - 3)
+    return -(-width // step) * step
 
 
 def padded_inputs(
@@ -114,7 +122,10 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Captures lazily, one graph per (batch bucket, width bucket); replays pure-decode steps."""
+    """Captures lazily, one graph per (batch bucket, width bucket); replays pure-decode steps.
+
+    At most `max_graphs` are kept (least recently used dropped), bounding capture memory and time.
+    """
 
     def __init__(
         self,
@@ -135,7 +146,7 @@ class DecodeGraphs:
         self.max_graphs = max_graphs
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.num_replays = 0
         self.disabled = False
         self.capture_s = 0.0
@@ -147,9 +158,14 @@ class DecodeGraphs:
             return None
         width = width_bucket(max(len(t) for t in batch.tables))
         g = self.graphs.get((rows, width))
-        if g is None:
-            if self.disabled or len(self.graphs) >= self.max_graphs:
+        if g is not None:
+            self.graphs.move_to_end((rows, width))
+        else:
+            if self.disabled:
                 return None
+            if len(self.graphs) >= self.max_graphs:  # drop the least recently used graph
+                _, old = self.graphs.popitem(last=False)
+                old.graph.reset()
             try:
                 g = self._capture(rows, width)
             except Exception:  # a model that is not capturable after all: serve on eagerly
