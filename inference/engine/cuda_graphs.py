@@ -49,13 +49,14 @@ def pick_bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 
 
 def width_bucket(width: int) -> int:
-    """Block-table width rounded up to a quarter-octave step: 1, 2, .., 8, 10, 12, 14, 16, 20, ..
+    """Block-table width rounded up: powers of two to 8, then quarter-octave steps 10, 12, 14, 16,
+    20, 24, ...
 
-    Decode attention reads the whole padded width, so the padding is work: at most 25% here,
-    with four graphs per doubling of the context.
+    Decode attention reads the whole padded width, so padding past 8 blocks is work (at most 25%
+    here); each new bucket costs one capture (~0.1-0.3 s), four per doubling of the context.
     """
     if width <= 8:
-        return max(1, width)
+        return 1 << max(0, (width - 1).bit_length())
     step = 1 << (width.bit_length() - 3)
     return -(-width // step) * step
 
