@@ -89,16 +89,18 @@ def padded_inputs(
     )  # fmt: skip
 
 
-class _Graph:
-    """One captured decode forward: its input buffer, the metadata views into it, its output."""
+class DecodeInputs:
+    """The fixed input buffer of one (rows, width) decode shape and the `ForwardMeta` viewing it."""
 
     def __init__(self, rows: int, width: int, block_size: int, device: torch.device) -> None:
         self.rows, self.width = rows, width
         size = 5 * rows + rows * width
-        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
         self.buf = torch.zeros(size, dtype=torch.int64, device=device)
-        self.copied = torch.cuda.Event()
-        self.copied.record()
+        self.copied = torch.cuda.Event() if cuda else None
+        if self.copied is not None:
+            self.copied.record()
         b = self.buf
         self.ids = b[0:rows]
         self.meta = ForwardMeta(
@@ -112,14 +114,24 @@ class _Graph:
             # an upper bound: the captured decode path reads lengths from `seq_lens` only
             seq_lens_cpu=(width * block_size,) * rows,
         )
-        self.graph = torch.cuda.CUDAGraph()
-        self.logits: Tensor | None = None
 
     def load(self, values: list[int]) -> None:
-        self.copied.synchronize()  # the previous step's copy has left the pinned buffer
+        """Fill the buffer (one host-to-device copy); `values` as `padded_inputs` lays them out."""
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous step's copy has left the pinned buffer
         self.host.copy_(torch.tensor(values, dtype=torch.int64))
         self.buf.copy_(self.host, non_blocking=True)
-        self.copied.record()
+        if self.copied is not None:
+            self.copied.record()
+
+
+class _Graph(DecodeInputs):
+    """One captured decode forward over its inputs, and its static output."""
+
+    def __init__(self, rows: int, width: int, block_size: int, device: torch.device) -> None:
+        super().__init__(rows, width, block_size, device)
+        self.graph = torch.cuda.CUDAGraph()
+        self.logits: Tensor | None = None
 
 
 class DecodeGraphs:
@@ -146,7 +158,7 @@ class DecodeGraphs:
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.max_graphs = max_graphs
         self.device = device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool: tuple[int, int] | None = None  # shared by all graphs, made at the first capture
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.num_replays = 0
         self.disabled = False
@@ -174,13 +186,19 @@ class DecodeGraphs:
                 self.disabled = True
                 return None
         g.load(padded_inputs(batch, rows, width, self.scratch_block, self.scratch_slot, self.block_size))
-        g.graph.replay()
+        logits = self._replay(g)
         self.num_replays += 1
+        return logits[: len(batch.ids)]
+
+    def _replay(self, g: _Graph) -> Tensor:
+        g.graph.replay()
         assert g.logits is not None
-        return g.logits[: len(batch.ids)]
+        return g.logits
 
     def _capture(self, rows: int, width: int) -> _Graph:
         t0 = time.perf_counter()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         g = _Graph(rows, width, self.block_size, self.device)
         empty = DecodeBatch([], [], [], [], [], [])
         g.load(padded_inputs(empty, rows, width, self.scratch_block, self.scratch_slot, self.block_size))

@@ -52,7 +52,7 @@ class ModelRunner:
         supports = getattr(model, "supports_decode_graphs", None)
         use_graphs = cuda_graphs and self.device.type == "cuda" and supports is not None and supports(dtype)
         # decode graphs pad their batches into one extra block and one extra slot nobody owns
-        extra = 1 if use_graphs else 0
+        extra = 1 if cuda_graphs else 0
         self.cache = HybridCacheTensors.allocate(
             cache_spec, num_blocks + extra, block_size, num_slots + extra, self.device, dtype
         )

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from inference.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
@@ -132,3 +133,44 @@ def test_abort_frees_blocks_and_slot():
     c = eng.scheduler.cache
     assert c.num_request_blocks == 0 and c.states.num_live == 0 and not eng.has_unfinished
     assert rid not in eng.runner.tables and other not in eng.runner.tables
+
+
+class _PaddedEager(DecodeGraphs):
+    """Decode-graph bookkeeping (buckets, padded input buffer, scratch block and slot, the
+    runner's graph path) with the forward run eagerly on the padded inputs instead of replayed
+    from a captured graph: what the graph computes, checkable on CPU."""
+
+    def _capture(self, rows, width):
+        g = DecodeInputs(rows, width, self.block_size, self.device)
+        self.graphs[(rows, width)] = g
+        return g
+
+    def _replay(self, g):
+        return self.model(g.ids, g.meta, self.cache)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(), dict(enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=40)],
+    ids=["batched", "prefix-cache-chunked"],
+)
+def test_padded_decode_graph_inputs_give_identical_outputs(reference, cfg):
+    eng = build_engine(engine_config=replace(BASE, **cfg))
+    runner = eng.runner
+    kv = next(iter(runner.cache.kv.values()))
+    scratch_block, scratch_slot = kv.shape[0] - 1, runner.cache.num_slots - 1
+    assert scratch_block == BASE.num_blocks and scratch_slot == BASE.num_state_slots  # one spare each
+    runner.graphs = _PaddedEager(
+        runner.model, runner.cache, device=runner.device, block_size=BASE.block_size,
+        scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
+    )  # fmt: skip
+    ps = prompts()[:6]  # 6 sequences decode in the 8-row bucket: two padding rows per step
+    for _wave in range(2):
+        outs = [r.output_token_ids for r in eng.generate(ps, GREEDY)]
+        assert outs == reference[:6]
+    assert runner.graphs.num_replays > 0
+    layer = next(iter(runner.cache.state))
+    assert runner.cache.state[layer][scratch_slot].abs().sum() > 0  # padding rows ran, in the spare slot
+    pool = eng.scheduler.cache
+    pool.check_invariants()
+    assert pool.num_request_blocks == 0 and pool.states.num_live == 0
