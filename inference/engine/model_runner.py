@@ -71,13 +71,9 @@ class ModelRunner:
         self.sampler.forget(req_id)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks (latent KV and indexer keys of every MLA layer), in list order.
-        (HybridCacheTensors has no block copy of its own; its `kv` / `index_k` layout is public.)"""
-        if not pairs:
-            return
+        """Copy whole KV blocks (latent KV and indexer keys of every MLA layer), in list order."""
         for src, dst in pairs:
-            for pool in (*self.cache.kv.values(), *self.cache.index_k.values()):
-                pool[dst].copy_(pool[src])
+            self.cache.copy_block(src, dst)
 
     def _to(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype)

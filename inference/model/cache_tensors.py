@@ -122,6 +122,11 @@ class HybridCacheTensors:
             self.state[i][slot].zero_()
             self.conv[i][slot].zero_()
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy KV block `src` to `dst` in every MLA layer (latent KV and indexer keys)."""
+        for pool in (*self.kv.values(), *self.index_k.values()):
+            pool[dst].copy_(pool[src])
+
     def copy_slot(self, src: int, dst: int) -> None:
         """Copy every KDA layer's state and conv window from slot `src` to slot `dst`."""
         for i in self.spec.kda_layers:
