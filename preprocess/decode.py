@@ -29,6 +29,7 @@ from preprocess.errors import (
     UnsupportedFormatError,
     ZeroSizeImageError,
 )
+from preprocess.png import decode_plain_png
 
 _DEFAULT = PreprocessConfig()
 
@@ -103,14 +104,17 @@ def decode_array(data: bytes, config: PreprocessConfig | None = None) -> np.ndar
 
     Same checks, same pixels. Plain 8-bit RGB/grey JPEG and PNG (the bulk of uploads) are decoded
     by OpenCV straight into the array: bit-identical to Pillow (both libjpeg-turbo / libpng+zlib)
-    and it skips Pillow's internal 4-byte layout and its repacking copy. Anything else, and any
-    file OpenCV refuses, takes the Pillow path, which owns the error reporting.
+    and it skips Pillow's internal 4-byte layout and its repacking copy. Plain PNGs try libdeflate
+    first (`preprocess.png`, same pixels, faster inflate). Anything else, and any file these
+    refuse, takes the Pillow path, which owns the error reporting.
     """
     cfg = config or _DEFAULT
     data, im, fmt = open_checked(data, cfg)
     if _fast_path_ok(data, im, fmt, cfg):
-        arr = _cv2_decode(data, im.size)
-        if arr is not None:
+        arr = decode_plain_png(data) if fmt == "PNG" else None
+        if arr is None:
+            arr = _cv2_decode(data, im.size)
+        if arr is not None and arr.shape[:2] == im.size[::-1]:
             return arr
     return np.array(_finish_pil(im, fmt, cfg))
 

@@ -1,5 +1,6 @@
-"""The OpenCV fast path of `decode_array` gives exactly Pillow's pixels, and only takes the files
-it is safe for; everything else goes through Pillow (which owns error reporting)."""
+"""The fast paths of `decode_array` (OpenCV; libdeflate for plain PNGs) give exactly Pillow's
+pixels, and only take the files they are safe for; everything else goes through Pillow (which owns
+error reporting)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _with_orientation(img: Image.Image, value: int) -> bytes:
 
 
 CASES = {
-    # name: (bytes, takes the OpenCV path)
+    # name: (bytes, takes a fast path)
     "jpeg-420": (encode(RGB, "JPEG", quality=90), True),
     "jpeg-444": (encode(RGB, "JPEG", quality=90, subsampling=0), True),
     "jpeg-422": (encode(RGB, "JPEG", quality=90, subsampling=1), True),
@@ -67,14 +68,19 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_fast_path_matches_pillow(name, monkeypatch):
     data, fast = CASES[name]
-    calls = []
-    real = decode_mod._cv2_decode
+    calls = []  # pixels returned by a fast decoder (OpenCV, or libdeflate for plain PNGs)
 
-    def spy(*args):
-        calls.append(1)
-        return real(*args)
+    def spying(real):
+        def spy(*args):
+            out = real(*args)
+            if out is not None:
+                calls.append(1)
+            return out
 
-    monkeypatch.setattr(decode_mod, "_cv2_decode", spy)
+        return spy
+
+    monkeypatch.setattr(decode_mod, "_cv2_decode", spying(decode_mod._cv2_decode))
+    monkeypatch.setattr(decode_mod, "decode_plain_png", spying(decode_mod.decode_plain_png))
     ours = decode_array(data)
     assert ours.flags.writeable and ours.flags.c_contiguous and ours.dtype == np.uint8
     assert np.array_equal(ours, np.asarray(decode_image(data)))
