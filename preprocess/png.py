@@ -124,9 +124,9 @@ def _unfilter(raw: np.ndarray, bpp: int) -> np.ndarray:
     h, stride = raw.shape[0], raw.shape[1] - 1
     kinds = raw[:, 0]
     out = np.empty((h, stride), dtype=np.uint8)
-    chains = _dependent_chains(kinds)
-    hard = [(a, b) for a, b in chains if int(kinds[a:b].max()) > 2]
-    if len(hard) > _MAX_LIBPNG_RUNS:
+    hard_before = np.concatenate(([0], np.cumsum(kinds > 2))).tolist()  # Average/Paeth rows above
+    chains = [(a, b, hard_before[b] > hard_before[a]) for a, b in _dependent_chains(kinds)]
+    if sum(hard for _, _, hard in chains) > _MAX_LIBPNG_RUNS:
         _libpng_rows(raw, out, 0, h, bpp)
         return out
     rows = raw[:, 1:]
@@ -145,8 +145,8 @@ def _unfilter(raw: np.ndarray, bpp: int) -> np.ndarray:
             out=torch.from_numpy(summed).view(shape),
         )
         out[sub] = summed
-    for a, b in chains:
-        if int(kinds[a:b].max()) > 2:
+    for a, b, hard in chains:
+        if hard:
             _libpng_rows(raw, out, a, b, bpp)
             continue
         if a == 0:  # the row above row 0 is zeros
