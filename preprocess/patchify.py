@@ -83,18 +83,29 @@ def _planar_patches(rgb: np.ndarray, pad_h: int, pad_w: int, p: int) -> np.ndarr
     Every move is a long contiguous run: a patch row of p interleaved pixels is one `V{3p}` item, so
     gathering patches is a copy of 3p-byte items (numpy's strided byte gathers, 3 bytes apart, cost
     twice the whole normalisation); OpenCV's SIMD `split` then deinterleaves each patch's pixels
-    straight into the channel planes of the output.
+    straight into the channel planes of the output. Only the partial last row and column of patches
+    go through small zero-padded strips (no full padded copy of the image).
     """
     import cv2  # lazy, see resize_rgb
 
+    rgb = np.ascontiguousarray(rgb)
     h, w, _ = rgb.shape
     gh, gw = pad_h // p, pad_w // p
-    if (h, w) != (pad_h, pad_w) or not rgb.flags.c_contiguous:
-        padded = np.zeros((pad_h, pad_w, 3), dtype=np.uint8)
-        padded[:h, :w] = rgb
-        rgb = padded
-    rows = rgb.reshape(pad_h, pad_w * 3).view(f"V{3 * p}").reshape(gh, p, gw)
-    grid = np.ascontiguousarray(rows.transpose(0, 2, 1))  # (gh, gw, p) patch rows
+    fh, fw = h // p, w // p  # whole patches
+    item = np.dtype(f"V{3 * p}")  # one patch row: p interleaved pixels
+    grid = np.empty((gh, gw, p, 3 * p), dtype=np.uint8)
+    items = grid.view(item).reshape(gh, gw, p)
+    if fh and fw:  # straight from the image, read in place as items
+        whole = np.ndarray((fh, p, fw), dtype=item, buffer=rgb, strides=(p * 3 * w, 3 * w, 3 * p))
+        items[:fh, :fw] = whole.transpose(0, 2, 1)
+    if fh < gh:  # bottom strip, full width (includes the corner), through a small zero-padded copy
+        strip = np.zeros(((gh - fh) * p, gw * p, 3), dtype=np.uint8)
+        strip[: h - fh * p, :w] = rgb[fh * p :]
+        items[fh:] = strip.reshape(-1, gw * p * 3).view(item).reshape(gh - fh, p, gw).transpose(0, 2, 1)
+    if fw < gw and fh:  # right strip, rows of whole patches only
+        strip = np.zeros((fh * p, (gw - fw) * p, 3), dtype=np.uint8)
+        strip[:, : w - fw * p] = rgb[: fh * p, fw * p :]
+        items[:fh, fw:] = strip.reshape(fh * p, -1).view(item).reshape(fh, p, gw - fw).transpose(0, 2, 1)
     n = gh * gw
     planar = np.empty((n, 3, p * p), dtype=np.uint8)
     cv2.split(grid.view(np.uint8).reshape(n, p * p, 3), [planar[:, 0], planar[:, 1], planar[:, 2]])
