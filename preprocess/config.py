@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -107,6 +108,12 @@ class PreprocessConfig:
 
     def fingerprint(self) -> str:
         """SHA-256 over the pipeline version and the settings that affect output pixels."""
-        full = self.to_dict()
-        payload = {"version": PIPELINE_VERSION, **{k: full[k] for k in _OUTPUT_FIELDS}}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+        return _fingerprint(self, tuple(repr(getattr(self, k)) for k in _OUTPUT_FIELDS))
+
+
+@functools.lru_cache(maxsize=64)  # part of every content hash, ~0.3 ms to build
+def _fingerprint(config: PreprocessConfig, reprs: tuple[str, ...]) -> str:
+    """`reprs` only widens the cache key: 0.0 == -0.0, yet they serialise differently."""
+    full = config.to_dict()
+    payload = {"version": PIPELINE_VERSION, **{k: full[k] for k in _OUTPUT_FIELDS}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
