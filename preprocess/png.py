@@ -258,4 +258,7 @@ def decode_plain_png(data: bytes) -> np.ndarray | None:
         return None
     if bpp == 3:
         return pixels.reshape(height, width, 3)
-    return np.repeat(pixels.reshape(height, width, 1), 3, axis=2)  # grey -> RGB, as convert("RGB")
+    import cv2  # lazy, as everywhere in preprocess
+
+    rgb = np.empty((height, width, 3), dtype=np.uint8)  # grey -> RGB by replication, as convert("RGB")
+    return cv2.cvtColor(pixels, cv2.COLOR_GRAY2RGB, dst=rgb)
