@@ -2,8 +2,9 @@
 engine, with OpenAI chat-completions dicts in and out (the same parsing and response building as
 the HTTP server), plus a `dayzero` extension `{"ttft_ms": float}`.
 
-`EmbeddedEngineClient.default()` builds the bundled small random-weight model on the CPU (seeded,
-so every run is the same model); `from_engine` wraps any engine.
+`EmbeddedEngineClient.default()` builds the bundled small random-weight vision-language model on
+the CPU (seeded, so every run is the same model; images in messages work); `from_engine` wraps any
+engine.
 """
 
 from __future__ import annotations
@@ -59,13 +60,18 @@ class EmbeddedEngineClient:
     def default(cls, *, seed: int = 0) -> EmbeddedEngineClient:
         import torch
 
-        from inference.engine.factory import build_engine
+        from inference.engine.factory import build_engine, small_vl_model_config
 
         # a model this small runs fastest on one thread; more only add synchronisation
         torch.set_num_threads(1)
-        return cls(
-            build_engine(engine_config=EMBEDDED_ENGINE_CONFIG, device="cpu", dtype="float32", seed=seed)
+        engine = build_engine(
+            config=small_vl_model_config(),
+            engine_config=EMBEDDED_ENGINE_CONFIG,
+            device="cpu",
+            dtype="float32",
+            seed=seed,
         )
+        return cls(engine)
 
     def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a

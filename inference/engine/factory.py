@@ -56,6 +56,31 @@ def small_model_config(vocab_size: int = 320) -> dict[str, Any]:
     }
 
 
+def small_vl_model_config() -> dict[str, Any]:
+    """The embedded default: `small_model_config` as the text model plus a two-layer MoonViT
+    (patch 14, merge 2x2) and projector; images enter as the byte tokenizer's `<|media_pad|>`."""
+    return {
+        "model_type": "kimi_k25",
+        "text_config": small_model_config(),
+        "vision_config": {
+            "patch_size": 14,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 2,
+            "pos_emb_height": 16,
+            "pos_emb_width": 16,
+            "pos_emb_time": 4,
+            "merge_kernel_size": [2, 2],
+            "hidden_act": "gelu_pytorch_tanh",
+            "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0},
+        },
+        "image_token_id": ByteTokenizer().token_id("<|media_pad|>"),
+        "projection_hidden_size": 32,
+        "projection_layer_norm_eps": 1e-5,
+    }
+
+
 def size_pools(
     cache_spec: Any, config: EngineConfig, device: torch.device, mem_fraction: float
 ) -> EngineConfig:

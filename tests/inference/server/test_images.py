@@ -10,21 +10,7 @@ import torch
 from PIL import Image
 
 from inference.embedded import EMBEDDED_ENGINE_CONFIG, EmbeddedEngineClient
-from inference.engine.factory import build_engine, small_model_config
-
-VISION = {
-    "patch_size": 14,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 1,
-    "pos_emb_height": 8,
-    "pos_emb_width": 8,
-    "pos_emb_time": 4,
-    "merge_kernel_size": [2, 2],
-    "hidden_act": "gelu_pytorch_tanh",
-    "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0},
-}
+from inference.engine.factory import build_engine, small_vl_model_config
 
 
 def data_url(seed: int, size=(56, 84)) -> str:
@@ -34,8 +20,7 @@ def data_url(seed: int, size=(56, 84)) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-CFG = {"model_type": "kimi_k25", "text_config": small_model_config(), "vision_config": VISION,
-           "image_token_id": 267, "projection_hidden_size": 32, "projection_layer_norm_eps": 1e-5}  # fmt: skip
+CFG = small_vl_model_config()  # the embedded default: MoonViT + projector on the small text model
 
 
 @pytest.fixture(scope="module")
