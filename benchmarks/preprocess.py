@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from preprocess import PreprocessConfig, decode_array, process_image
+from preprocess import PreprocessConfig, decode_array, png, process_image
 
 
 def photo_like(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             "pillow": PIL.__version__,
             "opencv": cv2.__version__,
             "numpy": np.__version__,
+            # dayzero's plain-PNG inflate uses the system libdeflate when present (else OpenCV's libpng)
+            "libdeflate": png.available(),
         },
         "settings": config.to_dict(),
         "sets": {
