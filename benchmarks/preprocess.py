@@ -29,11 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cv2
+import deflate
 import numpy as np
 import torch
 from PIL import Image
 
-from preprocess import PreprocessConfig, decode_array, png, process_image
+from preprocess import PreprocessConfig, decode_array, process_image
 
 
 def photo_like(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             "pillow": PIL.__version__,
             "opencv": cv2.__version__,
             "numpy": np.__version__,
-            # dayzero's plain-PNG inflate uses the system libdeflate when present (else OpenCV's libpng)
-            "libdeflate": png.available(),
+            # dayzero's plain-PNG inflate: libdeflate, bundled in the `deflate` wheel
+            "deflate": deflate.__version__,
         },
         "settings": config.to_dict(),
         "sets": {

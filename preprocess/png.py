@@ -1,13 +1,13 @@
 """Plain 8-bit PNG decode: libdeflate's inflate plus numpy/torch row unfiltering.
 
 For a large PNG the inflate is most of the decode (libpng and Pillow both use zlib); libdeflate
-inflates the same stream about 1.6x faster. The system library is called through ctypes, so there
-is no new Python dependency; where it is missing this path is simply off.
+inflates the same stream about 1.6x faster. It comes with the `deflate` package (a declared
+dependency whose wheels bundle libdeflate).
 
 Scope, checked by `decode_plain_png` itself (anything else returns None and the caller falls back
 to OpenCV/Pillow, which own the error reporting): bit depth 8, grey or RGB, no interlace, one run
 of IDAT chunks holding exactly one zlib stream that inflates to exactly the image's size (adler32
-checked by libdeflate), and filter types 0-4.
+checked by libdeflate, and the stream must end at the IDAT run's end), and filter types 0-4.
 
 Unfiltering: None, Sub and Up rows (nearly all of what Pillow's and OpenCV's encoders write) are
 numpy work (Sub a batched running sum, Up one add per row). Average and Paeth are sequential per
@@ -19,54 +19,12 @@ The pixels are PNG's defined reconstruction, so they are bit-identical to Pillow
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import struct
-import threading
 
+import deflate
 import numpy as np
 
 _IHDR = struct.Struct(">IIBBBBB")
-_LIB_LOCK = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_lib_loaded = False
-
-
-def _libdeflate() -> ctypes.CDLL | None:
-    global _lib, _lib_loaded
-    with _LIB_LOCK:
-        if not _lib_loaded:
-            _lib_loaded = True
-            name = ctypes.util.find_library("deflate")
-            try:
-                lib = ctypes.CDLL(name or "libdeflate.so.0")
-                lib.libdeflate_alloc_decompressor.restype = ctypes.c_void_p
-                lib.libdeflate_alloc_decompressor.argtypes = []
-                lib.libdeflate_free_decompressor.restype = None
-                lib.libdeflate_free_decompressor.argtypes = [ctypes.c_void_p]
-                fn = lib.libdeflate_zlib_decompress_ex
-                fn.restype = ctypes.c_int
-                fn.argtypes = [
-                    ctypes.c_void_p,
-                    ctypes.c_char_p,
-                    ctypes.c_size_t,
-                    ctypes.c_void_p,
-                    ctypes.c_size_t,
-                    ctypes.POINTER(ctypes.c_size_t),
-                    ctypes.POINTER(ctypes.c_size_t),
-                ]
-                for name in ("libdeflate_crc32", "libdeflate_adler32"):
-                    getattr(lib, name).restype = ctypes.c_uint32
-                    getattr(lib, name).argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
-                _lib = lib
-            except (OSError, AttributeError):
-                _lib = None
-        return _lib
-
-
-def available() -> bool:
-    """Whether the libdeflate path can run in this process."""
-    return _libdeflate() is not None
 
 
 def _idat_stream(data: bytes) -> bytes | None:
@@ -92,23 +50,15 @@ def _idat_stream(data: bytes) -> bytes | None:
 
 
 def _inflate(stream: bytes, size: int) -> np.ndarray | None:
-    lib = _libdeflate()
-    if lib is None:
-        return None
-    out = np.empty(size, dtype=np.uint8)  # numpy's big buffers are huge-page advised: few faults
-    used_in, used_out = ctypes.c_size_t(), ctypes.c_size_t()
-    dec = lib.libdeflate_alloc_decompressor()  # a decompressor is not shareable across threads
-    if not dec:
-        return None
+    """The `size` bytes `stream` inflates to, or None (bad data, another size, bytes after it)."""
     try:
-        ret = lib.libdeflate_zlib_decompress_ex(
-            dec, stream, len(stream), out.ctypes.data, size, ctypes.byref(used_in), ctypes.byref(used_out)
-        )
-    finally:
-        lib.libdeflate_free_decompressor(dec)
-    if ret != 0 or used_in.value != len(stream) or used_out.value != size:
+        out = deflate.zlib_decompress(stream, size)
+    except deflate.DeflateError:
         return None
-    return out
+    # libdeflate checked the adler32 at the stream's end; it must also be the last 4 input bytes
+    if len(out) != size or len(stream) < 6 or int.from_bytes(stream[-4:], "big") != deflate.adler32(out):
+        return None
+    return np.frombuffer(out, dtype=np.uint8)
 
 
 def _unfilter(raw: np.ndarray, bpp: int) -> np.ndarray:
@@ -195,7 +145,6 @@ _STORED_MAX = 65535  # bytes in one stored deflate block
 
 def _stored_png(scanlines: np.ndarray, width: int, height: int, colour: int) -> np.ndarray:
     """A whole PNG file (uint8 array) whose one IDAT holds `scanlines` in stored deflate blocks."""
-    lib = _libdeflate()
     size = scanlines.size
     n = max(1, -(-size // _STORED_MAX))
     zsize = 2 + 5 * n + size + 4
@@ -215,19 +164,16 @@ def _stored_png(scanlines: np.ndarray, width: int, height: int, colour: int) -> 
         z[at + 1 : at + 5] = np.frombuffer(struct.pack("<HH", rest, rest ^ 0xFFFF), np.uint8)
         z[at + 5 : at + 5 + rest] = scanlines[full * _STORED_MAX :]
     z[2 + (n - 1) * (5 + _STORED_MAX)] = 1  # BFINAL on the last block
-    z[-4:] = np.frombuffer(
-        struct.pack(">I", lib.libdeflate_adler32(1, scanlines.ctypes.data, size)), np.uint8
-    )
+    z[-4:] = np.frombuffer(struct.pack(">I", deflate.adler32(np.ascontiguousarray(scanlines))), np.uint8)
     idat = png[len(head) + 4 : len(head) + 8 + zsize]  # CRC covers type + data
-    crc = lib.libdeflate_crc32(0, idat.ctypes.data, idat.size)
+    crc = deflate.crc32(idat)
     tail = struct.pack(">I", crc) + _chunk(b"IEND", b"")
     png[len(head) + 8 + zsize :] = np.frombuffer(tail, np.uint8)
     return png
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
-    lib = _libdeflate()
-    crc = lib.libdeflate_crc32(lib.libdeflate_crc32(0, kind, len(kind)), body, len(body))
+    crc = deflate.crc32(body, deflate.crc32(kind))
     return b"".join((struct.pack(">I", len(body)), kind, body, struct.pack(">I", crc)))
 
 
@@ -238,8 +184,6 @@ def decode_plain_png(data: bytes) -> np.ndarray | None:
         return None
     width, height, depth, colour, compression, filtering, interlace = _IHDR.unpack_from(data, 16)
     if depth != 8 or colour not in (0, 2) or compression or filtering or interlace:
-        return None
-    if not available():
         return None
     stream = _idat_stream(data)
     if stream is None:
