@@ -35,17 +35,16 @@ class DenseMLP(nn.Module):
 
 
 class Expert(nn.Module):
-    """One routed expert in the published layout: w1 = gate, w3 = up, w2 = down."""
+    """One routed expert's weights in the published layout: w1 = gate, w3 = up, w2 = down.
+
+    A holder only: `SparseMoE` computes all experts at once (`ops/moe.py`).
+    """
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.w1 = nn.Linear(hidden, intermediate, bias=False)
         self.w2 = nn.Linear(intermediate, hidden, bias=False)
         self.w3 = nn.Linear(hidden, intermediate, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x: `[n, hidden]` -> `[n, hidden]`."""
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TopKRouter(nn.Module):
