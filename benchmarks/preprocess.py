@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cv2
-import deflate
+import isal
 import numpy as np
 import torch
 from PIL import Image
@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             "pillow": PIL.__version__,
             "opencv": cv2.__version__,
             "numpy": np.__version__,
-            # dayzero's plain-PNG inflate: libdeflate, bundled in the `deflate` wheel
-            "deflate": deflate.__version__,
+            # dayzero's plain-PNG inflate: ISA-L, bundled in the `isal` wheel
+            "isal": isal.__version__,
         },
         "settings": config.to_dict(),
         "sets": {

@@ -104,7 +104,7 @@ def decode_array(data: bytes, config: PreprocessConfig | None = None) -> np.ndar
 
     Same checks, same pixels. Plain 8-bit RGB/grey JPEG and PNG (the bulk of uploads) are decoded
     by OpenCV straight into the array: bit-identical to Pillow (both libjpeg-turbo / libpng+zlib)
-    and it skips Pillow's internal 4-byte layout and its repacking copy. Plain PNGs try libdeflate
+    and it skips Pillow's internal 4-byte layout and its repacking copy. Plain PNGs try ISA-L's inflate
     first (`preprocess.png`, same pixels, faster inflate). Anything else, and any file these
     refuse, takes the Pillow path, which owns the error reporting.
     """

@@ -1,4 +1,4 @@
-"""The fast paths of `decode_array` (OpenCV; libdeflate for plain PNGs) give exactly Pillow's
+"""The fast paths of `decode_array` (OpenCV; ISA-L inflate for plain PNGs) give exactly Pillow's
 pixels, and only take the files they are safe for; everything else goes through Pillow (which owns
 error reporting)."""
 
@@ -68,7 +68,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_fast_path_matches_pillow(name, monkeypatch):
     data, fast = CASES[name]
-    calls = []  # pixels returned by a fast decoder (OpenCV, or libdeflate for plain PNGs)
+    calls = []  # pixels returned by a fast decoder (OpenCV, or the ISA-L path for plain PNGs)
 
     def spying(real):
         def spy(*args):

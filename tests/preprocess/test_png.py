@@ -1,4 +1,4 @@
-"""The libdeflate PNG path (`preprocess.png`, libdeflate from the `deflate` wheel): every filter type reconstructs to Pillow's pixels,
+"""The fast PNG path (`preprocess.png`, ISA-L inflate from the `isal` wheel): every filter type reconstructs to Pillow's pixels,
 and every file outside its scope is handed back (None) so OpenCV/Pillow decide."""
 
 from __future__ import annotations
