@@ -14,6 +14,8 @@ transformers `generate` on the same weights 9.1 / 322.8 / 1,189.5 tok/s -> 29.3x
 Turn-10 TTFT at a 16K shared context: 72.8 ms with the prefix cache vs 659.7 ms without (0.110x).
 Greedy exactness on the GPU in fp32: alone vs batched 6/6, chunked 6/6, prefix-cache turn 6/6
 identical; in bf16 2/6, 1/6, 2/6 (batch-shape-dependent GEMM rounding; see the issue note).
+Final decode code (quarter-octave width buckets, LRU graphs): 268.5 / 5,088.2 / 12,494.9 tok/s;
+batch 32 at a 16K context: 885.3 tok/s (attention is the PyTorch paged-MLA seam).
 """
 
 from __future__ import annotations
