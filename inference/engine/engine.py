@@ -251,9 +251,12 @@ class Engine:
         return [done[r] for r in rids]
 
     def stats(self) -> dict[str, float]:
+        graphs = self.runner.graphs
         return {
             **self.scheduler.stats(),
             "generated_tokens": self.num_generated_tokens,
             "prompt_tokens_computed": self.num_prompt_tokens_computed,
             "steps": self.num_steps,
+            "decode_graphs": len(graphs.graphs) if graphs is not None else 0,
+            "decode_graph_replays": graphs.num_replays if graphs is not None else 0,
         }

@@ -46,6 +46,10 @@ class _Metrics:
         self.prompt_tokens = Counter("dayzero_prompt_tokens", "Prompt tokens received", registry=r)
         self.gen_tokens = Counter("dayzero_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dayzero_requests", "Requests by outcome", ["outcome"], registry=r)
+        self.graphs = Gauge("dayzero_decode_graphs", "Captured decode CUDA graphs held", registry=r)
+        self.graph_replays = Gauge(
+            "dayzero_decode_graph_replays", "Decode steps replayed from a CUDA graph", registry=r
+        )
         self._last = (time.monotonic(), 0)
 
     def refresh(self, stats: dict[str, float]) -> None:
@@ -54,6 +58,8 @@ class _Metrics:
         self.kv.set(stats["kv_usage"])
         self.state.set(stats["state_usage"])
         self.hit.set(stats["prefix_hit_rate"])
+        self.graphs.set(stats["decode_graphs"])
+        self.graph_replays.set(stats["decode_graph_replays"])
         now, gen = time.monotonic(), stats["generated_tokens"]
         t0, g0 = self._last
         if now > t0:
