@@ -17,7 +17,7 @@ import torch
 from inference.engine.cuda_graphs import DEFAULT_BATCH_BUCKETS, DecodeBatch, DecodeGraphs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.sampler import Sampler
-from inference.engine.scheduler import SchedulerOutput
+from inference.engine.scheduler import ScheduledRequest, SchedulerOutput
 from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 
@@ -81,6 +81,10 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
+    def _table(self, s: ScheduledRequest) -> list[int]:
+        """The sequence's block table after this step (not stored): new, or extended by its blocks."""
+        return list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+
     def build_meta(self, out: SchedulerOutput) -> tuple[ForwardMeta, list[int], list[int]]:
         """ForwardMeta for the step, the flat input ids, and the batch rows of sampled requests."""
         B = self.block_size
@@ -94,7 +98,7 @@ class ModelRunner:
         slots: list[int] = []
         logit_rows: list[int] = []
         for s in out.scheduled:
-            table = list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+            table = self._table(s)
             self.tables[s.req_id] = table
             n = len(s.token_ids)
             ids.extend(s.token_ids)
@@ -157,7 +161,7 @@ class ModelRunner:
         B = self.block_size
         ids, positions, slot_mapping, seq_lens, tables, slots, rows = [], [], [], [], [], [], []
         for i, s in enumerate(out.scheduled):
-            table = list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+            table = self._table(s)
             pos = s.start
             ids.append(s.token_ids[0])
             positions.append(pos)
