@@ -50,3 +50,21 @@ def db(db_url) -> Iterator[Engine]:
     migrate.upgrade(engine)
     yield engine
     engine.dispose()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`gpu`-marked tests run only where CUDA is (the H200); elsewhere they are skipped, visibly."""
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: no CUDA device here (run these on the H200: see README)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
