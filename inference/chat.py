@@ -42,6 +42,9 @@ class RenderedPrompt:
     mm_spans: list[MMSpan] = field(default_factory=list)
     mm_payloads: list[Any] = field(default_factory=list)
     forced_prefix: str = ""  # generation-prompt text the model's output continues (tool_choice)
+    message_ends: list[int] = field(
+        default_factory=list
+    )  # positions after each <|im_end|> (cache checkpoints)
 
 
 class ChatTemplate:
@@ -100,6 +103,7 @@ class ChatTemplate:
             out.append(self.sp("<|im_middle|>"))
             self._text(out, json.dumps(list(tools), ensure_ascii=False, separators=(",", ":")))
             out.append(self.sp("<|im_end|>"))
+            r.message_ends.append(len(out))
         num_calls = 0
         for i, m in enumerate(messages):
             if not isinstance(m, Mapping):
@@ -128,6 +132,7 @@ class ChatTemplate:
                     num_calls += 1
                 out.append(self.sp(SECTION_END))
             out.append(self.sp("<|im_end|>"))
+            r.message_ends.append(len(out))
         if add_generation_prompt:
             out.append(self.sp("<|im_assistant|>"))
             self._text(out, "assistant")

@@ -90,6 +90,7 @@ class EmbeddedEngineClient:
             request_id=new_request_id(),
             mm_spans=p.mm_spans,
             mm_inputs=mm_inputs(p),
+            message_ends=p.message_ends,
         )
         return self.serving.chat_response(rid, outs, p)
 

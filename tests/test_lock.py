@@ -30,7 +30,9 @@ def _requirement_name(req: str) -> str:
 
 def test_every_declared_dependency_is_in_the_lock():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    declared = {_requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    declared = {
+        _requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]
+    }
     missing = declared - set(_pins(LOCK))
     assert not missing, f"not in {LOCK.name}: {sorted(missing)}; run `bash requirements/refresh.sh`"
 

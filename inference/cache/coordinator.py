@@ -12,7 +12,12 @@ of B), a request leaves a checkpoint (a state snapshot) at these positions p, an
 2. the end of its prompt, p = prompt_len, right after the step that computed the last prompt
    token (a step end anyway: no extra cut);
 3. the end of its generation, p = num_computed_tokens when it finishes normally (all tokens but
-   the last sampled one) — the point the next agent turn, which re-sends the transcript, resumes.
+   the last sampled one) — the point the next agent turn, which re-sends the transcript, resumes;
+4. inside its prompt, where another prompt is likely to diverge (prefill chunks are cut there too):
+   the last block boundary before the prompt's end, so the same prompt sent again reuses all but
+   its last block (the prompt-end checkpoint cannot serve it: a hit leaves >= 1 token to compute),
+   and the end of every chat message (`message_ends`, from the rendered template), so a shared
+   system prompt (or tool declaration) is reused whole whatever follows it.
 A checkpoint at a block boundary is keyed by the chained hash of the full block ending there. One
 at p = jB + r (0 < r < B) is keyed by (hash of block j-1, tokens [jB, p), extra keys) and owns a
 private copy of the KV block holding [jB, p), since that block is not full and never shared.
@@ -260,12 +265,26 @@ class HybridCacheCoordinator:
         return None if rc is None else rc.slot
 
     # -- checkpoints -----------------------------------------------------------------------
-    def next_prefill_cut(self, num_computed: int, prompt_len: int) -> int | None:
-        """The first position after `num_computed` where a prefill chunk must end (rule 1)."""
+    def prompt_marks(self, prompt_len: int, message_ends: Sequence[int] = ()) -> list[int]:
+        """Rule 4's positions inside a prompt of `prompt_len` tokens, ascending."""
+        marks = {p for p in message_ends if 0 < p < prompt_len}
+        last_boundary = (prompt_len - 1) // self.B * self.B
+        if last_boundary > 0:
+            marks.add(last_boundary)
+        return sorted(marks)
+
+    def next_prefill_cut(
+        self, num_computed: int, prompt_len: int, message_ends: Sequence[int] = ()
+    ) -> int | None:
+        """The first position after `num_computed` where a prefill chunk must end (rules 1 and 4)."""
         if not self.config.enable_prefix_caching:
             return None
         interval = self.config.checkpoint_interval
-        return (num_computed // interval + 1) * interval
+        cut = (num_computed // interval + 1) * interval
+        for p in self.prompt_marks(prompt_len, message_ends):
+            if p > num_computed:
+                return min(cut, p)
+        return cut
 
     def _reserve(self, req_id: str, token_ids: Sequence[int], p: int, priority: int, mm) -> Snapshot | None:
         rc = self._reqs[req_id]
@@ -292,16 +311,23 @@ class HybridCacheCoordinator:
         return Snapshot(rc.slot, ck.slot, copy)
 
     def plan_checkpoint(
-        self, req_id: str, token_ids: Sequence[int], end: int, prompt_len: int, mm: Sequence[MMSpan] = ()
+        self,
+        req_id: str,
+        token_ids: Sequence[int],
+        end: int,
+        prompt_len: int,
+        mm: Sequence[MMSpan] = (),
+        message_ends: Sequence[int] = (),
     ) -> Snapshot | None:
         """A snapshot to take right after this step's forward if it ends at a checkpoint
-        position (rule 1: interval multiples; rule 2: the end of the prompt)."""
+        position (rule 1: interval multiples; rule 2: the end of the prompt; rule 4: the last
+        block boundary of the prompt and the message ends)."""
         if not self.config.enable_prefix_caching or end <= 0:
             return None
+        if end == prompt_len or (end < prompt_len and end in self.prompt_marks(prompt_len, message_ends)):
+            return self._reserve(req_id, token_ids, end, HIGH, mm)
         if end % self.config.checkpoint_interval == 0:
             return self._reserve(req_id, token_ids, end, LOW, mm)
-        if end == prompt_len:
-            return self._reserve(req_id, token_ids, end, HIGH, mm)
         return None
 
     def finish_checkpoint(

@@ -132,6 +132,7 @@ class Engine:
         mm_spans: Sequence[MMSpan] = (),
         mm_inputs: MMInputs | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        message_ends: Sequence[int] = (),
     ) -> str:
         """Queue a request (ValueError if it can never run: too long, bad tokens)."""
         rid = request_id or f"req-{next(self._ids)}"
@@ -145,6 +146,7 @@ class Engine:
             eos_token_ids=tuple(self.tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids),
             mm_spans=tuple(mm_spans),
             mm_inputs=mm_inputs,
+            message_ends=tuple(message_ends),
         )
         self.scheduler.add(req)
         self._text[rid] = _TextState(self.tokenizer, req)

@@ -86,6 +86,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     mm_spans: tuple[MMSpan, ...] = ()
     mm_inputs: Any = None  # opaque model inputs (image embeddings), consumed by the runner
+    message_ends: tuple[int, ...] = ()  # prompt positions where chat messages end (checkpoint rule 4)
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

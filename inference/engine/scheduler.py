@@ -120,7 +120,7 @@ class Scheduler:
             n = remaining  # chunking off: whole pieces only (between checkpoint cuts)
         else:
             n = min(remaining, budget)
-        cut = self.cache.next_prefill_cut(req.num_computed_tokens, req.num_prompt_tokens)
+        cut = self.cache.next_prefill_cut(req.num_computed_tokens, req.num_prompt_tokens, req.message_ends)
         if cut is not None and req.num_computed_tokens + n > cut:
             n = cut - req.num_computed_tokens
         return n if n <= budget else 0
@@ -147,7 +147,7 @@ class Scheduler:
             )
         )
         snap = self.cache.plan_checkpoint(
-            req.request_id, req.token_ids, end, req.num_prompt_tokens, req.mm_spans
+            req.request_id, req.token_ids, end, req.num_prompt_tokens, req.mm_spans, req.message_ends
         )
         if snap is not None:
             out.snapshots.append((snap.src_slot, snap.dst_slot))

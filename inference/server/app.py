@@ -125,7 +125,11 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
         body = await _body(request)
         p = await asyncio.to_thread(serving.prepare_chat, body)  # images are encoded here: off the loop
         gen, first = await _submit(
-            p.prompt_token_ids, p.sampling, mm_spans=p.mm_spans, mm_inputs=mm_inputs(p)
+            p.prompt_token_ids,
+            p.sampling,
+            mm_spans=p.mm_spans,
+            mm_inputs=mm_inputs(p),
+            message_ends=p.message_ends,
         )
         metrics.prompt_tokens.inc(len(p.prompt_token_ids))
         if not p.stream:

@@ -105,6 +105,7 @@ class PreparedChat:
     forced_prefix: str
     mm_spans: list = field(default_factory=list)
     mm_payloads: list = field(default_factory=list)
+    message_ends: list[int] = field(default_factory=list)
 
 
 def mm_inputs(p: PreparedChat) -> Any:
@@ -196,6 +197,7 @@ class OpenAIServing:
             rendered.forced_prefix,
             rendered.mm_spans,
             rendered.mm_payloads,
+            rendered.message_ends,
         )
 
     def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:

@@ -83,13 +83,17 @@ def reference_output(
     return out
 
 
-def checkpoint_positions(prompt_len: int, hit: int, final_len: int, block: int, interval: int) -> set[int]:
+def checkpoint_positions(
+    prompt_len: int, hit: int, final_len: int, block: int, interval: int, message_ends: tuple[int, ...] = ()
+) -> set[int]:
     """The checkpoint rule (coordinator docstring), written independently of the coordinator:
     positions a normally finished request left a state checkpoint at (beyond its own hit)."""
     computed = final_len - 1  # the last sampled token is never fed back
     pos = {p for p in range(interval, computed + 1, interval) if p > hit}
     pos.add(prompt_len)  # end of the prompt
     pos.add(computed)  # end of the generation
+    last_boundary = (prompt_len - 1) // block * block  # the prompt's last full block, for a repeat
+    pos |= {p for p in (last_boundary, *message_ends) if hit < p < prompt_len}
     return pos
 
 

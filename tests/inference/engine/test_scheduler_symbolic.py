@@ -78,7 +78,7 @@ def test_outputs_equal_reference(kw):
 def test_chunks_obey_budget_and_cut_at_checkpoints():
     sched = make(budget=10)
     ex = SymbolicExecutor(sched)
-    p = list(range(1, 43))  # 42 tokens: interval cuts at 16 and 32
+    p = list(range(1, 43))  # 42 tokens: interval cuts at 16 and 32, the last block boundary at 40
     sched.add(make_request("a", p, SamplingParams(temperature=0, max_tokens=3)))
     ends = []
     while sched.has_unfinished:
@@ -86,9 +86,11 @@ def test_chunks_obey_budget_and_cut_at_checkpoints():
         assert out.num_tokens <= 10
         ends += [s.start + len(s.token_ids) for s in out.scheduled]
         sched.update(out, ex.execute(out))
-    assert ends == [10, 16, 26, 32, 42, 43, 44]
+    assert ends == [10, 16, 26, 32, 40, 42, 43, 44]
     ck = sched.cache.states
-    assert ck.num_checkpoints == 4  # 16, 32 (interval), 42 (end of prompt), 44 (end of generation)
+    assert (
+        ck.num_checkpoints == 5
+    )  # 16, 32 (interval), 40 (last block), 42 (end of prompt), 44 (end of generation)
     assert len(sched.cache._ckpt_block) == 1  # 42 lies inside a block: it owns a private KV copy
 
 
@@ -175,8 +177,8 @@ def test_resume_inside_a_block_copies_the_partial_block():
     ex.run()
     assert b.output_token_ids == reference_output(nxt, 2)
     retry = make_request("a-again", list(range(10)), SamplingParams(temperature=0, max_tokens=4))
-    sched.add(retry)  # the same prompt again: its end-of-prompt checkpoint (10) is one too deep
-    ex.run()
-    assert retry.num_cached_tokens == 0
+    sched.add(retry)  # the same prompt again: the end-of-prompt checkpoint (10) is one too deep,
+    ex.run()  # the one at its last block boundary (8) serves
+    assert retry.num_cached_tokens == 8
     assert retry.output_token_ids == a.output_token_ids
     assert_pools_empty(sched)
