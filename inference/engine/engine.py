@@ -104,6 +104,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.memory_plan: Any = None  # the factory's MemoryPlan (how the pools were sized)
         self.scheduler = Scheduler(config.scheduler_config(), config.cache_config())
         self.runner = ModelRunner(
             model,

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from inference.engine.engine import Engine, EngineConfig
+from inference.engine.memory_plan import MemoryPlan, check_pools, plan_memory
+from inference.engine.request import SamplingParams
 from inference.tokenizer import ByteTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,20 +87,74 @@ def small_vl_model_config() -> dict[str, Any]:
     }
 
 
-def size_pools(
-    cache_spec: Any, config: EngineConfig, device: torch.device, mem_fraction: float
-) -> EngineConfig:
-    """On CUDA, grow num_blocks to fill `mem_fraction` of the free memory left after the weights
-    (state slots keep the configured count). Elsewhere the config is used as given."""
-    if device.type != "cuda" or mem_fraction <= 0:
-        return config
-    free, _total = torch.cuda.mem_get_info(device)
-    budget = free * mem_fraction - config.num_state_slots * cache_spec.state_bytes_per_slot
-    per_block = cache_spec.kv_bytes_per_token * config.block_size
-    num_blocks = max(int(budget // max(per_block, 1)), config.max_num_seqs)
-    from dataclasses import replace
+def _profile_activations(
+    model: Any, tokenizer: Any, cache_spec: Any, config: EngineConfig, device, dtype
+) -> int:
+    """Peak memory growth of the largest step: one sequence's prefill chunk of
+    `max_num_batched_tokens` tokens, run by a throw-away engine with pools just large enough."""
+    n = max(1, min(config.max_num_batched_tokens, config.max_model_len - 1))
+    probe_config = replace(
+        config,
+        num_blocks=-(-(n + 1) // config.block_size) + 1,
+        num_state_slots=2,
+        max_model_len=n + 1,
+        enable_cuda_graphs=False,
+        enable_prefix_caching=False,
+    )
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
+    probe = Engine(model, tokenizer, probe_config, cache_spec=cache_spec, device=device, dtype=dtype)
+    pools = torch.cuda.memory_allocated(device) - before
+    torch.cuda.reset_peak_memory_stats(device)
+    probe.generate([[0] * n], SamplingParams(temperature=0.0, max_tokens=1))
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before - pools
+    del probe
+    torch.cuda.empty_cache()
+    return max(peak, 0)
 
-    return replace(config, num_blocks=num_blocks)
+
+def plan_pools(
+    model: Any,
+    tokenizer: Any,
+    cache_spec: Any,
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    mem_fraction: float,
+    fixed_blocks: bool,
+) -> tuple[EngineConfig, MemoryPlan]:
+    """On CUDA, size the KV pool from what the weights and a profiled peak forward leave of
+    `mem_fraction` of the device (the rest is headroom); `fixed_blocks` keeps `num_blocks` and
+    checks that it fits. Elsewhere the configured pools are the plan. Either way a sequence of
+    `max_model_len` must fit, or this raises `MemoryPlanError` naming the numbers."""
+    per_block = cache_spec.kv_bytes_per_token * config.block_size
+    if device.type != "cuda":
+        plan = MemoryPlan(
+            config.block_size,
+            config.num_blocks,
+            config.num_state_slots,
+            per_block,
+            cache_spec.state_bytes_per_slot,
+        )
+        return config, check_pools(plan, config.max_model_len)
+    activations = _profile_activations(model, tokenizer, cache_spec, config, device, dtype)
+    free, total = torch.cuda.mem_get_info(device)
+    plan = plan_memory(
+        device_total=total,
+        in_use=total - free,
+        activations=activations,
+        block_size=config.block_size,
+        kv_bytes_per_block=per_block,
+        state_bytes_per_slot=cache_spec.state_bytes_per_slot,
+        num_state_slots=config.num_state_slots,
+        max_model_len=config.max_model_len,
+        headroom_fraction=1.0 - mem_fraction,
+        num_blocks=config.num_blocks if fixed_blocks else None,
+    )
+    return replace(config, num_blocks=plan.num_blocks), plan
 
 
 def build_engine(
@@ -106,9 +166,11 @@ def build_engine(
     dtype: str | torch.dtype = "float32",
     seed: int = 0,
     mem_fraction: float = 0.8,
+    fixed_blocks: bool = False,
 ) -> Engine:
     """`model_dir`: real weights (safetensors) + config.json (+ tokenizer.json if present);
-    `config`: a config dict or file with seeded random weights; neither: the bundled small model."""
+    `config`: a config dict or file with seeded random weights; neither: the bundled small model.
+    The pools are planned by `plan_pools` (`mem_fraction` of a CUDA device; the rest is headroom)."""
     from inference.config import load_config, parse_config
     from inference.model.cache_tensors import HybridCacheSpec
     from inference.model.factory import build_model
@@ -131,5 +193,17 @@ def build_engine(
     if tokenizer.vocab_size > spec.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, the model only {spec.vocab_size}")
     cache_spec = HybridCacheSpec.from_model_spec(spec, dtype)
-    ecfg = size_pools(cache_spec, engine_config or EngineConfig(), device, mem_fraction)
-    return Engine(model, tokenizer, ecfg, cache_spec=cache_spec, device=device, dtype=dtype)
+    ecfg, plan = plan_pools(
+        model,
+        tokenizer,
+        cache_spec,
+        engine_config or EngineConfig(),
+        device,
+        dtype,
+        mem_fraction=mem_fraction,
+        fixed_blocks=fixed_blocks,
+    )
+    log.info("memory plan: %s", plan.describe())
+    engine = Engine(model, tokenizer, ecfg, cache_spec=cache_spec, device=device, dtype=dtype)
+    engine.memory_plan = plan
+    return engine

@@ -32,7 +32,7 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-num-batched-tokens", type=int, default=8192)
     s.add_argument("--block-size", type=int, default=64)
     s.add_argument(
-        "--num-blocks", type=int, default=None, help="default: fill --gpu-memory-utilization on CUDA"
+        "--num-blocks", type=int, default=None, help="default: what --gpu-memory-utilization leaves on CUDA"
     )
     s.add_argument(
         "--num-state-slots", type=int, default=None, help="live + checkpoint slots (default 4x seqs)"
@@ -75,7 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         device=device,
         dtype=dtype,
         seed=args.seed,
-        mem_fraction=args.gpu_memory_utilization if args.num_blocks is None else 0.0,
+        mem_fraction=args.gpu_memory_utilization,
+        fixed_blocks=args.num_blocks is not None,
     )
     name = args.served_model_name or (
         Path(args.model or args.dummy).resolve().name

@@ -70,6 +70,7 @@ def test_memory_pressure_preemption(reference):
     cfg = replace(
         BASE,
         num_blocks=40,
+        max_model_len=40 * 8,  # the pool holds one sequence of max_model_len (the start-up plan's rule)
         enable_chunked_prefill=True,
         max_num_batched_tokens=64,
         enable_prefix_caching=True,

@@ -81,7 +81,9 @@ def test_bad_images_are_clear_errors(client, url, needle):
 
 
 def test_text_only_model_refuses_images():
-    c = EmbeddedEngineClient(build_engine(engine_config=replace(EMBEDDED_ENGINE_CONFIG, num_blocks=64)))
+    c = EmbeddedEngineClient(
+        build_engine(engine_config=replace(EMBEDDED_ENGINE_CONFIG, num_blocks=64, max_model_len=1024))
+    )
     try:
         with pytest.raises(ValueError, match="does not accept images"):
             ask(c, data_url(1))

@@ -1,0 +1,74 @@
+"""Start-up memory planning: pools sized from measured memory; impossible configurations fail at start."""
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from inference.embedded import EMBEDDED_ENGINE_CONFIG
+from inference.engine.factory import build_engine
+from inference.engine.memory_plan import GiB, MemoryPlanError, plan_memory
+
+KV_PER_BLOCK = 64 * 1024 * 1024  # 64 MiB a block
+STATE_PER_SLOT = 256 * 1024 * 1024  # 256 MiB a slot
+
+
+def plan(**kw):
+    args = dict(
+        device_total=100 * GiB,
+        in_use=10 * GiB,
+        activations=5 * GiB,
+        block_size=64,
+        kv_bytes_per_block=KV_PER_BLOCK,
+        state_bytes_per_slot=STATE_PER_SLOT,
+        num_state_slots=8,
+        max_model_len=32 * 1024,
+    )
+    args.update(kw)
+    return plan_memory(**args)
+
+
+def test_pools_take_what_weights_activations_and_headroom_leave():
+    p = plan()
+    # 100 GiB - 20 GiB headroom - 10 in use - 5 activations - 2 GiB of state = 63 GiB of KV
+    assert p.headroom == 20 * GiB and p.state_bytes == 2 * GiB
+    assert p.num_blocks == 63 * GiB // KV_PER_BLOCK == 1008
+    assert p.max_cached_tokens == 1008 * 64
+    assert "1008 blocks" in p.describe() and "headroom 20.00 GiB" in p.describe()
+    assert plan(headroom_fraction=0.1).num_blocks == 73 * GiB // KV_PER_BLOCK
+
+
+def test_a_too_long_max_model_len_fails_naming_the_numbers():
+    with pytest.raises(
+        MemoryPlanError, match=r"max_model_len 1048576 needs 16384 KV blocks .* pool has 1008"
+    ):
+        plan(max_model_len=1 << 20)
+
+
+def test_too_many_state_slots_or_blocks_fail():
+    with pytest.raises(MemoryPlanError, match=r"400 state slots need 100\.00 GiB"):
+        plan(num_state_slots=400)
+    with pytest.raises(MemoryPlanError, match="--num-blocks 5000 needs"):
+        plan(num_blocks=5000)
+    assert plan(num_blocks=1000).num_blocks == 1000
+    with pytest.raises(MemoryPlanError, match="headroom"):
+        plan(headroom_fraction=1.0)
+
+
+def test_cpu_engine_checks_configured_pools_at_start():
+    bad = replace(EMBEDDED_ENGINE_CONFIG, num_blocks=64, max_model_len=4096)  # 64 x 16 = 1,024 tokens
+    with pytest.raises(MemoryPlanError, match="max_model_len 4096 needs 256 KV blocks of 16 tokens"):
+        build_engine(engine_config=bad)
+    ok = build_engine(engine_config=replace(bad, max_model_len=1024))
+    assert ok.memory_plan.num_blocks == 64 and ok.memory_plan.max_cached_tokens == 1024
+
+
+def test_infer_serve_refuses_to_start_with_an_impossible_plan():
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--device", "cpu", "--port", "1",
+         "--max-model-len", "1000000", "--num-blocks", "64", "--block-size", "16"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "max_model_len 1000000 needs 62500 KV blocks of 16 tokens" in out.stderr
