@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 MAX_GOAL_CHARS = 32_000
 MAX_MESSAGES = 256
@@ -22,6 +22,13 @@ ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _not_bool(value: Any) -> Any:
+    # JSON true/false is not a number; pydantic's lax mode would read it as 1/0 (2.14 does for floats too).
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
 
 
 def check_text(value: Any, where: str = "body") -> Any:
@@ -78,12 +85,16 @@ class Budget(_Strict):
     max_tokens: int | None = Field(None, ge=1, le=1_000_000_000)
     deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
 
+    _numbers = field_validator("max_steps", "max_tokens", "deadline_s", mode="before")(_not_bool)
+
 
 class SamplingParams(_Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     seed: int | None = Field(None, ge=0, le=2**53)  # exact in every JSON number implementation
+
+    _numbers = field_validator("temperature", "top_p", "max_tokens", "seed", mode="before")(_not_bool)
 
 
 class TaskCreate(_Strict):
