@@ -72,3 +72,21 @@ def test_infer_serve_refuses_to_start_with_an_impossible_plan():
     )  # fmt: skip
     assert out.returncode != 0
     assert "max_model_len 1000000 needs 62500 KV blocks of 16 tokens" in out.stderr
+
+
+@pytest.mark.gpu
+def test_cuda_plan_measures_the_device_and_leaves_the_headroom():
+    import torch
+
+    from inference.engine.engine import EngineConfig
+    from inference.engine.request import SamplingParams
+
+    cfg = EngineConfig(block_size=64, max_model_len=1 << 20, max_num_batched_tokens=8192, num_state_slots=64)
+    eng = build_engine(engine_config=cfg, device="cuda", dtype="bfloat16", mem_fraction=0.8)
+    plan = eng.memory_plan
+    free, total = torch.cuda.mem_get_info()
+    assert plan.device_total == total and plan.activations > 0 and plan.in_use > 0
+    assert plan.max_cached_tokens >= 1 << 20 and eng.config.num_blocks == plan.num_blocks
+    assert free >= plan.headroom + plan.activations  # the pools took no more than the plan
+    (req,) = eng.generate([[1, 2, 3] * 100], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(req.output_token_ids) == 4
