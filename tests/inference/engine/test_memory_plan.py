@@ -87,6 +87,6 @@ def test_cuda_plan_measures_the_device_and_leaves_the_headroom():
     free, total = torch.cuda.mem_get_info()
     assert plan.device_total == total and plan.activations > 0 and plan.in_use > 0
     assert plan.max_cached_tokens >= 1 << 20 and eng.config.num_blocks == plan.num_blocks
-    assert free >= plan.headroom + plan.activations  # the pools took no more than the plan
+    assert free >= plan.headroom  # the pools took no more than the plan: the headroom is still free
     (req,) = eng.generate([[1, 2, 3] * 100], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(req.output_token_ids) == 4
