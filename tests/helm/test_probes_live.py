@@ -1,7 +1,10 @@
 """The chart's commands and probes against the real processes. Each component is started with the
 args and environment the chart renders (ConfigMap + Secret resolved as the kubelet would) on a
 real PostgreSQL database, Redis broker and Kafka-protocol broker, then probed the way the kubelet
-probes it: the rendered httpGet path and named port, the rendered exec command."""
+probes it: the rendered httpGet path and named port, the rendered exec command. As in the pod,
+each process sees a read-only root file system with only /tmp (the chart's emptyDir; the shared
+data folder lives under it here) writable: a private mount namespace, where `/` is remounted
+read-only."""
 
 from __future__ import annotations
 
@@ -30,9 +33,21 @@ REDIS_URL = os.environ.get("DAYZERO_TEST_REDIS_URL", "redis://127.0.0.1:6379/13"
 COMPONENTS = ("api", "relay", "ingest", "worker-tools")
 
 
+def _read_only_root(cmd: list[str]) -> list[str]:
+    """`cmd` in a mount namespace of its own whose root file system is read-only but for /tmp."""
+    remount = 'mount --bind /tmp /tmp && mount -o remount,bind,ro / && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", remount, "sh", *cmd]
+
+
 def _env(docs: dict, c: dict[str, Any], pod_name: str) -> dict[str, str]:
     """The container's environment as the kubelet builds it from the rendered objects."""
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": os.environ.get("HOME", "/tmp")}
+    # PATH/PYTHONPATH stand in for the image's; HOME and no bytecode files as the Dockerfile sets.
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO),
+        "HOME": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     for src in c.get("envFrom", []):
         env.update(docs[("ConfigMap", src["configMapRef"]["name"])]["data"])
     for e in c.get("env", []):
@@ -71,7 +86,7 @@ def _probe(c: dict[str, Any], kind: str, env: dict[str, str]) -> bool:
         return 200 <= r.status_code < 400
     try:
         done = subprocess.run(
-            probe["exec"]["command"], env=env, capture_output=True, timeout=timeout, cwd=REPO
+            _read_only_root(probe["exec"]["command"]), env=env, capture_output=True, timeout=timeout, cwd=REPO
         )
     except subprocess.TimeoutExpired:
         return False
@@ -115,7 +130,7 @@ def started(rendered, tmp_path) -> Iterator[dict[str, tuple[dict, dict[str, str]
     job = container(next(d for (k, _), d in rendered.items() if k == "Job"))
     job_env = _env(rendered, job, "migrate")
     subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *job["args"]],
+        _read_only_root([sys.executable, "-m", "orchestrator.cli", *job["args"]]),
         env=job_env,
         check=True,
         cwd=REPO,
@@ -130,7 +145,7 @@ def started(rendered, tmp_path) -> Iterator[dict[str, tuple[dict, dict[str, str]
             env = _env(rendered, c, pod)
             log = tmp_path / f"{comp}.log"
             proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.cli", *_expand(c["args"], env)],
+                _read_only_root([sys.executable, "-m", "orchestrator.cli", *_expand(c["args"], env)]),
                 env=env, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
             procs.append(proc)
@@ -149,6 +164,17 @@ def started(rendered, tmp_path) -> Iterator[dict[str, tuple[dict, dict[str, str]
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+def test_the_processes_see_a_read_only_root(tmp_path):
+    def rc(shell: str) -> int:
+        return subprocess.run(
+            _read_only_root(["sh", "-c", shell]), capture_output=True, timeout=30
+        ).returncode
+
+    assert rc(f"touch {REPO}/.read-only-check") != 0
+    assert not (REPO / ".read-only-check").exists()
+    assert rc(f"touch {tmp_path}/writable") == 0
 
 
 def test_every_probed_component_starts_and_passes_its_probes(started):
