@@ -81,6 +81,7 @@ PRODUCTION = merged(
         "workers": {"tools": {"autoscaling": {"enabled": True}}},
         "inference": {"antiAffinity": "hard", "replicas": 2},
         "tracing": {"otlpEndpoint": "http://otel-collector:4318"},
+        "dashboards": {"enabled": True},
     },
 )
 
