@@ -94,9 +94,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     XDG_CACHE_HOME=/tmp/.cache \
-    TRITON_CACHE_DIR=/tmp/triton \
-    NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    TRITON_CACHE_DIR=/tmp/triton
 WORKDIR /opt/dayzero
 USER 10001:10001
 ENTRYPOINT ["dayzero"]
