@@ -207,7 +207,7 @@ def test_family_plans_take_the_fewest_gpus():
 
 
 def test_gqa_split_rule():
-    from inference.analyze import _split_problem
+    from inference.analyze.plan import _split_problem
 
     qn = load_config(CONFIGS / "qwen3_next_80b_a3b.json")
     assert _split_problem(qn, 4) == ""  # 2 kv heads replicated over 4 ranks
