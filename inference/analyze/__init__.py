@@ -162,7 +162,10 @@ def _fmt_n(n: float) -> str:
 
 def _fmt_b(n: float) -> str:
     a = abs(n)
-    return f"{n / GiB:.2f} GiB" if a >= GiB / 10 else f"{n / 1024**2:.2f} MiB" if a >= 1024 else f"{int(n)} B"
+    for unit, div in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if (a >= div / 10 and div > 1024) or a >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{int(n)} B"
 
 
 def format_analysis(a: Analysis) -> str:
