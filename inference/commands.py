@@ -12,18 +12,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "analyze",
         help="structure-first analysis of a model config (operators, parameters, memory, parallel plan)",
-        description="Parse a Hugging Face config.json (kimi_linear, +DSA, +vision) and print its operator "
-        "inventory, total/active parameters, weight bytes, KV/state bytes and a TP/EP/PP plan.",
+        description="Parse a Hugging Face config.json (kimi_linear, deepseek_v3/v32, kimi_k2, kimi_k25, "
+        "qwen3_next) and print its operator inventory, total/active parameters, weight bytes, KV/state bytes "
+        "and a TP/EP/PP plan; with --diff A B, what B needs that A does not have.",
     )
-    p.add_argument("config", help="path to config.json (or a folder holding one)")
+    p.add_argument("config", nargs="?", help="path to config.json (or a folder holding one)")
     p.add_argument(
-        "--gpus", type=int, default=None, help="GPU count to plan for (default: smallest that fits)"
+        "--diff",
+        nargs=2,
+        metavar=("A", "B"),
+        help="list operators and shapes present in config B but not in A, and the memory consequences",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="most GPUs to use (the plan takes the fewest that fit; default 1024)",
     )
     p.add_argument("--gpu-mem", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
     p.add_argument("--context", type=int, default=131072, help="tokens per sequence (default 131072)")
     p.add_argument("--sequences", type=int, default=1, help="concurrent sequences the plan must hold")
     p.add_argument(
-        "--weights", choices=("bf16", "fp8", "fp4"), default="bf16", help="weight precision for the plan"
+        "--weights",
+        choices=("bf16", "fp8", "int4", "fp4"),
+        default=None,
+        help="weight precision for the plan (default: the checkpoint's quantization_config, else bf16)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_analyze)
@@ -32,22 +45,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
     # Lazy imports: the CLI starts without loading model code (analysis itself is torch-free).
-    from inference.analyze import analyze, format_analysis, to_json
+    from inference.analyze import analyze, diff, format_analysis, format_diff, to_json
     from inference.config import ConfigError, load_config
 
+    if (args.config is None) == (args.diff is None):
+        print("error: give either CONFIG or --diff A B", file=sys.stderr)
+        return 2
     try:
-        spec = load_config(args.config)
+        specs = [load_config(p) for p in (args.diff or [args.config])]
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for name, value in (("--gpus", args.gpus), ("--context", args.context), ("--sequences", args.sequences)):
-        if value is not None and value <= 0:
-            print(f"error: {name} must be positive", file=sys.stderr)
-            return 2
-    result = analyze(
-        spec, gpus=args.gpus, gpu_mem_gib=args.gpu_mem, context=args.context, weight_dtype=args.weights,
-        sequences=args.sequences,
-    )  # fmt: skip
+    try:
+        if args.diff:
+            d = diff(*specs, context=args.context)
+            print(json.dumps(to_json(d), indent=2) if args.json else format_diff(d))
+            return 0
+        result = analyze(
+            specs[0], gpus=args.gpus, gpu_mem_gib=args.gpu_mem, context=args.context, weight_dtype=args.weights,
+            sequences=args.sequences,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(to_json(result), indent=2) if args.json else format_analysis(result))
     if result.plan is None or not result.plan.fits:
         return 1

@@ -160,8 +160,12 @@ def load_weights(
     verify: bool = True,
     progress: bool = False,
     ignore_unexpected: tuple[str, ...] = ("rotary_emb.inv_freq",),
+    ignore_prefixes: tuple[str, ...] = (),
 ) -> None:
     """Fill `model`'s parameters and buffers from the checkpoint in `folder` (strict).
+
+    Tensors whose names end with `ignore_unexpected` or start with `ignore_prefixes` (layers the
+    checkpoint ships but the model does not build, e.g. DeepSeek's MTP layers) are skipped.
 
     Raises `ChecksumError` (before reading any tensor) when the manifest disagrees, and
     `WeightLoadError` for missing, unexpected or mis-shaped tensors.
@@ -178,7 +182,7 @@ def load_weights(
         with safe_open(str(root / fname), framework="pt") as f:
             for name in names:
                 if name not in targets:
-                    if name in tied or name.endswith(ignore_unexpected):
+                    if name in tied or name.endswith(ignore_unexpected) or name.startswith(ignore_prefixes):
                         continue
                     raise WeightLoadError(f"unexpected tensor '{name}' in {fname}")
                 src, dst = f.get_tensor(name), targets[name]

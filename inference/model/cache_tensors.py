@@ -45,15 +45,16 @@ class HybridCacheSpec:
     @staticmethod
     def from_model_spec(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> HybridCacheSpec:
         """Cache shapes of `spec` with KV (and conv windows) stored in `dtype`."""
+        kda, mla = spec.kda, spec.mla  # None for families without KDA (DeepSeek) or MLA layers
         return HybridCacheSpec(
             mla_layers=spec.mla_layers,
             kda_layers=spec.kda_layers,
-            latent_dim=spec.mla.latent_dim,
+            latent_dim=mla.latent_dim if mla is not None else 0,
             index_head_dim=spec.dsa.head_dim if spec.dsa is not None else 0,
-            kda_num_heads=spec.kda.num_heads,
-            kda_head_dim=spec.kda.head_dim,
-            conv_channels=3 * spec.kda.proj_dim,
-            conv_window=spec.kda.conv_kernel_size - 1,
+            kda_num_heads=kda.num_heads if kda is not None else 0,
+            kda_head_dim=kda.head_dim if kda is not None else 0,
+            conv_channels=3 * kda.proj_dim if kda is not None else 0,
+            conv_window=kda.conv_kernel_size - 1 if kda is not None else 0,
             kv_dtype_bytes=_dtype_bytes(dtype),
         )
 

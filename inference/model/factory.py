@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from inference.config import ModelSpec
+from inference.model.deepseek_v32 import mtp_prefixes
 from inference.model.kda import KimiDeltaAttention
 from inference.model.kimi_linear import KimiLinearForCausalLM
 from inference.model.multimodal import KimiVLForConditionalGeneration
+from inference.model.text_models import text_model_class
 
 __all__ = ["build_model", "init_dummy_weights"]
 
@@ -77,7 +79,8 @@ def build_model(
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
-    cls = KimiVLForConditionalGeneration if spec.vision is not None else KimiLinearForCausalLM
+    # refuses what the model code cannot run (NotServableError) before anything is allocated
+    cls = KimiVLForConditionalGeneration if spec.vision is not None else text_model_class(spec)
     if load_format == "safetensors" and path is None:
         raise ValueError("load_format='safetensors' needs a path")
     # Shapes on the meta device, then storage allocated once, in the target dtype, where it runs:
@@ -94,7 +97,9 @@ def build_model(
     else:
         from inference.loader import load_weights
 
-        load_weights(model, path, verify=verify_checksums, progress=progress)
+        load_weights(
+            model, path, verify=verify_checksums, progress=progress, ignore_prefixes=mtp_prefixes(spec)
+        )
     return model.eval()
 
 

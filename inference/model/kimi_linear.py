@@ -5,30 +5,39 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from inference.config import KDA, MOE, ModelSpec
+from inference.config import KDA, MLA, MOE, ModelSpec
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.kda import KimiDeltaAttention
 from inference.model.layers import RMSNorm
 from inference.model.mla import MLAttention
-from inference.model.moe import DenseMLP, SparseMoE
+from inference.model.moe import DenseMLP, Expert, SparseMoE
 from inference.model.ops.moe import grouped_mm_available
 
 __all__ = ["DecoderLayer", "KimiLinearForCausalLM", "KimiLinearModel"]
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: mixer (KDA or MLA) then FFN (`mlp` dense or `block_sparse_moe`)."""
+    """Pre-norm residual block: mixer (KDA or MLA) then FFN (`mlp` dense or `block_sparse_moe`).
+
+    `moe_attr` and `expert_cls` are the checkpoint layout of an MoE FFN; a family that keeps the
+    same math under other names (DeepSeek-V3: `mlp.experts.N.gate_proj`) overrides only them.
+    """
+
+    moe_attr = "block_sparse_moe"
+    expert_cls: type[nn.Module] = Expert
 
     def __init__(self, spec: ModelSpec, layer_idx: int) -> None:
         super().__init__()
         self.kind = spec.layer_kinds[layer_idx]
+        if self.kind not in (KDA, MLA):
+            raise ValueError(f"layer {layer_idx}: no mixer for layer kind {self.kind!r} in this model")
         self.self_attn: nn.Module = (
             KimiDeltaAttention(spec, layer_idx) if self.kind == KDA else MLAttention(spec, layer_idx)
         )
         if spec.mlp_kinds[layer_idx] == MOE and spec.moe is not None:
-            self.block_sparse_moe = SparseMoE(spec.hidden_size, spec.moe)
-            self._ffn_name = "block_sparse_moe"
+            setattr(self, self.moe_attr, SparseMoE(spec.hidden_size, spec.moe, self.expert_cls))
+            self._ffn_name = self.moe_attr
         else:
             self.mlp = DenseMLP(spec.hidden_size, spec.intermediate_size)
             self._ffn_name = "mlp"
@@ -45,10 +54,12 @@ class DecoderLayer(nn.Module):
 class KimiLinearModel(nn.Module):
     """Embedding, decoder stack and final norm (`model.*` in the checkpoint)."""
 
+    layer_cls: type[DecoderLayer] = DecoderLayer
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(self.layer_cls(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
     def forward(self, inputs_embeds: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
@@ -62,10 +73,12 @@ class KimiLinearModel(nn.Module):
 class KimiLinearForCausalLM(nn.Module):
     """The text model the engine calls: `forward(input_ids, meta, cache) -> logits [M, vocab]`."""
 
+    model_cls: type[KimiLinearModel] = KimiLinearModel
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.model = KimiLinearModel(spec)
+        self.model = self.model_cls(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.tie_weights()
 

@@ -1,7 +1,8 @@
 """Feed-forward blocks: the dense SwiGLU MLP and the routed MoE with shared experts.
 
-Parameter names follow the published Kimi-Linear checkpoint: `mlp.{gate,up,down}_proj` for dense
-layers and `block_sparse_moe.{gate, experts.N.w1/w2/w3, shared_experts.*}` for MoE layers.
+Parameter names follow the published checkpoints: `mlp.{gate,up,down}_proj` for dense layers;
+Kimi-Linear's MoE layers are `block_sparse_moe.{gate, experts.N.w1/w2/w3, shared_experts.*}`,
+DeepSeek-V3's `mlp.{gate, experts.N.gate_proj/up_proj/down_proj, shared_experts.*}` (`DeepseekExpert`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from inference.config import MoESpec
 from inference.model.fused_params import concat_params
 from inference.model.ops.moe import grouped_mm_available, moe_experts_grouped, moe_experts_reference
 
-__all__ = ["DenseMLP", "Expert", "SparseMoE", "TopKRouter"]
+__all__ = ["DeepseekExpert", "DenseMLP", "Expert", "SparseMoE", "TopKRouter"]
 
 
 class DenseMLP(nn.Module):
@@ -45,6 +46,24 @@ class Expert(nn.Module):
         self.w1 = nn.Linear(hidden, intermediate, bias=False)
         self.w2 = nn.Linear(intermediate, hidden, bias=False)
         self.w3 = nn.Linear(hidden, intermediate, bias=False)
+
+    def weights(self) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter]:
+        """(gate, up, down) weights, whatever the checkpoint calls them."""
+        return self.w1.weight, self.w3.weight, self.w2.weight
+
+
+class DeepseekExpert(nn.Module):
+    """One routed expert in the DeepSeek-V3 layout (`gate_proj`, `up_proj`, `down_proj`); a holder as `Expert`."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def weights(self) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter]:
+        """(gate, up, down) weights."""
+        return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
 
 
 class TopKRouter(nn.Module):
@@ -86,24 +105,28 @@ class SparseMoE(nn.Module):
     Elsewhere the per-expert reference loop runs.
     """
 
-    def __init__(self, hidden: int, spec: MoESpec) -> None:
+    def __init__(
+        self, hidden: int, spec: MoESpec, expert_cls: type[Expert | DeepseekExpert] = Expert
+    ) -> None:
         super().__init__()
+        if spec.scoring != "sigmoid" or spec.shared_expert_gate:
+            raise ValueError(
+                "SparseMoE implements sigmoid, bias-corrected routing without a shared-expert gate"
+            )
         self.spec = spec
         self.gate = TopKRouter(hidden, spec)
-        self.experts = nn.ModuleList(Expert(hidden, spec.intermediate_size) for _ in range(spec.num_experts))
-        self.shared_experts = (
-            DenseMLP(hidden, spec.intermediate_size * spec.num_shared_experts)
-            if spec.num_shared_experts
-            else None
+        self.experts = nn.ModuleList(
+            expert_cls(hidden, spec.intermediate_size) for _ in range(spec.num_experts)
         )
+        self.shared_experts = DenseMLP(hidden, spec.shared_width) if spec.num_shared_experts else None
         self._w13: Tensor | None = None
         self._w2: Tensor | None = None
 
     def _stacked(self) -> tuple[Tensor, Tensor]:
         """`(w13 [E, 2I, H], w2 [E, H, I])` views of the experts' own (re-pointed) parameters."""
         e, i = self.spec.num_experts, self.spec.intermediate_size
-        self._w13 = concat_params([w for x in self.experts for w in (x.w1.weight, x.w3.weight)], self._w13)
-        self._w2 = concat_params([x.w2.weight for x in self.experts], self._w2)
+        self._w13 = concat_params([w for x in self.experts for w in x.weights()[:2]], self._w13)
+        self._w2 = concat_params([x.weights()[2] for x in self.experts], self._w2)
         return self._w13.view(e, 2 * i, -1), self._w2.view(e, -1, i)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -112,12 +135,8 @@ class SparseMoE(nn.Module):
         if x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available():
             out = moe_experts_grouped(x, weights, ids, *self._stacked())
         else:
-            out = moe_experts_reference(
-                x, weights, ids,
-                [e.w1.weight for e in self.experts],
-                [e.w2.weight for e in self.experts],
-                [e.w3.weight for e in self.experts],
-            )  # fmt: skip
+            gate, up, down = zip(*(e.weights() for e in self.experts), strict=True)
+            out = moe_experts_reference(x, weights, ids, list(gate), list(down), list(up))
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

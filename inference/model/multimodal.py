@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from inference.config import ModelSpec
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
-from inference.model.kimi_linear import KimiLinearForCausalLM
+from inference.model.text_models import text_model_class
 from inference.model.vision import MoonViT, MultimodalProjector
 
 __all__ = ["KimiVLForConditionalGeneration"]
@@ -22,7 +22,7 @@ class KimiVLForConditionalGeneration(nn.Module):
         if spec.vision is None:
             raise ValueError("a multimodal model needs a vision_config")
         self.spec = spec
-        self.language_model = KimiLinearForCausalLM(spec)
+        self.language_model = text_model_class(spec)(spec)
         self.vision_tower = MoonViT(spec.vision)
         self.mm_projector = MultimodalProjector(spec.vision, spec.hidden_size)
 

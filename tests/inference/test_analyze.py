@@ -99,3 +99,176 @@ def test_cli_names_a_bad_field(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert main(["analyze", str(tmp_path)]) == 2
     assert "hidden_act" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ every family, against transformers
+
+CONFIGS = PUBLISHED.parent
+# (config file, transformers config class, model class); the model is built on the meta device
+FAMILIES = [
+    ("kimi_linear_48b_a3b.json", "KimiLinearConfig", "KimiLinearForCausalLM"),
+    ("deepseek_v3_671b.json", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    ("deepseek_v32_exp.json", "DeepseekV32Config", "DeepseekV32ForCausalLM"),
+    ("kimi_k2_instruct.json", "DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    ("qwen3_next_80b_a3b.json", "Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    ("kimi_k25.json", "Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),
+]
+
+
+def _hf_kwargs(cfg: dict) -> dict:
+    """The published config as transformers' config class takes it: loader-only keys dropped (the
+    quantizer would swap Linear modules), K2.5's MoonViT spellings as transformers names them."""
+    from inference.config.multimodal import _normalise_vision
+
+    out = {k: v for k, v in cfg.items() if k not in ("auto_map", "architectures", "quantization_config")}
+    if "text_config" in out:
+        out["text_config"] = {k: v for k, v in out["text_config"].items() if k != "quantization_config"}
+        vision = _normalise_vision(out["vision_config"])
+        keep = (
+            "patch_size hidden_size intermediate_size num_attention_heads num_hidden_layers pos_emb_height "
+        )
+        out["vision_config"] = {
+            k: vision[k] for k in (keep + "pos_emb_width pos_emb_time merge_kernel_size").split()
+        }
+        out["image_token_id"] = out.pop("media_placeholder_token_id")
+        out["projection_hidden_size"] = vision["mm_hidden_size"]
+        out["tie_word_embeddings"] = cfg["text_config"]["tie_word_embeddings"]
+        for k in ("ignore_index", "use_unified_vision_chunk", "video_placeholder"):
+            out.pop(k, None)
+    return out
+
+
+def _stored_numel(model) -> int:
+    """Parameters + persistent buffers, tied tensors once: what a checkpoint of the model holds."""
+    seen, n = set(), 0
+    for t in model.state_dict().values():
+        if id(t) not in seen:
+            seen.add(id(t))
+            n += t.numel()
+    return n
+
+
+@pytest.mark.parametrize(
+    ("name", "config_cls", "model_cls"), FAMILIES, ids=[f[0].removesuffix(".json") for f in FAMILIES]
+)
+def test_family_totals_equal_transformers(name, config_cls, model_cls):
+    import torch
+    import transformers
+
+    cfg = json.loads((CONFIGS / name).read_text())
+    hc = getattr(transformers, config_cls)(**_hf_kwargs(cfg))
+    with torch.device("meta"):
+        hf = getattr(transformers, model_cls)(hc)
+    head, comp = parameter_counts(load_config(CONFIGS / name))
+    assert head["total"] == _stored_numel(hf)
+    # active: transformers holds every routed expert of a layer in one fused tensor; take them out
+    # and add back top_k of them per MoE layer, which is how `active` is defined
+    routed = sum(p.numel() for n, p in hf.named_parameters() if ".experts." in n)
+    assert routed == comp.get("routed_experts", 0)
+
+
+PUBLISHED_FIGURES = [  # (config, headline total, headline active, tolerance): the model cards' names
+    ("deepseek_v3_671b.json", 671e9, 37e9, 0.02),
+    ("deepseek_v32_exp.json", 671e9, 37e9, 0.02),
+    ("kimi_k2_instruct.json", 1.04e12, 32e9, 0.02),
+    ("qwen3_next_80b_a3b.json", 80e9, 3.5e9, 0.02),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active", "tol"), PUBLISHED_FIGURES, ids=[f[0] for f in PUBLISHED_FIGURES]
+)
+def test_family_headline_figures(name, total, active, tol):
+    head, _ = parameter_counts(load_config(CONFIGS / name))
+    assert abs(head["total"] / total - 1) < tol, head
+    assert abs(head["active"] / active - 1) < 0.05, head
+
+
+def test_family_cache_bytes():
+    v3 = load_config(CONFIGS / "deepseek_v3_671b.json")
+    assert cache_bytes(v3) == (61 * (512 + 64) * 2, 0)  # MLA latent only, no recurrent state
+    v32 = load_config(CONFIGS / "deepseek_v32_exp.json")
+    assert cache_bytes(v32) == (61 * (512 + 64 + 128) * 2, 0)  # + the indexer key
+    qn = load_config(CONFIGS / "qwen3_next_80b_a3b.json")
+    kv, state = cache_bytes(qn)
+    assert kv == 12 * 2 * 2 * 256 * 2  # 12 GQA layers, K and V of 2 kv heads x 256, bf16
+    assert state == 36 * (32 * 128 * 128 * 4 + (2 * 2048 + 4096) * 3 * 2)
+
+
+def test_family_plans_take_the_fewest_gpus():
+    v3 = load_config(CONFIGS / "deepseek_v3_671b.json")
+    a = analyze(v3, gpu_mem_gib=141.0, context=32768)  # fp8, as the checkpoint ships
+    assert a.weight_dtype == "fp8" and a.plan.fits and a.plan.gpus == 8 and (a.plan.tp, a.plan.pp) == (8, 1)
+    assert a.plan.weight_bytes_per_gpu + a.plan.kv_bytes_per_gpu <= 0.8 * 141 * 1024**3
+    bf16 = analyze(v3, gpu_mem_gib=141.0, context=32768, weight_dtype="bf16", gpus=8)
+    assert not bf16.plan.fits  # 1.25 TiB of bf16 weights do not fit 8 x 112.8 GiB usable
+    qn = analyze(load_config(CONFIGS / "qwen3_next_80b_a3b.json"), gpus=8, gpu_mem_gib=141.0)
+    assert qn.plan.gpus == 2 and qn.plan.fits  # 148 GiB of bf16: two GPUs, not the eight offered
+
+
+def test_gqa_split_rule():
+    from inference.analyze.plan import _split_problem
+
+    qn = load_config(CONFIGS / "qwen3_next_80b_a3b.json")
+    assert _split_problem(qn, 4) == ""  # 2 kv heads replicated over 4 ranks
+    assert "GDN key heads" in _split_problem(qn, 32)
+    assert "not divisible" in _split_problem(load_config(CONFIGS / "kimi_k2_instruct.json"), 3)
+
+
+def test_diff_lists_what_b_needs():
+    from inference.analyze import diff
+
+    kimi, v32 = load_config(PUBLISHED), load_config(CONFIGS / "deepseek_v32_exp.json")
+    d = diff(kimi, v32, context=1000)
+    new = {op.name for _, op in d.new_operators}
+    assert {"DSA lightning indexer", "DSA top-k select + sparse MLA attention", "YaRN rope scaling"} <= new
+    assert not any(name.startswith("KDA") for name in new)
+    changed = {op.name: (old, op.shape) for _, op, old in d.new_shapes}
+    assert changed["MLA rope on q_pe and the shared key"] == ("none (NoPE)", "interleaved, 64 dims")
+    assert "MLA q projection" in changed  # q_lora 1536 replaces the direct projection
+    assert {op.name for _, op in d.dropped_operators} >= {
+        "KDA gated delta rule (chunk prefill / recurrent decode)"
+    }
+    kv = d.memory["kv_bytes_per_token"]
+    assert (kv["a"], kv["b"], kv["delta"]) == (8064, 85888, 85888 - 8064)
+    assert d.memory["state_bytes_per_sequence"]["b"] == 0
+    assert d.memory["memory_per_sequence_at_1000"]["delta"] == (85888 - 8064) * 1000 - cache_bytes(kimi)[1]
+    assert diff(v32, v32).new_operators == [] and diff(v32, v32).new_shapes == []
+
+    qn = load_config(CONFIGS / "qwen3_next_80b_a3b.json")
+    new = {op.name for _, op in diff(kimi, qn).new_operators}
+    assert (
+        "gated delta rule (chunk prefill / recurrent decode)" in new
+        and "GQA causal attention (prefill + paged decode)" in new
+    )
+    assert "sigmoid output gate" in new and "MoE router (softmax)" in new
+
+
+def test_cli_diff_text_and_json(capsys):
+    from orchestrator.cli import main
+
+    a, b = str(PUBLISHED), str(CONFIGS / "qwen3_next_80b_a3b.json")
+    assert main(["analyze", "--diff", a, b]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "new operators in qwen3_next" in text
+        and "+ [gdn] gated delta rule" in text
+        and "kv_bytes_per_token" in text
+    )
+    assert main(["analyze", "--diff", a, b, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory"]["kv_bytes_per_token"]["b"] == 24576 and data["new_operators"]
+    assert main(["analyze"]) == 2 and "either CONFIG or --diff" in capsys.readouterr().err
+    assert main(["analyze", a, "--context", "0"]) == 2
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.json")))
+def test_cli_on_every_bundled_config(name, capsys):
+    from orchestrator.cli import main
+
+    assert main(["analyze", str(CONFIGS / name), "--gpu-mem", "141", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (
+        data["plan"]["fits"]
+        and data["params"]["total"] == parameter_counts(load_config(CONFIGS / name))[0]["total"]
+    )

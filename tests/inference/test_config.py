@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,121 @@ def test_unsupported_vision_variants_are_named(published, key, value):
            "vision_config": {**K25_VISION, key: value}}  # fmt: skip
     with pytest.raises(ConfigError, match=key):
         parse_config(cfg)
+
+
+# ------------------------------------------------------------------ the other families' readers
+
+CONFIGS = PUBLISHED.parent
+
+
+def _load(name: str) -> dict:
+    return json.loads((CONFIGS / name).read_text())
+
+
+def test_deepseek_v3_reader():
+    spec = parse_config(_load("deepseek_v3_671b.json"))
+    assert spec.model_type == "deepseek_v3" and spec.kda is None and spec.layer_kinds == (MLA,) * 61
+    assert spec.mlp_kinds[:3] == (DENSE,) * 3 and set(spec.mlp_kinds[3:]) == {MOE}
+    m, e = spec.mla, spec.moe
+    assert (m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim, m.use_rope) == (1536, 512, 64, True)
+    assert dict(m.rope_scaling)["factor"] == 40 and dict(m.rope_scaling)["type"] == "yarn"
+    assert (e.num_experts, e.top_k, e.num_groups, e.topk_groups, e.num_shared_experts) == (256, 8, 8, 4, 1)
+    assert e.scoring == "sigmoid" and e.renormalize and e.routed_scaling_factor == 2.5
+    assert spec.mtp.num_layers == 1 and spec.quantization == "fp8" and spec.dsa is None
+
+
+def test_deepseek_v32_reader_adds_the_indexer():
+    spec = parse_config(_load("deepseek_v32_exp.json"))
+    assert spec.model_type == "deepseek_v32" and (spec.dsa.topk, spec.dsa.num_heads, spec.dsa.head_dim) == (
+        2048,
+        64,
+        128,
+    )
+    cfg = {k: v for k, v in _load("deepseek_v32_exp.json").items() if not k.startswith("index_")}
+    with pytest.raises(ConfigError, match="index_topk"):
+        parse_config(cfg)  # a V3.2 config without its indexer is a misread, not a V3
+
+
+def test_kimi_k2_and_k25_readers():
+    k2 = parse_config(_load("kimi_k2_instruct.json"))
+    assert k2.model_type == "kimi_k2" and k2.moe.num_experts == 384 and k2.moe.num_groups == 1
+    assert k2.mla.num_heads == 64 and k2.mlp_kinds.count(DENSE) == 1 and k2.vocab_size == 163840
+    k25 = parse_config(_load("kimi_k25.json"))
+    assert k25.wrapper_type == "kimi_k25" and k25.model_type == "kimi_k2" and k25.quantization == "int4"
+    assert k25.vision.num_layers == 27 and k25.vision.merged_dim == 4608 and k25.image_token_id == 163605
+    assert replace(k25.mla, rope_scaling=k2.mla.rope_scaling) == k2.mla  # same text model, 256K YaRN
+
+
+def test_qwen3_next_reader():
+    spec = parse_config(_load("qwen3_next_80b_a3b.json"))
+    assert spec.model_type == "qwen3_next" and spec.mla is None and spec.kda is None
+    assert spec.gqa_layers == tuple(range(3, 48, 4)) and len(spec.gdn_layers) == 36
+    g, a, e = spec.gdn, spec.gqa, spec.moe
+    assert (g.num_k_heads, g.num_v_heads, g.k_head_dim, g.v_head_dim, g.conv_dim) == (16, 32, 128, 128, 8192)
+    assert (a.num_heads, a.num_kv_heads, a.head_dim, a.rotary_dim, a.output_gate) == (16, 2, 256, 64, True)
+    assert (e.num_experts, e.top_k, e.scoring, e.shared_width, e.shared_expert_gate) == (
+        512,
+        10,
+        "softmax",
+        512,
+        True,
+    )
+    assert set(spec.mlp_kinds) == {MOE}
+    # transformers-5 exports spell the layer kinds out; the same model either way
+    listed = dict(_load("qwen3_next_80b_a3b.json"), layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 12)  # fmt: skip
+    del listed["full_attention_interval"]
+    assert parse_config(listed) == spec
+    dense_first = parse_config(dict(_load("qwen3_next_80b_a3b.json"), mlp_only_layers=[0]))
+    assert dense_first.mlp_kinds[0] == DENSE and dense_first.mlp_kinds[1] == MOE
+
+
+FAMILY_BAD = [
+    ("deepseek_v3_671b.json", "n_routed_experts_x", 3, "n_routed_experts_x"),  # unknown field
+    ("deepseek_v3_671b.json", "topk_method", "greedy", "topk_method"),
+    ("deepseek_v3_671b.json", "scoring_func", "softmax", "scoring_func"),
+    ("deepseek_v3_671b.json", "rope_scaling", {"type": "dynamic", "factor": 2}, "rope_scaling"),
+    ("deepseek_v3_671b.json", "rope_scaling", {"type": "yarn"}, "rope_scaling.factor"),
+    ("deepseek_v3_671b.json", "n_group", 7, "n_group"),
+    ("deepseek_v3_671b.json", "rope_interleave", False, "rope_interleave"),
+    ("deepseek_v3_671b.json", "mlp_layer_types", ["sparse"] * 61, "mlp_layer_types"),
+    ("deepseek_v3_671b.json", "quantization_config", {"quant_method": "gptq"}, "quant_method"),
+    ("deepseek_v32_exp.json", "q_lora_rank", None, "q_lora_rank"),
+    ("kimi_k2_instruct.json", "num_key_value_heads", 8, "num_key_value_heads"),
+    ("qwen3_next_80b_a3b.json", "linear_num_value_heads", 24, "linear_num_value_heads"),
+    ("qwen3_next_80b_a3b.json", "num_key_value_heads", 3, "num_key_value_heads"),
+    ("qwen3_next_80b_a3b.json", "use_sliding_window", True, "use_sliding_window"),
+    ("qwen3_next_80b_a3b.json", "layer_types", ["full_attention"] * 47, "layer_types"),
+    ("qwen3_next_80b_a3b.json", "mlp_only_layers", [48], "mlp_only_layers"),
+    ("qwen3_next_80b_a3b.json", "partial_rotary_factor", 0.0, "partial_rotary_factor"),
+    ("qwen3_next_80b_a3b.json", "linear_attn_config", {}, "linear_attn_config"),  # another family's field
+    ("kimi_k25.json", "text_config.model_type", "llama", "text_config.model_type"),
+    ("kimi_k25.json", "text_config.mla_use_nope", True, "text_config.mla_use_nope"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "value", "field"),
+    FAMILY_BAD,
+    ids=[f"{n.split('_')[0]}:{p}={v!r}"[:60] for n, p, v, _ in FAMILY_BAD],
+)
+def test_family_bad_fields_are_named(name, path, value, field):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_mutate(_load(name), path, value))
+    assert field in str(info.value)
+
+
+def test_known_ignored_fields_change_nothing():
+    """Training knobs and provenance are listed as known-and-ignored, so they may take any value."""
+    base = parse_config(_load("deepseek_v3_671b.json"))
+    for key, value in (("aux_loss_alpha", 0.5), ("seq_aux", False), ("ep_size", 64), ("pretraining_tp", 4)):
+        assert parse_config(dict(_load("deepseek_v3_671b.json"), **{key: value})) == base
+    q = parse_config(dict(_load("qwen3_next_80b_a3b.json"), router_aux_loss_coef=0.1, sliding_window=4096))
+    assert q == parse_config(_load("qwen3_next_80b_a3b.json"))
+
+
+def test_transformers5_rope_parameters_spelling():
+    cfg = _load("kimi_k2_instruct.json")
+    yarn = dict(cfg.pop("rope_scaling"), rope_theta=cfg.pop("rope_theta"))
+    yarn["rope_type"] = yarn.pop("type")
+    spec = parse_config(dict(cfg, rope_parameters=yarn))
+    assert spec.mla.rope_theta == 50000.0 and dict(spec.mla.rope_scaling)["factor"] == 32.0

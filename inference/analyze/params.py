@@ -1,0 +1,163 @@
+"""Parameter counts and cache bytes of a spec, as the served model and the runtime's cache hold them.
+
+Parameter conventions (all reported, the headline ones marked):
+
+* `total`: every stored parameter of the served model (transformers' own count of the same
+  config); MTP layers a checkpoint ships for speculative decoding are reported apart (`mtp`);
+* `total_non_embedding`: without the input embedding table and the LM head;
+* `active`: parameters a token's forward pass multiplies with: every non-routed parameter, the
+  routed experts it selects (`top_k` per MoE layer) and the LM head, but not the embedding table,
+  from which it reads one row (headline active).
+
+Memory follows the runtime's cache layout: paged KV per token (MLA latent + DSA indexer key,
+or GQA K and V), recurrent state per sequence (fp32 KDA/GDN states + conv windows).
+"""
+
+from __future__ import annotations
+
+from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
+
+__all__ = ["KV_DTYPE_BYTES", "STATE_DTYPE_BYTES", "cache_bytes", "kv_per_layer", "parameter_counts"]
+
+KV_DTYPE_BYTES = 2  # bf16 KV and conv windows, as the engine allocates them
+STATE_DTYPE_BYTES = 4  # recurrent states stay fp32
+
+
+def _kda_params(s: ModelSpec) -> int:
+    k, h = s.kda, s.hidden_size
+    d = k.proj_dim
+    return (
+        3 * h * d  # q, k, v
+        + 3 * d * k.conv_kernel_size  # short convs
+        + k.num_heads + d  # A_log, dt_bias
+        + 2 * (h * k.head_dim + k.head_dim * d)  # f_a/f_b and g_a/g_b low-rank
+        + h * k.num_heads  # b_proj
+        + k.head_dim  # o_norm
+        + d * h  # o_proj
+    )  # fmt: skip
+
+
+def _mla_params(s: ModelSpec) -> int:
+    m, h = s.mla, s.hidden_size
+    q = h * m.num_heads * m.qk_head_dim
+    if m.q_lora_rank is not None:
+        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.num_heads * m.qk_head_dim
+    kv = (
+        h * m.latent_dim + m.kv_lora_rank + m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+    )
+    total = q + kv + m.num_heads * m.v_head_dim * h
+    if s.dsa is not None and m.q_lora_rank is not None:
+        d = s.dsa  # wq_b, wk, k_norm (LayerNorm: weight + bias), weights_proj
+        total += m.q_lora_rank * d.num_heads * d.head_dim + h * d.head_dim + 2 * d.head_dim + h * d.num_heads
+    return total
+
+
+def _gdn_params(s: ModelSpec) -> int:
+    g, h = s.gdn, s.hidden_size
+    return (
+        h * (2 * g.key_dim + 2 * g.value_dim)  # in_proj_qkvz
+        + h * 2 * g.num_v_heads  # in_proj_ba
+        + g.conv_dim * g.conv_kernel_size  # depthwise conv, no bias
+        + 2 * g.num_v_heads  # dt_bias, A_log
+        + g.v_head_dim  # gated RMSNorm
+        + g.value_dim * h  # out_proj
+    )  # fmt: skip
+
+
+def _gqa_params(s: ModelSpec) -> int:
+    a, h = s.gqa, s.hidden_size
+    q_out = a.num_heads * a.head_dim * (2 if a.output_gate else 1)  # query and gate in one projection
+    return h * q_out + 2 * h * a.num_kv_heads * a.head_dim + a.num_heads * a.head_dim * h + 2 * a.head_dim
+
+
+_MIXER_PARAMS = {KDA: _kda_params, MLA: _mla_params, GDN: _gdn_params, GQA: _gqa_params}
+
+
+def _moe_layer_params(s: ModelSpec) -> tuple[int, int, int, int]:
+    """(router, shared, routed, routed active) parameters of one MoE layer."""
+    e, h = s.moe, s.hidden_size
+    expert = 3 * h * e.intermediate_size
+    router = e.num_experts * h + (e.num_experts if e.scoring == "sigmoid" else 0)  # + correction bias
+    shared = 3 * h * e.shared_width + (h if e.shared_expert_gate else 0)
+    return router, shared, expert * e.num_experts, expert * e.top_k
+
+
+def _layer_params(s: ModelSpec, i: int) -> int:
+    """One decoder layer: mixer, FFN and its two norms."""
+    n = _MIXER_PARAMS[s.layer_kinds[i]](s) + 2 * s.hidden_size
+    if s.mlp_kinds[i] == MOE:
+        return n + sum(_moe_layer_params(s)[:3])
+    return n + 3 * s.hidden_size * s.intermediate_size
+
+
+def parameter_counts(s: ModelSpec) -> tuple[dict[str, int], dict[str, int]]:
+    """(headline counts, counts per component) of the text model plus the vision tower."""
+    h = s.hidden_size
+    comp = {"embedding": s.vocab_size * h, "lm_head": 0 if s.tie_word_embeddings else s.vocab_size * h}
+    comp["norms"] = h * (2 * s.num_layers + 1)
+    for kind, fn in _MIXER_PARAMS.items():
+        if kind in s.layer_kinds:
+            comp[kind] = fn(s) * s.layer_kinds.count(kind)
+    comp["dense_mlp"] = 3 * h * s.intermediate_size * s.mlp_kinds.count(DENSE)
+    n_moe = s.mlp_kinds.count(MOE)
+    routed_active = 0
+    if s.moe is not None and n_moe:
+        router, shared, routed, active = _moe_layer_params(s)
+        comp["router"] = router * n_moe
+        comp["shared_experts"] = shared * n_moe
+        comp["routed_experts"] = routed * n_moe
+        routed_active = active * n_moe
+    if s.vision is not None:
+        v = s.vision
+        block = 4 * v.hidden_size + 4 * v.hidden_size**2 + 4 * v.hidden_size  # norms, wqkv, wo
+        block += 2 * v.hidden_size * v.intermediate_size + v.intermediate_size + v.hidden_size
+        comp["vision_tower"] = (
+            3 * v.patch_size**2 * v.hidden_size + v.hidden_size
+            + v.pos_emb_height * v.pos_emb_width * v.hidden_size
+            + v.num_layers * block + 2 * v.hidden_size
+        )  # fmt: skip
+        comp["mm_projector"] = 2 * v.hidden_size + v.merged_dim**2 + v.merged_dim + v.merged_dim * h + h
+    total = sum(comp.values())
+    non_emb = total - comp["embedding"] - comp["lm_head"]
+    active = total - comp["embedding"] - comp.get("routed_experts", 0) + routed_active
+    active -= comp.get("vision_tower", 0) + comp.get("mm_projector", 0)  # text tokens only
+    head = {
+        "total": total,
+        "total_non_embedding": non_emb,
+        "active": active,
+        "active_non_embedding": active - comp["lm_head"],
+    }
+    if s.mtp is not None:
+        # DeepSeek-V3 MTP module: enorm, hnorm, eh_proj (2h -> h), one MoE decoder layer, its head norm;
+        # embedding and LM head are the main model's (the checkpoint stores copies of them)
+        head["mtp"] = s.mtp.num_layers * (3 * h + 2 * h * h + _layer_params(s, s.num_layers - 1))
+    return head, comp
+
+
+def kv_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
+    if kind == MLA:
+        return (s.mla.latent_dim + (s.dsa.head_dim if s.dsa else 0)) * dtype_bytes
+    if kind == GQA:
+        return 2 * s.gqa.num_kv_heads * s.gqa.head_dim * dtype_bytes
+    return 0
+
+
+def _state_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
+    if kind == KDA:
+        k = s.kda
+        return (
+            k.num_heads * k.head_dim**2 * STATE_DTYPE_BYTES
+            + 3 * k.proj_dim * (k.conv_kernel_size - 1) * dtype_bytes
+        )
+    if kind == GDN:
+        g = s.gdn
+        state = g.num_v_heads * g.k_head_dim * g.v_head_dim * STATE_DTYPE_BYTES
+        return state + g.conv_dim * (g.conv_kernel_size - 1) * dtype_bytes
+    return 0
+
+
+def cache_bytes(s: ModelSpec, kv_dtype_bytes: int = KV_DTYPE_BYTES) -> tuple[int, int]:
+    """(KV bytes per token, recurrent-state bytes per sequence), over all layers."""
+    kv = sum(kv_per_layer(s, kind, kv_dtype_bytes) for kind in s.layer_kinds)
+    state = sum(_state_per_layer(s, kind, kv_dtype_bytes) for kind in s.layer_kinds)
+    return kv, state

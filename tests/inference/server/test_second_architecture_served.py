@@ -1,0 +1,152 @@
+"""The second architecture served for real: `dayzero infer serve --dummy tiny_deepseek_v32.json`
+in its own process, its greedy completions equal to transformers' `DeepseekV32ForCausalLM` on the
+same seeded weights, and an orchestrator task (real runner, real HTTP client, SQLite) whose model
+steps that server answers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from inference.config import load_config
+from inference.model import build_model
+from inference.tokenizer import ByteTokenizer
+from tests.inference.model.deepseek_hf_mapping import TINY, hf_config, published_to_hf
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[str]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", str(TINY), "--port", str(port),
+           "--device", "cpu", "--block-size", "8", "--checkpoint-interval", "16", "--num-blocks", "512"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not come up: {log.read_text()[-2000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' model holding the weights the server built (`--seed 0`)."""
+    import json
+
+    import transformers
+
+    ours = build_model(load_config(TINY), seed=0)
+    hf = transformers.DeepseekV32ForCausalLM(hf_config(json.loads(TINY.read_text()))).eval()
+    hf.load_state_dict(published_to_hf(ours.state_dict()), strict=True)
+    return hf
+
+
+@torch.no_grad()
+def _hf_greedy(hf, ids: list[int], n: int, vocab: int) -> list[int]:
+    """Full causal forwards (no KV cache), argmax over the tokenizer's ids as the engine samples."""
+    out = list(ids)
+    for _ in range(n):
+        out.append(int(hf(torch.tensor([out])).logits[0, -1, :vocab].argmax()))
+    return out[len(ids) :]
+
+
+def test_served_completions_equal_transformers(server, reference):
+    tok = ByteTokenizer()
+    prompts = ["Day-0 adaptation: a new architecture from the shared layers", "x" * 30]
+    for prompt in prompts:  # twice each: the second call is a prefix-cache hit
+        ids = tok.encode(prompt)
+        want = _hf_greedy(reference, ids, 12, tok.vocab_size)
+        for _ in range(2):
+            r = httpx.post(
+                server + "/v1/completions",
+                json={"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 0},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["usage"]["completion_tokens"] == 12
+            assert body["choices"][0]["text"] == tok.decode(want)
+    second = httpx.post(
+        server + "/v1/completions",
+        json={"prompt": tok.encode(prompts[0]), "max_tokens": 1, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert second["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) > 0
+
+
+def test_orchestrator_task_runs_on_the_served_model(server, tmp_path):
+    from orchestrator.config import Budgets
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+    from orchestrator.dispatch import InProcessDispatcher
+    from orchestrator.inference_client import OpenAIChatClient, Sampling, chat_request_body
+    from orchestrator.runner import Runner, RunnerConfig
+    from orchestrator.store import NewTask, create_task, get_task, list_messages
+    from tools.config import ToolsConfig
+    from workers.tool_jobs import build_registry
+
+    db = make_engine(f"sqlite:///{tmp_path / 'dayzero.db'}")
+    migrate.upgrade(db)
+    name = httpx.get(server + "/v1/models").json()["data"][0]["id"]
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=()))
+    client = OpenAIChatClient(server, name, timeout_s=60)
+    dispatcher = InProcessDispatcher(registry)
+    runner = Runner(db, client, dispatcher, registry, RunnerConfig(poll_interval_s=0.02, workspace_dir=str(tmp_path / "ws"),
+                                                                   blob_url=str(tmp_path / "blobs")))  # fmt: skip
+    try:
+        with db.begin() as conn:
+            task_id, _ = create_task(
+                conn,
+                NewTask(tenant="t1", goal="Summarise the Day-0 method.", sampling={"max_tokens": 16}),
+                Budgets(),
+            )
+        runner.run_until_idle(timeout_s=120)
+        with db.connect() as conn:
+            task = get_task(conn, task_id)
+            messages = list_messages(conn, task_id)
+    finally:
+        runner.stop()
+        client.close()
+        dispatcher.close()
+        db.dispose()
+    assert task.status in ("SUCCEEDED", "FAILED"), task.status
+    assert task.prompt_tokens > 0 and task.completion_tokens > 0  # the served model answered
+    # the transcript's model turn is what the server answers greedily for the same request
+    # (the runner's messages up to that turn, its tool list, its sampling)
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    body = chat_request_body(name, messages[:first], registry.openai_tools(None), Sampling(max_tokens=16))
+    again = httpx.post(server + "/v1/chat/completions", json=body, timeout=60).json()
+    assert again["choices"][0]["message"].get("content") == messages[first].get("content")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the prompt resumed from the cache
