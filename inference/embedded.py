@@ -2,14 +2,18 @@
 engine, with OpenAI chat-completions dicts in and out (the same parsing and response building as
 the HTTP server), plus a `dayzero` extension `{"ttft_ms": float}`.
 
-`EmbeddedEngineClient.default()` builds the bundled small random-weight vision-language model on
-the CPU (seeded, so every run is the same model; images in messages work); `from_engine` wraps any
+`EmbeddedEngineClient.default(model)` builds one of the bundled models on the CPU, chosen by name
+(`EMBEDDED_MODELS`): `dayzero-demo` (also `dayzero-small`, the orchestrator's default name) is the
+trained demo model of `inference/demo_model` (it really calls tools); `dayzero-small-random` is the
+seeded random-weight vision-language model that tests and benchmarks use (same model every run;
+images in messages work). `from_model_dir` serves any checkpoint folder; the constructor wraps any
 engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from inference.engine.async_engine import AsyncEngine
@@ -18,7 +22,14 @@ from inference.server.images import make_image_handler
 from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
 from inference.toolparse import get_tool_parser
 
-DEFAULT_MODEL_NAME = "dayzero-small-random"
+DEFAULT_MODEL_NAME = "dayzero-demo"
+RANDOM_MODEL_NAME = "dayzero-small-random"
+# name -> what `default` builds: "demo" (the trained checkpoint) or "random" (seeded weights)
+EMBEDDED_MODELS: dict[str, str] = {
+    DEFAULT_MODEL_NAME: "demo",
+    "dayzero-small": "demo",
+    RANDOM_MODEL_NAME: "random",
+}
 
 # The embedded default: a small model on a CPU. Prefix caching matters here as much as on a GPU:
 # each agent turn re-sends the transcript.
@@ -57,7 +68,17 @@ class EmbeddedEngineClient:
         )
 
     @classmethod
-    def default(cls, *, seed: int = 0) -> EmbeddedEngineClient:
+    def default(cls, model: str | None = None, *, seed: int = 0) -> EmbeddedEngineClient:
+        """The bundled model named `model` (default `DEFAULT_MODEL_NAME`) on the CPU; `seed` is for
+        the random-weight model. Raises ValueError for a name that is not in `EMBEDDED_MODELS`."""
+        name = model or DEFAULT_MODEL_NAME
+        kind = EMBEDDED_MODELS.get(name)
+        if kind is None:
+            raise ValueError(f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED_MODELS))}")
+        if kind == "demo":
+            from inference.demo_model.spec import DEMO_DIR
+
+            return cls.from_model_dir(DEMO_DIR, model_name=name)
         import torch
 
         from inference.engine.factory import build_engine, small_vl_model_config
@@ -71,7 +92,20 @@ class EmbeddedEngineClient:
             dtype="float32",
             seed=seed,
         )
-        return cls(engine)
+        return cls(engine, model_name=name)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, *, model_name: str | None = None) -> EmbeddedEngineClient:
+        """A checkpoint folder (config.json, tokenizer.json, safetensors + manifest, checked) on the CPU."""
+        import torch
+
+        from inference.engine.factory import build_engine
+
+        torch.set_num_threads(1)
+        engine = build_engine(
+            model_dir=model_dir, engine_config=EMBEDDED_ENGINE_CONFIG, device="cpu", dtype="float32"
+        )
+        return cls(engine, model_name=model_name or Path(model_dir).name)
 
     def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a

@@ -202,7 +202,7 @@ class EmbeddedChatClient:
     def default(cls, model: str) -> EmbeddedChatClient:
         from inference.embedded import EmbeddedEngineClient  # lazy: torch loads only here
 
-        return cls(EmbeddedEngineClient.default(), model)
+        return cls(EmbeddedEngineClient.default(model), model)
 
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling

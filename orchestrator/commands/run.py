@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,8 +59,11 @@ def _run(args: argparse.Namespace) -> int:
             with parts.engine.connect() as c:
                 return TaskStatus(get_task(c, task_id).status) in TERMINAL_TASK_STATUSES
 
-        with console.status("running"):
-            parts.runner.run_until_idle(timeout_s=args.timeout, until=done)
+        if args.json:
+            with console.status("running"):
+                parts.runner.run_until_idle(timeout_s=args.timeout, until=done)
+        else:
+            _run_live(console, parts, task_id, args.timeout, done)
         with parts.engine.connect() as conn:
             task = get_task(conn, task_id)
             messages = list_messages(conn, task_id)
@@ -78,9 +84,76 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        for m in messages:
-            console.print(f"[bold]{m['role']}[/bold]: {m.get('content')!s:.2000}")
-            for c in m.get("tool_calls") or []:
-                console.print(f"  -> {c['function']['name']}({c['function']['arguments']})")
         print(task.result if task.status == "SUCCEEDED" else f"{task.status}: {task.error}")
     return 0 if task.status == "SUCCEEDED" else 1
+
+
+def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: Any) -> None:
+    """Drive the task on a worker thread and show each transcript message as it is committed: the
+    model's turn (its text, or its tool calls with their arguments), each tool result, the answer."""
+    from orchestrator.store import list_messages
+
+    failure: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            parts.runner.run_until_idle(timeout_s=timeout_s, until=done)
+        except BaseException as exc:  # shown (and re-raised) on the main thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=drive, name="dayzero-run", daemon=True)
+    worker.start()
+    shown, names, turn = 0, {}, 0
+    status = console.status("model turn 1 …")
+    status.start()
+    try:
+        while True:
+            alive = worker.is_alive()
+            with parts.engine.connect() as conn:
+                messages = list_messages(conn, task_id)
+            for m in messages[shown:]:
+                turn += m["role"] == "assistant"
+                _show_message(console, m, names, turn)
+                waiting_on_tool = m["role"] == "assistant" and m.get("tool_calls")
+                status.update("running tool …" if waiting_on_tool else f"model turn {turn + 1} …")
+            shown = len(messages)
+            if not alive:
+                break
+            time.sleep(0.05)
+    finally:
+        status.stop()
+    worker.join()
+    if failure:
+        raise failure[0]
+
+
+def _show_message(console: Any, m: dict[str, Any], names: dict[str, str], turn: int) -> None:
+    from rich.markup import escape
+
+    role, content = m["role"], m.get("content")
+    if role == "user":
+        text = (
+            content
+            if isinstance(content, str)
+            else " ".join(p.get("text", f"[{p.get('type')}]") for p in content or [] if isinstance(p, dict))
+        )
+        console.print(f"[bold]user[/bold]: {escape(text)}")
+    elif role == "assistant":
+        calls = m.get("tool_calls") or []
+        if content:
+            label = "model" if calls else "answer"
+            console.print(
+                f"[bold magenta]{label}[/bold magenta] (turn {turn}): {escape(str(content))[:2000]}"
+            )
+        for c in calls:
+            fn = c.get("function") or {}
+            names[c.get("id", "")] = fn.get("name", "?")
+            console.print(
+                f"[bold magenta]model[/bold magenta] (turn {turn}) [cyan]→ {escape(fn.get('name', '?'))}[/cyan]"
+                f"({escape(str(fn.get('arguments', '')))})"
+            )
+    elif role == "tool":
+        name = names.get(m.get("tool_call_id", ""), "tool")
+        console.print(f"  [green]← {escape(name)}[/green]: {escape(str(content))[:2000]}")
+    else:
+        console.print(f"[bold]{escape(role)}[/bold]: {escape(str(content))[:2000]}")

@@ -1,0 +1,52 @@
+"""Demo model eval (issue 14): held-out generated agent tasks, embedded engine on CPU, greedy.
+
+Per category (calc, calc_multi, calc_word, search, image_info, plain, followup): task success (every
+final answer correct) and the share of tool calls whose JSON parsed and matched the tool's schema.
+Targets: success >= 95% and valid calls >= 99.5% in every category.
+
+    python benchmarks/demo_eval.py                         # 50 tasks per category (350), the committed model
+    python benchmarks/demo_eval.py --per-category 5 --workers 2 --model-dir DIR --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from inference.demo_model.evaluate import evaluate
+    from inference.demo_model.spec import DEMO_DIR
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model-dir", type=Path, default=DEMO_DIR)
+    p.add_argument("--per-category", type=int, default=50)
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
+    p.add_argument("--out", type=Path, default=None, help="also write the summary and failures here")
+    p.add_argument("--show-failures", type=int, default=10)
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    summary, outcomes = evaluate(args.model_dir, args.per_category, args.workers)
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    summary["machine"] = {"cpus": os.cpu_count(), "workers": args.workers, "device": "cpu"}
+    failures = [
+        {"category": o.category, "answers": o.answers, "problems": o.problems}
+        for o in outcomes
+        if not o.success or o.valid_calls < o.calls
+    ]
+    print(json.dumps(summary, indent=2))
+    for f in failures[: args.show_failures]:
+        print(json.dumps(f), file=sys.stderr)
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "failures": failures}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Held-out evaluation of the demo model: the embedded engine, greedy, real tools, per category.
+
+Each task runs as an agent would: the model's turn through `EmbeddedEngineClient.chat`, every tool
+call it makes checked (the Kimi parser's errors, then the tool's JSON schema) and executed by the
+real tool, its result appended as the runner appends it, until the model answers without a call.
+Follow-up tasks then add their second user turn to the model's own transcript.
+
+A task succeeds when every turn's final answer holds the expected values (numbers matched as whole
+numbers), or, for turns without values (greetings, refusals), equals the expected reply.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference.demo_model.corpus import CATEGORIES, Task, ToolBox, Turn, eval_tasks
+
+__all__ = ["TaskOutcome", "answer_ok", "evaluate", "run_task", "summarise"]
+
+MAX_MODEL_TURNS = 6
+
+
+@dataclass
+class TaskOutcome:
+    category: str
+    success: bool
+    calls: int = 0
+    valid_calls: int = 0
+    model_turns: int = 0
+    answers: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def answer_ok(answer: str | None, turn: Turn) -> bool:
+    if answer is None:
+        return False
+    if not turn.needles:
+        return answer.strip() == turn.expected
+    for n in turn.needles:
+        pat = re.escape(n)
+        if n[:1].isdigit() or n[:1] == "-":
+            pat = r"(?<![\d.])" + pat + r"(?![\d])"
+        if not re.search(pat, answer):
+            return False
+    return True
+
+
+def run_task(client: Any, box: ToolBox, task: Task, *, max_tokens: int = 160) -> TaskOutcome:
+    """Run one task end to end through `client.chat` (an `EmbeddedEngineClient`)."""
+    from tools.base import ToolError
+
+    t0 = time.perf_counter()
+    out = TaskOutcome(task.category, success=True)
+    messages: list[dict[str, Any]] = []
+    for turn in task.turns:
+        messages.append({"role": "user", "content": turn.user})
+        answer = None
+        for _ in range(MAX_MODEL_TURNS):
+            resp = client.chat(
+                {"messages": messages, "tools": box.tools, "temperature": 0, "max_tokens": max_tokens}
+            )
+            out.model_turns += 1
+            msg = resp["choices"][0]["message"]
+            errors = (resp.get("dayzero") or {}).get("tool_call_errors") or []
+            calls = msg.get("tool_calls") or []
+            out.calls += len(calls) + len(errors)
+            out.problems += [f"parse: {e}" for e in errors]
+            messages.append({k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")})
+            if errors:
+                break
+            if not calls:
+                answer = msg.get("content")
+                break
+            for c in calls:
+                name, raw = c["function"]["name"], c["function"]["arguments"]
+                try:
+                    box.registry.parse_arguments(name, raw)
+                    out.valid_calls += 1
+                except ToolError as exc:
+                    out.problems.append(f"schema: {exc}")
+                messages.append(
+                    {"role": "tool", "tool_call_id": c["id"], "content": box.run(name, raw, task.attachments)}
+                )
+        out.answers.append(answer or "")
+        if not answer_ok(answer, turn):
+            out.success = False
+            out.problems.append(f"answer {answer!r}, expected {turn.expected!r}")
+            break
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
+    """Per category and overall: tasks, success rate, tool calls, valid-call rate, seconds per task."""
+
+    def agg(xs: Sequence[TaskOutcome]) -> dict[str, Any]:
+        calls = sum(x.calls for x in xs)
+        return {
+            "tasks": len(xs),
+            "success": round(sum(x.success for x in xs) / len(xs), 4) if xs else None,
+            "tool_calls": calls,
+            "valid_tool_calls": round(sum(x.valid_calls for x in xs) / calls, 4) if calls else None,
+            "s_per_task": round(sum(x.seconds for x in xs) / len(xs), 3) if xs else None,
+        }
+
+    per = {c: agg([x for x in outcomes if x.category == c]) for c in CATEGORIES}
+    return {"overall": agg(outcomes), "per_category": {c: v for c, v in per.items() if v["tasks"]}}
+
+
+def _worker(args: tuple[str, int, int, int]) -> list[dict[str, Any]]:
+    model_dir, per_category, rank, world = args
+    import torch
+
+    from inference.embedded import EmbeddedEngineClient
+
+    torch.set_num_threads(1)
+    client = EmbeddedEngineClient.from_model_dir(model_dir)
+    box = ToolBox()
+    try:
+        tasks = eval_tasks(box, per_category)[rank::world]
+        return [asdict(run_task(client, box, t)) for t in tasks]
+    finally:
+        client.close()
+
+
+def evaluate(
+    model_dir: str | Path, per_category: int, workers: int = 1
+) -> tuple[dict[str, Any], list[TaskOutcome]]:
+    """Evaluate `per_category` held-out tasks of every category; returns (summary, outcomes)."""
+    jobs = [(str(model_dir), per_category, r, workers) for r in range(workers)]
+    if workers <= 1:
+        rows = _worker(jobs[0])
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(workers) as pool:
+            rows = [x for part in pool.map(_worker, jobs) for x in part]
+    outcomes = [TaskOutcome(**r) for r in rows]
+    return summarise(outcomes), outcomes

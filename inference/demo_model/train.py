@@ -1,0 +1,385 @@
+"""Train the demo model: corpus -> tokenizer -> hybrid model -> safetensors + manifest + loss curve.
+
+    python -m inference.demo_model.train --out DIR [--device cuda] [--steps N] [--time-budget S]
+
+Everything that decides the result is in `TrainConfig` (committed defaults, written next to the
+weights as `train_config.json`): the corpus seeds and size, the tokenizer's vocabulary, the
+optimiser and its schedule. The tokenizer is trained only when `--tokenizer` names no existing file
+(the committed `tokenizer.json` is reused, so retraining keeps its ids). Sample `i` comes from seed
+`corpus_seed + i`, so the corpus is the same however many worker processes build it.
+
+The learning-rate schedule runs on `progress = max(step / steps, elapsed / time_budget)`: a run
+that is slower than planned still warms down fully before its time budget ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from inference.demo_model.spec import TRAIN_SEED, demo_config
+from inference.demo_model.train_forward import text_model, train_logits
+
+__all__ = ["TrainConfig", "assistant_mask", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    corpus_seed: int = TRAIN_SEED
+    num_samples: int = 120_000
+    vocab_size: int = 4096
+    tokenizer_samples: int = 6000
+    max_len: int = 448
+    bucket: int = 64  # sequences are padded to a multiple of this
+    tokens_per_batch: int = 32_768
+    steps: int = 2400
+    time_budget_s: float = 300.0
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    router_bias_rate: float = 1e-3  # aux-loss-free MoE balancing (DeepSeek-V3 style)
+    seed: int = 0
+
+
+def assistant_mask(ids: Sequence[int], assistant_id: int, middle_id: int, end_id: int) -> list[bool]:
+    """True at the tokens the model must produce: each assistant message after its
+    `<|im_assistant|>assistant<|im_middle|>` header, through its `<|im_end|>`."""
+    mask = [False] * len(ids)
+    state = 0  # 0 outside, 1 in an assistant header, 2 in an assistant body
+    for i, t in enumerate(ids):
+        if state == 0 and t == assistant_id:
+            state = 1
+        elif state == 1 and t == middle_id:
+            state = 2
+        elif state == 2:
+            mask[i] = True
+            if t == end_id:
+                state = 0
+    return mask
+
+
+def _encode_range(args: tuple[str, int, int, int]) -> list[tuple[list[int], list[bool]]]:
+    tokenizer_path, seed0, start, stop = args
+    torch.set_num_threads(1)
+    from inference.chat import ChatTemplate
+    from inference.demo_model.corpus import ToolBox, make_task
+    from inference.tokenizer import HFTokenizer
+
+    tok = HFTokenizer(tokenizer_path)
+    template = ChatTemplate(tok)
+    a, m, e = (tok.token_id(x) for x in ("<|im_assistant|>", "<|im_middle|>", "<|im_end|>"))
+    box = ToolBox()
+    out = []
+    for i in range(start, stop):
+        task = make_task(box, seed0 + i)
+        ids = template.render(task.messages, box.tools, add_generation_prompt=False).token_ids
+        out.append((ids, assistant_mask(ids, a, m, e)))
+    return out
+
+
+def encode_corpus(
+    tokenizer_path: str, seed0: int, n: int, workers: int
+) -> list[tuple[list[int], list[bool]]]:
+    """Samples `seed0 .. seed0 + n - 1` rendered with the chat template, in seed order."""
+    chunk = 2000
+    jobs = [(tokenizer_path, seed0, s, min(s + chunk, n)) for s in range(0, n, chunk)]
+    if workers <= 1:
+        return [x for j in jobs for x in _encode_range(j)]
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(workers) as pool:
+        return [x for part in pool.map(_encode_range, jobs) for x in part]
+
+
+def save_corpus(samples: list[tuple[list[int], list[bool]]], path: Path) -> None:
+    """Token ids of encoded samples, LZMA-compressed: `{"lengths", "tokens"}` as uint16 arrays."""
+    import array
+    import base64
+    import lzma
+
+    lengths = array.array("I", (len(s) for s, _ in samples))
+    tokens = array.array("H", (t for s, _ in samples for t in s))
+    blob = {
+        k: base64.b64encode(lzma.compress(v.tobytes())).decode()
+        for k, v in (("lengths", lengths), ("tokens", tokens))
+    }
+    path.write_text(json.dumps(blob))
+
+
+def load_corpus(path: Path, tokenizer: object) -> list[tuple[list[int], list[bool]]]:
+    """`save_corpus`'s file -> samples, the loss masks recomputed from the ids."""
+    import array
+    import base64
+    import lzma
+
+    blob = json.loads(path.read_text())
+    lengths = array.array("I")
+    lengths.frombytes(lzma.decompress(base64.b64decode(blob["lengths"])))
+    tokens = array.array("H")
+    tokens.frombytes(lzma.decompress(base64.b64decode(blob["tokens"])))
+    a, m, e = (tokenizer.token_id(x) for x in ("<|im_assistant|>", "<|im_middle|>", "<|im_end|>"))  # type: ignore[attr-defined]
+    out, pos = [], 0
+    for n in lengths:
+        ids = tokens[pos : pos + n].tolist()
+        pos += n
+        out.append((ids, assistant_mask(ids, a, m, e)))
+    return out
+
+
+def _batches(
+    samples: list[tuple[list[int], list[bool]]], cfg: TrainConfig, pad_id: int, gen: torch.Generator
+):
+    """Endless length-bucketed batches `(ids [B, L], mask [B, L])`, reshuffled every epoch."""
+    buckets: dict[int, list[int]] = {}
+    for i, (ids, _) in enumerate(samples):
+        if len(ids) <= cfg.max_len:
+            buckets.setdefault(-(-len(ids) // cfg.bucket) * cfg.bucket, []).append(i)
+    while True:
+        plan = []
+        for length, idx in sorted(buckets.items()):
+            per = max(1, cfg.tokens_per_batch // length)
+            order = [idx[j] for j in torch.randperm(len(idx), generator=gen).tolist()]
+            plan += [(length, order[k : k + per]) for k in range(0, len(order), per)]
+        for p in torch.randperm(len(plan), generator=gen).tolist():
+            length, rows = plan[p]
+            ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+            mask = torch.zeros(len(rows), length, dtype=torch.bool)
+            for r, i in enumerate(rows):
+                s, m = samples[i]
+                ids[r, : len(s)] = torch.tensor(s)
+                mask[r, : len(m)] = torch.tensor(m)
+            yield ids, mask
+
+
+def _lr(cfg: TrainConfig, step: int, progress: float) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    cos = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
+
+
+def train(
+    cfg: TrainConfig,
+    out: Path,
+    *,
+    device: str,
+    tokenizer: Path,
+    workers: int,
+    kda: str,
+    corpus: Path | None = None,
+) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from inference.config import parse_config
+    from inference.loader import save_sharded
+    from inference.model.factory import build_model
+    from inference.model.moe import SparseMoE
+    from inference.tokenizer import HFTokenizer
+
+    t_start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    if not tokenizer.is_file():
+        from inference.demo_model.corpus import ToolBox, make_task
+        from inference.demo_model.tokenizer_train import collect_segments, train_tokenizer
+
+        box = ToolBox()
+        tasks = (make_task(box, cfg.corpus_seed + i) for i in range(cfg.tokenizer_samples))
+        train_tokenizer(collect_segments((t.messages, box.tools) for t in tasks), cfg.vocab_size, tokenizer)
+    tok = HFTokenizer(tokenizer)
+    (out / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+    config = demo_config(tok.vocab_size, tok.token_id("<|media_pad|>"))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+
+    if corpus is not None and corpus.is_file():
+        samples = load_corpus(corpus, tok)[: cfg.num_samples]
+    else:
+        samples = encode_corpus(str(tokenizer), cfg.corpus_seed, cfg.num_samples, workers)
+        if corpus is not None:
+            save_corpus(samples, corpus)
+    n_tok = sum(len(s) for s, _ in samples)
+    t_data = time.perf_counter() - t_start
+    print(f"corpus: {len(samples)} samples, {n_tok} tokens, {t_data:.1f} s", flush=True)
+
+    torch.manual_seed(cfg.seed)
+    dev = torch.device(device)
+    model = build_model(
+        parse_config(config), load_format="dummy", dtype=torch.float32, device=dev, seed=cfg.seed
+    )
+    model.train()
+    lm = text_model(model)
+    params = [p for n, p in model.named_parameters() if n.startswith("language_model.")]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95), fused=dev.type == "cuda",
+    )  # fmt: skip
+    moes = [m for m in lm.modules() if isinstance(m, SparseMoE)]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    batches = _batches(samples, cfg, tok.token_id("[PAD]"), gen)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if dev.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
+    log: list[dict] = []
+    t0 = time.perf_counter()
+    seen = 0
+    with Progress(
+        TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+        TimeElapsedColumn(),
+    ) as bar:  # fmt: skip
+        task_bar = bar.add_task("train", total=cfg.steps, loss=float("nan"), tps=0.0)
+        for step in range(cfg.steps):
+            elapsed = time.perf_counter() - t0
+            if elapsed > cfg.time_budget_s:
+                break
+            progress = max(step / cfg.steps, elapsed / cfg.time_budget_s)
+            for g in opt.param_groups:
+                g["lr"] = _lr(cfg, step, progress)
+            ids, mask = next(batches)
+            ids, mask = ids.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
+            loads: list[torch.Tensor] = []
+            with autocast:
+                logits = train_logits(model, ids, kda=kda, expert_loads=loads)
+            target = mask[:, 1:]
+            loss = F.cross_entropy(logits[:, :-1][target].float(), ids[:, 1:][target])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            with torch.no_grad():  # push each router's bias towards equal expert loads
+                for moe, load in zip(moes, loads, strict=True):
+                    moe.gate.e_score_correction_bias += cfg.router_bias_rate * torch.sign(
+                        load.float().mean() - load.float()
+                    )
+            seen += ids.numel()
+            if step % 10 == 0 or step == cfg.steps - 1:
+                lv = loss.item()
+                if step % 200 == 0:  # a plain line too, for logs that are not a terminal
+                    bar.console.print(
+                        f"step {step} loss {lv:.4f} lr {opt.param_groups[0]['lr']:.2e} {elapsed:.0f} s"
+                    )
+                log.append({"step": step, "loss": lv, "lr": opt.param_groups[0]["lr"], "elapsed_s": elapsed})
+                bar.update(
+                    task_bar, completed=step + 1, loss=lv, tps=seen / max(time.perf_counter() - t0, 1e-9)
+                )
+            else:
+                bar.update(task_bar, completed=step + 1)
+    train_s = time.perf_counter() - t0
+    model.eval()
+    state = {
+        k: v.detach().to(torch.bfloat16)
+        if v.is_floating_point() and not k.endswith(("A_log", "dt_bias", "e_score_correction_bias"))
+        else v.detach()
+        for k, v in model.state_dict().items()
+    }
+    save_sharded(state, out)
+    try:
+        from inference.demo_model.plot import save_loss_curve
+
+        save_loss_curve([r["step"] for r in log], [r["loss"] for r in log], out / "loss_curve.png")
+    except ImportError as exc:  # a bare GPU box without Pillow: plot from train_log.json later
+        print(f"loss curve not drawn here ({exc})", flush=True)
+    summary = {
+        "steps": log[-1]["step"] + 1 if log else 0,
+        "final_loss": log[-1]["loss"] if log else None,
+        "train_s": round(train_s, 1),
+        "corpus_s": round(t_data, 1),
+        "tokens_seen": seen,
+        "params": sum(p.numel() for p in model.parameters()),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "kda": kda,
+    }
+    (out / "train_log.json").write_text(json.dumps({"summary": summary, "log": log}, indent=1) + "\n")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--tokenizer", type=Path, default=Path(__file__).resolve().parent / "weights" / "tokenizer.json"
+    )
+    p.add_argument("--kda", choices=("auto", "fla", "ref"), default="auto")
+    p.add_argument(
+        "--corpus", type=Path, default=None, help="encoded corpus file: read if present, else written"
+    )
+    p.add_argument("--encode-only", action="store_true", help="encode (and save) the corpus, then stop")
+    p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--samples", type=int, default=None)
+    p.add_argument("--tokens-per-batch", type=int, default=None)
+    p.add_argument("--time-budget", type=float, default=None)
+    args = p.parse_args(argv)
+    cfg = TrainConfig()
+    over = {"steps": args.steps, "num_samples": args.samples, "tokens_per_batch": args.tokens_per_batch,
+            "time_budget_s": args.time_budget}  # fmt: skip
+    from dataclasses import replace
+
+    cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    if args.encode_only:
+        if args.corpus is None:
+            p.error("--encode-only needs --corpus")
+        save_corpus(
+            encode_corpus(str(args.tokenizer), cfg.corpus_seed, cfg.num_samples, args.workers), args.corpus
+        )
+        return 0
+    kda = args.kda
+    if kda == "auto":
+        kda = "fla" if args.device.startswith("cuda") and _fla_works(args.device) else "ref"
+    summary = train(
+        cfg,
+        args.out,
+        device=args.device,
+        tokenizer=args.tokenizer,
+        workers=args.workers,
+        kda=kda,
+        corpus=args.corpus,
+    )
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def _fla_works(device: str) -> bool:
+    """One tiny chunk_kda forward + backward through the training path; False (with the reason
+    printed) if fla is missing or its backward fails here."""
+    try:
+        from inference.model.ops.kda import kda_varlen
+
+        t, h, d = 64, 2, 32
+        q, k, v = (
+            torch.randn(t, h, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
+        g = -torch.rand(t, h, d, device=device, requires_grad=True)
+        beta = torch.rand(t, h, device=device)
+        cu = torch.tensor([0, 32, 64], device=device, dtype=torch.int32)
+        o, _ = kda_varlen(
+            q, k, v, g, beta, torch.zeros(2, h, d, d, device=device), cu, (32, 32), use_fla=True
+        )
+        o.float().sum().backward()
+        return bool(torch.isfinite(q.grad).all())
+    except Exception as exc:  # any failure means: use the reference path
+        print(
+            f"fla KDA training path unavailable ({type(exc).__name__}: {exc}); using the reference",
+            flush=True,
+        )
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""A differentiable full-sequence forward through the model's own layers, for training.
+
+The engine's `forward` is built for serving: it reads fused weight buffers (`concat_params`, made
+under `no_grad`) and writes every step into the paged cache, so no gradient reaches the
+parameters. This forward walks the same modules and calls the same ops (`causal_conv_varlen`,
+`kda_gate`, `kda_varlen`, `mla_prefill_attention`'s masking rule via SDPA, the router and
+`moe_experts_reference`) on each module's own parameters, over a padded batch `[B, L]` of whole
+sequences starting from empty state. `tests/inference/demo_model` checks that it gives the
+engine's logits on the same weights, so the two cannot drift apart.
+
+KDA: with `kda="fla"` (CUDA, bf16) fla's `chunk_kda` runs forward and backward; with `kda="ref"`
+the fp32 chunked reference runs with the batch folded into the head axis (sequences of one padded
+length are independent heads), which autograd differentiates on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from inference.model.kda import KimiDeltaAttention
+from inference.model.kimi_linear import DecoderLayer, KimiLinearForCausalLM
+from inference.model.mla import MLAttention
+from inference.model.moe import DenseMLP, SparseMoE
+from inference.model.ops.kda import causal_conv_varlen, kda_chunk_ref, kda_gate, kda_varlen, l2norm
+from inference.model.ops.moe import moe_experts_reference
+
+__all__ = ["KDA_MODES", "text_model", "train_logits"]
+
+KDA_MODES = ("fla", "ref")
+
+
+def text_model(model: nn.Module) -> KimiLinearForCausalLM:
+    """The causal LM inside a vision-language model (or the model itself)."""
+    return getattr(model, "language_model", model)
+
+
+def _kda(layer: KimiDeltaAttention, x: Tensor, b: int, length: int, kda: str) -> Tensor:
+    t = x.shape[0]
+    h, d = layer.num_heads, layer.head_dim
+    mixed = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1)
+    conv = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).view(
+        3 * h * d, -1
+    )
+    window = x.new_zeros(b, 3 * h * d, conv.shape[1] - 1, dtype=torch.float32)
+    cu = torch.arange(b + 1, device=x.device, dtype=torch.int32) * length
+    mixed, _ = causal_conv_varlen(mixed, window, conv, cu, (length,) * b)
+    gate = layer.g_b_proj(layer.g_a_proj(x)).view(t, h, d)
+    g = kda_gate(layer.f_b_proj(layer.f_a_proj(x)).view(t, h, d), layer.A_log, layer.dt_bias)
+    beta = torch.sigmoid(layer.b_proj(x)).float()
+    q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
+    states = x.new_zeros(b, h, d, d, dtype=torch.float32)
+    if kda == "fla":
+        o, _ = kda_varlen(q, k, v, g, beta, states, cu, (length,) * b, use_fla=True)
+    else:  # [B*L, H, *] -> [L, B*H, *]: one chunked reference call for the whole batch
+
+        def fold(z: Tensor) -> Tensor:
+            return z.reshape(b, length, h, -1).transpose(0, 1).reshape(length, b * h, -1)
+
+        qn = l2norm(q.float()) * d**-0.5
+        o, _ = kda_chunk_ref(
+            fold(qn), fold(l2norm(k.float())), fold(v.float()), fold(g),
+            beta.reshape(b, length, h).transpose(0, 1).reshape(length, b * h),
+            states.reshape(b * h, d, d),
+        )  # fmt: skip
+        o = o.reshape(length, b, h, d).transpose(0, 1).reshape(t, h, d).to(q.dtype)
+    return layer.o_proj(layer.o_norm(o, gate).reshape(t, h * d))
+
+
+def _mla(layer: MLAttention, x: Tensor, b: int, length: int) -> Tensor:
+    m = layer.m
+    if m.use_rope:
+        raise ValueError("the training forward covers NoPE MLA (Kimi-Linear's); this config uses rope")
+    t = x.shape[0]
+    lora = m.q_lora_rank is not None
+    q = layer.q_b_proj(layer.q_a_layernorm(layer.q_a_proj(x))) if lora else layer.q_proj(x)
+    q = q.view(b, length, m.num_heads, m.qk_head_dim)
+    c, k_rope = layer.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+    kv = layer.kv_b_proj(layer.kv_a_layernorm(c)).view(b, length, m.num_heads, -1)
+    k_nope, v = kv.split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)
+    k_rope = k_rope.view(b, length, 1, m.qk_rope_head_dim).expand(b, length, m.num_heads, m.qk_rope_head_dim)
+    k = torch.cat([k_nope, k_rope.to(k_nope.dtype)], dim=-1)
+    # causal over each whole sequence: `mla_prefill_attention`'s mask with context_len 0
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=layer.scale
+    )
+    return layer.o_proj(out.transpose(1, 2).reshape(t, -1))
+
+
+def _dense(mlp: DenseMLP, x: Tensor) -> Tensor:
+    return mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+
+def _moe(moe: SparseMoE, x: Tensor, loads: list[Tensor] | None) -> Tensor:
+    weights, ids = moe.gate(x)
+    if loads is not None:
+        loads.append(torch.bincount(ids.flatten(), minlength=moe.spec.num_experts))
+    out = moe_experts_reference(
+        x, weights, ids,
+        [e.w1.weight for e in moe.experts], [e.w2.weight for e in moe.experts], [e.w3.weight for e in moe.experts],
+    )  # fmt: skip
+    if moe.shared_experts is not None:
+        out = out + _dense(moe.shared_experts, x)
+    return out
+
+
+def _layer(
+    layer: DecoderLayer, x: Tensor, b: int, length: int, kda: str, loads: list[Tensor] | None
+) -> Tensor:
+    y = layer.input_layernorm(x)
+    if isinstance(layer.self_attn, KimiDeltaAttention):
+        x = x + _kda(layer.self_attn, y, b, length, kda)
+    else:
+        x = x + _mla(layer.self_attn, y, b, length)
+    y = layer.post_attention_layernorm(x)
+    ffn = getattr(layer, layer._ffn_name)
+    return x + (_moe(ffn, y, loads) if isinstance(ffn, SparseMoE) else _dense(ffn, y))
+
+
+def train_logits(
+    model: nn.Module, input_ids: Tensor, *, kda: str = "ref", expert_loads: list[Tensor] | None = None
+) -> Tensor:
+    """input_ids `[B, L]` (each row one sequence from empty state) -> logits `[B, L, vocab]`.
+
+    `expert_loads`, when given, receives each MoE layer's per-expert token counts (for the
+    router-bias balancing update). DSA configs are not covered: the demo trains the plain MLA model.
+    """
+    if kda not in KDA_MODES:
+        raise ValueError(f"kda must be one of {KDA_MODES}, got {kda!r}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, L], got {tuple(input_ids.shape)}")
+    lm = text_model(model)
+    if lm.spec.dsa is not None:
+        raise ValueError("the training forward does not cover the DSA indexer; train the MLA config")
+    b, length = input_ids.shape
+    x = lm.model.embed_tokens(input_ids.reshape(-1))
+    for layer in lm.model.layers:
+        x = _layer(layer, x, b, length, kda, expert_loads)
+    return lm.lm_head(lm.model.norm(x)).view(b, length, -1)

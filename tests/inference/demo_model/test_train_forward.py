@@ -1,0 +1,78 @@
+"""The training forward computes what the engine computes, and its gradients reach every text parameter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.config import parse_config
+from inference.demo_model.spec import demo_config, dsa_variant
+from inference.demo_model.train import assistant_mask
+from inference.demo_model.train_forward import text_model, train_logits
+from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
+from inference.model.factory import build_model
+from inference.model.forward_meta import ForwardMeta
+
+
+def _small(vocab: int = 300) -> dict:
+    return demo_config(vocab, image_token_id=vocab - 1)
+
+
+def _engine_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """Each row as its own sequence through the serving forward (paged cache, fresh slots)."""
+    spec = text_model(model).spec
+    b, length = ids.shape
+    block = 16
+    nblk = -(-length // block)
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, torch.float32), b * nblk + 1, block, b, "cpu", torch.float32
+    )
+    tables = [[1 + r * nblk + j for j in range(nblk)] for r in range(b)]
+    meta = ForwardMeta.for_sequences([length] * b, [0] * b, tables, block, list(range(b)))
+    return model(ids.reshape(-1), meta, cache).view(b, length, -1)
+
+
+def test_train_forward_matches_engine_forward():
+    model = build_model(parse_config(_small()), seed=3)
+    ids = torch.randint(0, 290, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = _engine_logits(model, ids)
+        got = train_logits(model, ids, kda="ref")
+    rel = (got - want).norm() / want.norm()
+    assert rel < 1e-4, rel
+
+
+def test_train_forward_gradients_reach_every_text_parameter():
+    model = build_model(parse_config(_small()), seed=1)
+    model.train()
+    ids = torch.randint(0, 290, (2, 24), generator=torch.Generator().manual_seed(1))
+    loads: list[torch.Tensor] = []
+    logits = train_logits(model, ids, kda="ref", expert_loads=loads)
+    torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+    ).backward()
+    lm = text_model(model)
+    no_grad = [n for n, p in lm.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    # experts no token was routed to get no gradient in this tiny batch; everything else must
+    no_grad = [n for n in no_grad if ".experts." not in n]
+    assert no_grad == []
+    assert len(loads) == 4 and all(int(x.sum()) == 2 * 24 * 2 for x in loads)
+
+
+def test_train_forward_rejects_bad_input():
+    model = build_model(parse_config(_small()), seed=0)
+    with pytest.raises(ValueError, match=r"\[B, L\]"):
+        train_logits(model, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="kda must be"):
+        train_logits(model, torch.zeros(1, 4, dtype=torch.long), kda="triton")
+    dsa = build_model(parse_config(dsa_variant(_small())), seed=0)
+    with pytest.raises(ValueError, match="DSA"):
+        train_logits(dsa, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_assistant_mask_covers_assistant_bodies_only():
+    A, M, E = 1, 2, 3
+    #      user turn          assistant header  body   end  tool turn      assistant  body end
+    ids = [9, 7, M, 5, E, A, 8, M, 4, 4, E, 9, 7, M, 6, E, A, 8, M, 4, E]
+    want = [False] * 8 + [True, True, True] + [False] * 8 + [True, True]
+    assert assistant_mask(ids, A, M, E) == want
