@@ -8,8 +8,8 @@ or an ingest process that dies on the same record after every restart).
 
 The check costs a few C-speed passes over the bytes: strings are cut out (they may hold
 brackets), everything but brackets is deleted, then innermost `[]` / `{}` pairs are removed
-once per level; what is left after `max_depth` passes is nested too deeply (or unbalanced,
-which the parser would refuse anyway).
+once per level; what is left after `max_depth` passes is nested too deeply. Unbalanced input
+is left to the parser's own error.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ _LEAF_PAIR = re.compile(rb"\[\]|\{\}")  # one regex pass removes exactly one lev
 
 
 class JSONTooDeep(ValueError):
-    """The document nests arrays/objects more than the limit allows (or its brackets do not balance)."""
+    """The document nests arrays/objects more than the limit allows."""
 
     def __init__(self, max_depth: int) -> None:
-        super().__init__(f"JSON nested deeper than {max_depth} levels (or its brackets do not balance)")
+        super().__init__(f"JSON nested deeper than {max_depth} levels")
         self.max_depth = max_depth
 
 
@@ -46,7 +46,7 @@ def check_depth(data: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
             return
         reduced = _LEAF_PAIR.sub(b"", brackets)
         if reduced == brackets:
-            break
+            return  # unbalanced: not JSON, the parser says so (`loads` bounds its recursion too)
         brackets = reduced
     if brackets:
         raise JSONTooDeep(max_depth)
