@@ -9,6 +9,8 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.api.schemas import Problem
@@ -16,6 +18,13 @@ from orchestrator.store import IdempotencyConflict, TaskNotFound
 
 log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+# Raised while the database cannot be reached (down, restarting, connections cut, pool exhausted).
+DB_UNAVAILABLE: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    DisconnectionError,
+    PoolTimeout,
+)
 TYPE_BASE = "https://dayzero.dev/problems/"
 
 
@@ -122,6 +131,23 @@ def install(app: FastAPI) -> None:
             "this Idempotency-Key was used with a different request body",
             "idempotency-conflict",
         )
+
+    async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The database is down, restarting or out of connections: the request may succeed in a
+        # moment, so say when to retry (the client libraries and load balancers honour it).
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        retry_after = request.app.state.ingress.db_retry_after_s
+        return problem_response(
+            request,
+            503,
+            "Service Unavailable",
+            "the database is unavailable; retry shortly",
+            "database-unavailable",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    for exc_type in DB_UNAVAILABLE:
+        app.add_exception_handler(exc_type, _db_unavailable)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
