@@ -9,22 +9,14 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.api.schemas import Problem
+from orchestrator.db.engine import DB_UNAVAILABLE
 from orchestrator.store import IdempotencyConflict, TaskNotFound
 
 log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"
-# Raised while the database cannot be reached (down, restarting, connections cut, pool exhausted).
-DB_UNAVAILABLE: tuple[type[Exception], ...] = (
-    OperationalError,
-    InterfaceError,
-    DisconnectionError,
-    PoolTimeout,
-)
 TYPE_BASE = "https://dayzero.dev/problems/"
 
 

@@ -42,6 +42,7 @@ from orchestrator.store import StaleTransition, attachments_t, message_dict, mes
 from orchestrator.tracing import current_traceparent, task_span
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
+from workers.fence import not_after as job_not_after
 from workers.jobs import describe_error as describe_job_error
 
 log = logging.getLogger(__name__)
@@ -483,6 +484,10 @@ class Runner:
             "attachments": task.attachments,
             "timeout_s": timeout_s,
             "traceparent": current_traceparent() or task.traceparent,
+            # The late-duplicate check of a redelivered job (workers.fence): who sent it, and
+            # when nobody waits for it any more.
+            "runner_id": self.config.runner_id,
+            "not_after": job_not_after(timeout_s),
         }
 
     def _execute_tool(self, task: TaskView, step: StepView, *, in_doubt: bool) -> None:
