@@ -54,7 +54,7 @@ def _start_tools_worker(worker_env, name: str, db_url: str, state_dir) -> tuple[
 
 
 @pytest.mark.timeout(180)
-def test_redelivered_job_of_a_finished_attempt_is_refused(worker_env, pg_url, model_server, tmp_path):
+def test_redelivered_job_of_a_finished_attempt_is_refused(worker_env, pg_url, model_server, tmp_path):  # noqa: F811
     state = tmp_path / "state"
     state.mkdir()
     os.environ["DAYZERO_TEST_STATE_DIR"] = str(state)
