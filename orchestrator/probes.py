@@ -15,10 +15,14 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 
 from orchestrator.metrics import render
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,9 @@ def outage_errors() -> tuple[type[BaseException], ...]:
     from kafka.errors import KafkaError
     from sqlalchemy.exc import DBAPIError
 
-    return (DBAPIError, KafkaError, ConnectionError, TimeoutError)
+    from orchestrator.db.engine import DB_UNAVAILABLE
+
+    return (*DB_UNAVAILABLE, DBAPIError, KafkaError, ConnectionError, TimeoutError)
 
 
 @dataclass(slots=True)
@@ -46,6 +52,23 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+def retry_until_up(what: str, fn: Callable[[], T], stop: threading.Event, health: Health | None = None) -> T:
+    """`fn()` until it succeeds, backing off while a dependency is unavailable (start-up of the
+    long-running commands: a process started during an outage waits instead of crash-looping).
+    Raises SystemExit(0) if `stop` is set meanwhile."""
+    backoff = Backoff()
+    while True:
+        try:
+            return fn()
+        except outage_errors() as exc:
+            delay = backoff.next_delay()
+            if health is not None:
+                health.set_unready(f"{what}: {type(exc).__name__}")
+            log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__, exc, delay)
+            if stop.wait(delay):
+                raise SystemExit(0) from None
 
 
 @dataclass

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.clock import utcnow
 from orchestrator.failpoints import failpoint
@@ -146,7 +147,10 @@ class Relay:
             try:
                 yield still_active
             finally:
-                with suppress(*outage_errors()):
+                # Best effort: if the session died (the outage that brought us here), the lock
+                # went with it, and the connection may refuse even a rollback.
+                with suppress(SQLAlchemyError):
+                    conn.rollback()
                     conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RELAY_LOCK_ID})
                     conn.commit()
 

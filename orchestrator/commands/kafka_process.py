@@ -41,18 +41,9 @@ class KafkaProcess:
 
     def retry(self, what: str, fn: Callable[[], T]) -> T:
         """`fn()` until it succeeds, backing off while the database or broker is unavailable."""
-        from orchestrator.probes import Backoff, outage_errors
+        from orchestrator.probes import retry_until_up
 
-        backoff = Backoff()
-        while True:
-            try:
-                return fn()
-            except outage_errors() as exc:
-                delay = backoff.next_delay()
-                self.health.set_unready(f"{what}: {type(exc).__name__}")
-                log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__, exc, delay)
-                if self.stop.wait(delay):
-                    raise SystemExit(0) from None
+        return retry_until_up(what, fn, self.stop, self.health)
 
 
 def start_kafka_process(args: argparse.Namespace, topics: Any) -> KafkaProcess:
