@@ -84,6 +84,7 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict:
             "DAYZERO_KAFKA_GROUP_ID": f"bench-{uuid.uuid4().hex[:6]}",
             "DAYZERO_KAFKA_BATCH_MAX": str(args.batch),
             "DAYZERO_KAFKA_MAX_PENDING": str(10 * args.messages),
+            "DAYZERO_KAFKA_TENANTS": "bench",
         }
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "ingest"],

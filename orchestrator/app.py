@@ -70,10 +70,13 @@ def make_runner(
     inference: InferenceClient | None = None,
     upgrade: bool = False,
     runner_id: str | None = None,
+    dispatcher: Dispatcher | None = None,
 ) -> RunnerParts:
     engine = make_db(settings, upgrade=upgrade)
     tools = make_tools(settings)
-    dispatcher = make_dispatcher(settings.celery_broker_url, settings.celery_result_backend, tools)
+    dispatcher = dispatcher or make_dispatcher(
+        settings.celery_broker_url, settings.celery_result_backend, tools
+    )
     inference = inference or make_inference(settings)
     cfg = RunnerConfig(
         lease_s=settings.lease_s,

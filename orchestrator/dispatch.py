@@ -7,6 +7,7 @@ does not know which one it has. Retries are never done here: each call is one at
 from __future__ import annotations
 
 import concurrent.futures as cf
+import datetime as dt
 import time
 from typing import Any, Protocol
 
@@ -64,16 +65,18 @@ class InProcessDispatcher:
 class CeleryDispatcher:
     """Celery queues `tools` and `preprocess`; results come back through the result backend."""
 
-    def __init__(self, broker_url: str, result_backend: str | None):
+    def __init__(self, broker_url: str, result_backend: str | None, *, app: Any = None):
         from workers.celery_app import make_celery_app
 
-        self._app = make_celery_app(broker_url, result_backend or broker_url)
+        self._app = app if app is not None else make_celery_app(broker_url, result_backend or broker_url)
 
     def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         started = time.perf_counter()
-        res = self._app.send_task("dayzero.run_tool", args=[payload], queue="tools")
+        deadline = payload.get("not_after")
+        expires = dt.datetime.fromtimestamp(float(deadline), dt.UTC) if deadline is not None else None
+        res = self._app.send_task("dayzero.run_tool", args=[payload], queue="tools", expires=expires)
         try:
             return res.get(timeout=float(payload["timeout_s"]), propagate=True)
         except CeleryTimeout:

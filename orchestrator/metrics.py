@@ -13,6 +13,7 @@ HTTP_LATENCY = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+HTTP_SHED = Counter("dayzero_http_shed_total", "requests answered 503 at once: too many in flight")
 TASKS_SUBMITTED = Counter(
     "dayzero_tasks_submitted_total", "task submissions by source and outcome", ["source", "outcome"]
 )

@@ -25,16 +25,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.clock import utcnow
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
+from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.store import events_t, tasks_t
 
 log = logging.getLogger(__name__)
@@ -73,20 +75,45 @@ class RelayConfig:
 class Relay:
     """Publishes the outbox to Kafka. `producer` is a kafka-python `KafkaProducer` (or look-alike)."""
 
-    def __init__(self, engine: Engine, producer: Any, config: RelayConfig | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        producer: Any,
+        config: RelayConfig | None = None,
+        *,
+        health: Health | None = None,
+    ):
         self.engine = engine
         self.producer = producer
         self.config = config or RelayConfig()
+        self.health = health or Health()
+        self.outages = 0
         self._stop = threading.Event()
 
     def stop(self) -> None:
         self._stop.set()
 
     def run_forever(self) -> None:
-        with self._active_lock():
-            while not self._stop.is_set():
-                if self.publish_batch() == 0:
-                    self._stop.wait(self.config.idle_sleep_s)
+        """Publish until `stop()`. A database or broker outage is waited out with backoff: the
+        unacked round is simply published again (at-least-once), and the active-relay lock is
+        taken anew, since a lost connection released it and a standby may hold it now."""
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                with self._active_lock() as still_active:
+                    while not self._stop.is_set():
+                        still_active()
+                        n = self.publish_batch()
+                        backoff.reset()
+                        self.health.set_ready()
+                        if n == 0:
+                            self._stop.wait(self.config.idle_sleep_s)
+            except outage_errors() as exc:
+                delay = backoff.next_delay()
+                self.outages += 1
+                self.health.set_unready(type(exc).__name__)
+                log.warning("relay: %s (%s); retrying in %.1f s", type(exc).__name__, exc, delay)
+                self._stop.wait(delay)
 
     def run_until_drained(self, timeout_s: float = 30.0) -> int:
         total, end = 0, time.monotonic() + timeout_s
@@ -98,22 +125,34 @@ class Relay:
         raise TimeoutError("outbox not drained")
 
     @contextmanager
-    def _active_lock(self) -> Iterator[None]:
+    def _active_lock(self) -> Iterator[Callable[[], None]]:
+        """Hold the active-relay lock; yields a check that raises if the lock's connection died."""
         if self.engine.dialect.name != "postgresql":
-            yield
+            yield lambda: None
             return
         with self.engine.connect() as conn:
             while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RELAY_LOCK_ID}).scalar():
                 conn.rollback()
+                self.health.set_ready()  # a hot standby is ready: it is doing its job
                 if self._stop.wait(1.0):
+                    yield lambda: None
                     return
             conn.commit()
             log.info("relay active")
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RELAY_LOCK_ID})
+
+            def still_active() -> None:
+                conn.execute(text("SELECT 1"))  # the lock lives as long as this session
                 conn.commit()
+
+            try:
+                yield still_active
+            finally:
+                # Best effort: if the session died (the outage that brought us here), the lock
+                # went with it, and the connection may refuse even a rollback.
+                with suppress(SQLAlchemyError):
+                    conn.rollback()
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RELAY_LOCK_ID})
+                    conn.commit()
 
     def publish_batch(self) -> int:
         """Publish up to `batch_size` unpublished events; returns how many."""

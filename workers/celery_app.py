@@ -4,7 +4,10 @@ Delivery: tasks ack late (after they finish) and are rejected back to the queue 
 process dies, so a job killed mid-run is redelivered. Each job is idempotent (content-addressed
 results; tools carry an idempotency key), so a redelivery completes it once. On Redis, a message
 whose worker vanished entirely comes back after the visibility timeout, which is therefore longer
-than the longest hard time limit. (On RabbitMQ the broker redelivers when the connection drops;
+than the longest hard time limit: a shorter one would redeliver jobs that are still running.
+That makes a redelivery late (~76 min by default) — long after the runner recorded a timeout and
+moved on — so a tool job checks before it runs that its attempt is still current and still
+leased (`workers.fence`), and its message expires when the runner stops waiting for it. (On RabbitMQ the broker redelivers when the connection drops;
 its `consumer_timeout` must likewise exceed the longest job.)
 
 Retries: Celery autoretry is off and publish retries are off. The orchestrator owns retry policy
@@ -19,6 +22,7 @@ message headers and is attached as the current context while the task runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -109,11 +113,19 @@ def _register_tasks(app: Celery) -> None:
     @app.task(name=RUN_TOOL_TASK, time_limit=TOOLS_HARD_LIMIT_S, max_retries=0, shared=False)
     def run_tool(payload: dict[str, Any]) -> dict[str, Any]:
         from workers import jobs
+        from workers.fence import refuse_stale
 
-        fn = getattr(jobs, "run_tool", None)
-        if fn is None:
-            raise NotImplementedError("workers.jobs.run_tool is not defined yet; tool jobs cannot run")
-        return fn(payload)
+        refusal = refuse_stale(payload)  # a redelivered job whose attempt is over never runs
+        if refusal is not None:
+            logging.getLogger(__name__).warning(
+                "tool job %s:%s:%s refused: %s",
+                payload.get("task_id"),
+                payload.get("step_index"),
+                payload.get("attempt"),
+                refusal.reason,
+            )
+            return refusal.outcome()
+        return jobs.run_tool(payload)
 
 
 # --- trace context -------------------------------------------------------------------------------

@@ -149,21 +149,22 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as exc:  # a failed step fails its requests, not the process
+            except Exception as exc:  # a failed step fails the request that broke it, no other
                 log.exception("engine step failed")
-                self._fail_all(exc)
+                self._fail_step(exc)
                 continue
             for o in outputs:
                 self._deliver(o)
 
-    def _fail_all(self, exc: Exception) -> None:
-        rids = list(self._sinks)
+    def _fail_step(self, exc: Exception) -> None:
         try:
-            self.engine.recover_after_failed_step()
+            failed = self.engine.recover_after_failed_step()
         except Exception as inner:  # the engine cannot recover: stop serving, say why
             self.error = inner
             self._stop.set()
+            failed = list(self._sinks)
         err = RuntimeError(f"engine step failed: {exc}")
-        for rid in rids:
-            sink = self._sinks.pop(rid)
-            sink(err)
+        for rid in failed:
+            sink = self._sinks.pop(rid, None)
+            if sink is not None:
+                sink(err)

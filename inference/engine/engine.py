@@ -119,6 +119,8 @@ class Engine:
         )
         self._text: dict[str, _TextState] = {}
         self._ids = itertools.count()
+        self._in_step: list[str] = []  # the requests of the step being run
+        self._suspects: dict[str, None] = {}  # requests of a failed step, to be run alone once each
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
         self.num_steps = 0
@@ -166,19 +168,63 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
-    def recover_after_failed_step(self) -> list[RequestOutput]:
-        """After an exception inside `step`: abort everything and forget the prefix cache (the
-        failed step may have left reserved checkpoints unwritten), so the engine can serve on."""
-        outs = self.abort([*self.scheduler.requests])
-        self.scheduler.reset_after_failure()
-        return outs
+    def recover_after_failed_step(self) -> list[str]:
+        """After an exception inside `step`: fail only the request that caused it. Returns the ids
+        of the requests that failed (their state is gone; the caller tells their clients).
+
+        A step that ran one request alone fails that request. A batched step cannot tell which
+        of its requests broke it, so all of them are recomputed from their start (their output
+        so far is kept, as after a preemption) and marked suspect: each then runs alone for one
+        step, where a failure is its own. Requests outside the failed step keep their blocks and
+        state. The prefix cache is dropped: the failed step may have left a reserved checkpoint
+        unwritten. A failure with no request in the step is the engine's own: all fail."""
+        batch = [rid for rid in self._in_step if rid in self.scheduler.requests]
+        self._in_step = []
+        sched = self.scheduler
+        sched.cache.end_step()  # release the failed step's pins (a no-op if `update` ran)
+        if not batch:
+            failed = [*sched.requests]
+            self.abort(failed)
+            self._suspects.clear()
+            sched.solo = None
+            sched.reset_after_failure()
+            return failed
+        failed = batch if len(batch) == 1 else []
+        self.abort(failed)
+        for rid in batch:
+            if rid not in failed:
+                sched.requeue(rid)
+                self.runner.tables.pop(rid, None)  # rebuilt on readmission, as after a preemption
+                self._suspects[rid] = None
+        for rid in failed:
+            self._suspects.pop(rid, None)
+        sched.cache.reset_prefix_cache()
+        self._next_solo()
+        return failed
+
+    def _next_solo(self) -> None:
+        for rid in list(self._suspects):
+            if rid in self.scheduler.requests:
+                self.scheduler.solo = rid
+                return
+            del self._suspects[rid]
+        self.scheduler.solo = None
 
     def get_request(self, rid: str) -> Request | None:
         return self.scheduler.requests.get(rid)
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.scheduler.solo is not None and self.scheduler.solo not in self.scheduler.requests:
+            self._next_solo()  # the suspect finished or was aborted meanwhile
         sched_out = self.scheduler.schedule()
+        self._in_step = [s.req_id for s in sched_out.scheduled]
+        solo = self.scheduler.solo
+        if solo is not None and not self._in_step:
+            # The suspect cannot be scheduled now (no free blocks while others hold theirs):
+            # give up isolating rather than stall; a new failure isolates again.
+            self._suspects.clear()
+            self.scheduler.solo = None
         reqs = dict(self.scheduler.requests)
         sampled, logprobs = self.runner.execute(sched_out, reqs)
         before = {rid: reqs[rid].num_output_tokens for rid in sampled}
@@ -213,6 +259,10 @@ class Engine:
                 outputs[-1].finish_reason = req.finish_reason
                 outputs[-1].stop_reason = req.stop_reason
                 self._cleanup(rid)
+        if solo is not None and solo in self._in_step:  # it ran alone and did not fail
+            self._suspects.pop(solo, None)
+            self._next_solo()
+        self._in_step = []
         return outputs
 
     def _output(

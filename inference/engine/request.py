@@ -11,6 +11,13 @@ from typing import Any
 
 from inference.cache.coordinator import MMSpan
 
+MAX_INT32 = 2**31 - 1
+MIN_SAMPLING_TEMPERATURE = 1e-5
+
+
+def _is_int(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -46,29 +53,34 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
+        # Every field is range-checked here, at admission: a value the sampler or the seeded
+        # generator cannot take would otherwise fail the whole batched step it is part of.
         if (
             not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature))
             or self.temperature < 0
         ):
             raise ValueError("temperature must be a finite number >= 0")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError("top_k must be an integer >= 0 (0 disables it)")
+        if not _is_int(self.top_k, 0, MAX_INT32):
+            raise ValueError(f"top_k must be an integer in [0, {MAX_INT32}] (0 disables it)")
         if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
             raise ValueError("top_p must be in (0, 1]")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError("max_tokens must be an integer >= 1")
+        if not _is_int(self.max_tokens, 1, MAX_INT32):
+            raise ValueError(f"max_tokens must be an integer in [1, {MAX_INT32}]")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError("min_tokens must be an integer in [0, max_tokens]")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise ValueError("logprobs must be an integer in [0, 20]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError("seed must be an integer")
+        if self.seed is not None and not _is_int(self.seed, -(2**63), 2**64 - 1):
+            raise ValueError("seed must be an integer in [-2^63, 2^64 - 1]")  # what a torch.Generator takes
+        if len(self.stop_token_ids) > 64 or not all(_is_int(t, 0, MAX_INT32) for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be at most 64 integers in [0, {MAX_INT32}]")
         if any(not isinstance(s, str) or not s for s in self.stop) or len(self.stop) > 16:
             raise ValueError("stop must be at most 16 non-empty strings")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflow to inf (NaN probabilities): it is greedy anyway.
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        # Isolation after a failed step (see Engine.recover_after_failed_step): while set, only
+        # this request is scheduled, so a failure in that step is its own.
+        self.solo: str | None = None
         self.prompt_tokens_admitted = 0
         self.cached_tokens_admitted = 0
         self._finished_early: list[Request] = []
@@ -166,6 +169,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if self.solo is not None and req.request_id != self.solo:
+                i += 1
+                continue
             n = self._num_new(req, budget)
             if n == 0:
                 i += 1
@@ -186,8 +192,16 @@ class Scheduler:
             budget -= n
             i += 1
 
+        solo = self.requests.get(self.solo) if self.solo is not None else None
+        if solo is not None and solo in self.waiting and self.waiting[0] is not solo:
+            self.waiting.remove(solo)
+            self.waiting.appendleft(solo)
         while (
-            self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not out.preempted
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+            and not out.preempted
+            and (self.solo is None or self.waiting[0].request_id == self.solo)
         ):
             req = self.waiting[0]
             hit = self.cache.find_hit(req.request_id, req.token_ids, req.mm_spans)
@@ -271,6 +285,23 @@ class Scheduler:
         self.cache.free(req_id, "aborted" if status == RequestStatus.FINISHED_ABORTED else "finished")
         self.cache.forget(req_id)
         return req
+
+    def requeue(self, req_id: str) -> None:
+        """After a failed step: free what the request holds and compute it again from its start
+        (its output so far is kept), exactly as a preemption does."""
+        req = self.requests.get(req_id)
+        if req is None or req.status.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.cache.free(req_id, "preempted")
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
 
     def reset_after_failure(self) -> None:
         """Drop every cached block and checkpoint (call with no requests left)."""

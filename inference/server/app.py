@@ -2,7 +2,9 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both with SSE streaming), GET /v1/models,
 GET /health, GET /metrics (Prometheus). Every error is an OpenAI-style `{"error": {...}}` body;
-a bad request never stops the server. A streaming client that goes away aborts its request.
+a bad request never stops the server and never affects another request. A client that goes
+away aborts its request, streaming or not. `guard.Guard` checks the API key and the body size
+before any route runs; the route checks the JSON's nesting before parsing it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.engine.async_engine import AsyncEngine, EngineDeadError
+from inference.server import openapi
+from inference.server.guard import Guard, ServerLimits
 from inference.server.protocol import (
     ChatStreamFilter,
     OpenAIError,
@@ -27,6 +31,7 @@ from inference.server.protocol import (
     new_request_id,
     usage,
 )
+from preprocess import jsonlimits
 
 
 class _Metrics:
@@ -71,8 +76,14 @@ def _error(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
+class ClientGone(Exception):
+    """The client of a non-streaming request disconnected: its generation was aborted."""
+
+
+def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits | None = None) -> FastAPI:
+    limits = limits or ServerLimits()
     app = FastAPI(title="dayzero inference", docs_url=None, redoc_url=None)
+    app.add_middleware(Guard, limits=limits)
     metrics = _Metrics()
     app.state.engine = engine
     app.state.serving = serving
@@ -94,8 +105,8 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
     async def _body(request: Request) -> Any:
         raw = await request.body()
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            return jsonlimits.loads(raw, limits.max_json_depth)
+        except ValueError as exc:  # bad JSON, too deep, bad encoding
             raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
 
     async def _submit(prompt, sampling, **kw) -> tuple[AsyncIterator, Any]:
@@ -114,13 +125,38 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
             raise OpenAIError(str(exc), status=500, type="server_error") from None
         return gen, first
 
-    async def _collect(gen: AsyncIterator, first: Any) -> list:
-        outs = [first]
-        while not outs[-1].finished:
-            outs.append(await gen.__anext__())
-        return outs
+    async def _collect(request: Request, gen: AsyncIterator, first: Any) -> list:
+        """All outputs of a non-streaming request; aborted (ClientGone) if its client disconnects."""
 
-    @app.post("/v1/chat/completions")
+        async def collect() -> list:
+            outs = [first]
+            while not outs[-1].finished:
+                outs.append(await gen.__anext__())
+            return outs
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work, watch = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                await gen.aclose()  # aborts the request: its blocks and slot go back now
+        if work.cancelled():
+            metrics.requests.labels("aborted").inc()
+            raise ClientGone
+        return work.result()
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_req: Request, _exc: ClientGone) -> JSONResponse:
+        return JSONResponse({"error": {"message": "client disconnected", "type": "aborted"}}, status_code=499)
+
+    @app.post("/v1/chat/completions", openapi_extra=openapi.operation(openapi.CHAT_REQUEST))
     async def chat(request: Request):
         body = await _body(request)
         p = await asyncio.to_thread(serving.prepare_chat, body)  # images are encoded here: off the loop
@@ -133,7 +169,7 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
         )
         metrics.prompt_tokens.inc(len(p.prompt_token_ids))
         if not p.stream:
-            outs = await _collect(gen, first)
+            outs = await _collect(request, gen, first)
             metrics.gen_tokens.inc(outs[-1].num_output_tokens)
             metrics.requests.labels("ok").inc()
             return serving.chat_response(first.request_id, outs, p)
@@ -167,13 +203,13 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing) -> FastAPI:
 
         return StreamingResponse(_closing(gen, events()), media_type="text/event-stream")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.operation(openapi.COMPLETION_REQUEST))
     async def completions(request: Request):
         ids, sampling, stream = serving.prepare_completion(await _body(request))
         gen, first = await _submit(ids, sampling)
         metrics.prompt_tokens.inc(len(ids))
         if not stream:
-            outs = await _collect(gen, first)
+            outs = await _collect(request, gen, first)
             metrics.gen_tokens.inc(outs[-1].num_output_tokens)
             metrics.requests.labels("ok").inc()
             return serving.completion_response(first.request_id, outs, sampling)

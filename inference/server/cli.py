@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from inference.server.guard import DEFAULT_MAX_BODY_BYTES
+
 
 def register_infer(sub: argparse._SubParsersAction) -> None:
     """Add `infer` (with `serve`) to the `dayzero` parser."""
@@ -42,6 +44,17 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument("--no-chunked-prefill", action="store_true")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("DAYZERO_INFERENCE_API_KEY") or None,
+        help="require `Authorization: Bearer KEY` on /v1/* (or DAYZERO_INFERENCE_API_KEY; default: none)",
+    )
+    s.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body (413 past it)",
+    )
     s.set_defaults(func=_serve)
 
 
@@ -52,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inference.engine.engine import EngineConfig
     from inference.engine.factory import build_engine
+    from inference.server.guard import ServerLimits
     from inference.server.serve import run_server
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -83,5 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
         if (args.model or args.dummy)
         else "dayzero-small-random"
     )
-    run_server(engine, host=args.host, port=args.port, model_name=name, tool_parser=args.tool_parser)
+    limits = ServerLimits(api_key=args.api_key, max_body_bytes=args.max_request_bytes)
+    run_server(
+        engine, host=args.host, port=args.port, model_name=name, tool_parser=args.tool_parser, limits=limits
+    )
     return 0

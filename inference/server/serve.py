@@ -9,22 +9,33 @@ from typing import Any
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine
 from inference.server.app import build_app
+from inference.server.guard import ServerLimits
 from inference.server.protocol import OpenAIServing
 from inference.toolparse import get_tool_parser
 
 
-def make_app(engine: Engine, *, model_name: str, tool_parser: str = "kimi") -> tuple[Any, AsyncEngine]:
+def make_app(
+    engine: Engine, *, model_name: str, tool_parser: str = "kimi", limits: ServerLimits | None = None
+) -> tuple[Any, AsyncEngine]:
     aeng = AsyncEngine(engine).start()
     serving = OpenAIServing(
         engine.tokenizer, get_tool_parser(tool_parser), model_name, engine.config.max_model_len
     )
-    return build_app(aeng, serving), aeng
+    return build_app(aeng, serving, limits), aeng
 
 
-def run_server(engine: Engine, *, host: str, port: int, model_name: str, tool_parser: str = "kimi") -> None:
+def run_server(
+    engine: Engine,
+    *,
+    host: str,
+    port: int,
+    model_name: str,
+    tool_parser: str = "kimi",
+    limits: ServerLimits | None = None,
+) -> None:
     import uvicorn
 
-    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser)
+    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser, limits=limits)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
@@ -34,10 +45,12 @@ def run_server(engine: Engine, *, host: str, port: int, model_name: str, tool_pa
 class BackgroundServer:
     """The server in a thread on an OS-chosen port (tests, the embedded default's own use)."""
 
-    def __init__(self, engine: Engine, *, model_name: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, engine: Engine, *, model_name: str, host: str = "127.0.0.1", limits: ServerLimits | None = None
+    ) -> None:
         import uvicorn
 
-        self.app, self.engine = make_app(engine, model_name=model_name)
+        self.app, self.engine = make_app(engine, model_name=model_name, limits=limits)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))

@@ -14,6 +14,18 @@ class IngressSettings(BaseSettings):
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="task body (REST) / message value (Kafka)"
     )
+    max_json_depth: int = Field(
+        32, ge=4, le=256, description="nesting of arrays/objects in a JSON body (checked before parsing)"
+    )
+    max_in_flight: int = Field(
+        128,
+        ge=0,
+        description="requests per process being served at once; past it, 503 + Retry-After at once "
+        "(0 = unlimited). Event streams and probes are not counted",
+    )
+    db_retry_after_s: int = Field(
+        2, ge=1, description="Retry-After of the 503 answered while the database is down"
+    )
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="one POST /v1/attachments upload")
     sse_poll_s: float = Field(0.5, gt=0, description="SSE re-check interval without (or besides) NOTIFY")
     sse_listen: bool = Field(

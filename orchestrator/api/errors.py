@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.api.schemas import Problem
+from orchestrator.db.engine import DB_UNAVAILABLE
 from orchestrator.store import IdempotencyConflict, TaskNotFound
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,23 @@ def install(app: FastAPI) -> None:
             "this Idempotency-Key was used with a different request body",
             "idempotency-conflict",
         )
+
+    async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The database is down, restarting or out of connections: the request may succeed in a
+        # moment, so say when to retry (the client libraries and load balancers honour it).
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        retry_after = request.app.state.ingress.db_retry_after_s
+        return problem_response(
+            request,
+            503,
+            "Service Unavailable",
+            "the database is unavailable; retry shortly",
+            "database-unavailable",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    for exc_type in DB_UNAVAILABLE:
+        app.add_exception_handler(exc_type, _db_unavailable)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

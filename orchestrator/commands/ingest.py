@@ -21,13 +21,27 @@ def _ingest(args: argparse.Namespace) -> int:
     from orchestrator.app import make_db
     from orchestrator.kafka.ingest import Ingestor, make_consumer, make_dlq_producer
 
-    settings, kafka, bootstrap = start_kafka_process(args, lambda k: [k.tasks_topic, k.dlq_topic])
-    engine = make_db(settings, upgrade=args.upgrade)
-    consumer = make_consumer(bootstrap, kafka)
-    producer = make_dlq_producer(bootstrap)
+    proc = start_kafka_process(args, lambda k: [k.tasks_topic, k.dlq_topic])
+    kafka = proc.kafka
+    if kafka.allowed_tenants is not None and not kafka.allowed_tenants:
+        raise SystemExit(
+            "DAYZERO_KAFKA_TENANTS is empty: list the tenants this ingest may create tasks for "
+            "(comma-separated), or '*' for every tenant holding an API key"
+        )
+    engine = proc.retry("connecting to the database", lambda: make_db(proc.settings, upgrade=args.upgrade))
+    consumer = proc.retry("connecting to the broker", lambda: make_consumer(proc.bootstrap, kafka))
+    producer = proc.retry("connecting to the broker", lambda: make_dlq_producer(proc.bootstrap))
     ingestor = Ingestor(
-        engine, consumer, producer, settings, kafka, max_message_bytes=IngressSettings().max_body_bytes
+        engine,
+        consumer,
+        producer,
+        proc.settings,
+        kafka,
+        max_message_bytes=IngressSettings().max_body_bytes,
+        health=proc.health,
     )
+    if proc.stop.is_set():
+        ingestor.stop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ingestor.stop())
     logging.getLogger("dayzero").info("ingest consuming %s as group %s", kafka.tasks_topic, kafka.group_id)

@@ -19,16 +19,20 @@ def _relay(args: argparse.Namespace) -> int:
     from orchestrator.app import make_db
     from orchestrator.relay import Relay, RelayConfig, make_relay_producer
 
-    settings, kafka, bootstrap = start_kafka_process(args, lambda k: [k.events_topic, k.results_topic])
-    engine = make_db(settings, upgrade=args.upgrade)
-    producer = make_relay_producer(bootstrap)
+    proc = start_kafka_process(args, lambda k: [k.events_topic, k.results_topic])
+    engine = proc.retry("connecting to the database", lambda: make_db(proc.settings, upgrade=args.upgrade))
+    producer = proc.retry("connecting to the broker", lambda: make_relay_producer(proc.bootstrap))
+    kafka = proc.kafka
     relay = Relay(
         engine,
         producer,
         RelayConfig(
             events_topic=kafka.events_topic, results_topic=kafka.results_topic, batch_size=args.batch_size
         ),
+        health=proc.health,
     )
+    if proc.stop.is_set():
+        relay.stop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: relay.stop())
     try:

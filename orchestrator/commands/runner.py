@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import threading
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,11 +20,20 @@ def _runner(args: argparse.Namespace) -> int:
     from orchestrator.config import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from orchestrator.probes import retry_until_up
     from orchestrator.tracing import setup_tracing
 
     settings = Settings()
     setup_tracing(settings.service_name, settings.otlp_endpoint)
-    parts = make_runner(settings, upgrade=args.upgrade, runner_id=args.id)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    # Started during a database outage, it waits for the database (its loop then retries too).
+    parts = retry_until_up(
+        "connecting to the database",
+        lambda: make_runner(settings, upgrade=args.upgrade, runner_id=args.id),
+        stop,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: parts.runner.stop())
     logging.getLogger("dayzero").info("runner %s started", parts.runner.config.runner_id)

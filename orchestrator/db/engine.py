@@ -11,6 +11,17 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+# Raised while the database cannot be reached (down, restarting, connections cut, pool exhausted):
+# callers wait and retry (or answer 503) instead of failing for good.
+DB_UNAVAILABLE: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    DisconnectionError,
+    PoolTimeout,
+)
 
 
 def normalize_url(url: str) -> str:

@@ -17,6 +17,7 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ForeignKey,
     Index,
@@ -51,7 +52,7 @@ class Task(Base):
     deadline_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     # Progress and usage, updated in each step's transaction.
     step_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    event_seq: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    event_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
@@ -161,7 +162,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(36), nullable=False)
-    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    seq: Mapped[int] = mapped_column(BigInteger, nullable=False)
     type: Mapped[str] = mapped_column(String(64), nullable=False)
     payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)

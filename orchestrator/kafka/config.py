@@ -8,7 +8,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class KafkaSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="DAYZERO_KAFKA_", env_file=".env", extra="ignore", frozen=True
+        env_prefix="DAYZERO_KAFKA_", env_file=".env", extra="ignore", frozen=True, populate_by_name=True
     )
 
     tasks_topic: str = "dayzero.tasks"
@@ -24,3 +24,19 @@ class KafkaSettings(BaseSettings):
     session_timeout_ms: int = Field(10_000, ge=1000)
     heartbeat_interval_ms: int = Field(3_000, ge=100)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
+    # The tenant model: a record names its tenant, and this deployment may create tasks only for
+    # the tenants listed here (each must also hold an API key). Whoever can write to the topic
+    # can act as any listed tenant, so list the tenants whose producers share this topic; give
+    # tenants that must not impersonate each other their own topics and ingest deployments.
+    # "*" allows every tenant holding an API key (one trusted producer); empty allows none.
+    tenants_csv: str = Field(
+        "",
+        alias="DAYZERO_KAFKA_TENANTS",
+        description="comma-separated tenants this ingest may create tasks for; '*' = any with an API key",
+    )
+
+    @property
+    def allowed_tenants(self) -> frozenset[str] | None:
+        """The allow-list; None means any tenant holding an API key ("*")."""
+        names = {t.strip() for t in self.tenants_csv.split(",") if t.strip()}
+        return None if "*" in names else frozenset(names)

@@ -13,7 +13,6 @@ partitions (it keeps polling, so it stays in the group) and resumes below `resum
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -33,9 +32,11 @@ from orchestrator.config import Settings
 from orchestrator.failpoints import failpoint
 from orchestrator.kafka.config import KafkaSettings
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
+from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.statemachine import TaskStatus
 from orchestrator.store import IdempotencyConflict, NewTask, tasks_t
 from orchestrator.tracing import valid_traceparent
+from preprocess import jsonlimits
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,9 @@ MAX_KEY_CHARS = 255
 @dataclass(frozen=True, slots=True)
 class Rejected:
     record: Any
-    reason: (
-        str  # machine-readable: oversize, bad_json, schema, unknown_tenant, bad_key, idempotency_conflict, …
-    )
+    # machine-readable: oversize, bad_json, too_deep, schema, tenant_not_allowed, unknown_tenant,
+    # bad_key, idempotency_conflict, invalid, …
+    reason: str
     detail: str
 
 
@@ -96,6 +97,7 @@ class Ingestor:
         kafka: KafkaSettings,
         *,
         max_message_bytes: int,
+        health: Health | None = None,
     ):
         self.engine = engine
         self.consumer = consumer
@@ -108,38 +110,75 @@ class Ingestor:
         self._pending_checked = float("-inf")
         self._pending = 0  # last count + tasks created here since
         self._stop = threading.Event()
-        self.stats = {"created": 0, "duplicate": 0, "dlq": 0, "batches": 0}
+        self._unfinished: list[Any] | None = None  # a polled batch whose offsets are not committed yet
+        self.health = health or Health()
+        self.stats = {"created": 0, "duplicate": 0, "dlq": 0, "batches": 0, "outages": 0}
 
     # -- loop ----------------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
 
     def run_forever(self, until: Callable[[], bool] | None = None) -> None:
+        """Loop until `stop()`. A database or broker outage is waited out with backoff (readiness
+        reports it); the batch in hand is retried as it is, so nothing is skipped."""
+        backoff = Backoff()
         while not self._stop.is_set() and not (until is not None and until()):
-            self.run_once()
+            try:
+                self.run_once()
+            except outage_errors() as exc:
+                delay = backoff.next_delay()
+                self.stats["outages"] += 1
+                self.health.set_unready(f"{type(exc).__name__}")
+                log.warning("ingest: %s (%s); retrying in %.1f s", type(exc).__name__, exc, delay)
+                self._stop.wait(delay)
+                continue
+            backoff.reset()
+            self.health.set_ready()
 
     def run_once(self) -> int:
-        """One poll → one DB transaction → one offset commit. Returns the records handled."""
-        self._apply_back_pressure()
-        polled = self.consumer.poll(timeout_ms=self.kafka.poll_timeout_ms, max_records=self.kafka.batch_max)
-        records = [r for batch in polled.values() for r in batch]
-        if not records:
-            return 0
+        """One poll → one DB transaction → one offset commit. Returns the records handled.
+
+        If this raises, the batch stays in hand and the next call handles it again (the inserts
+        are idempotent): polling on would move past records whose offsets were never committed."""
+        records = self._unfinished
+        if records is None:
+            self._apply_back_pressure()
+            polled = self.consumer.poll(
+                timeout_ms=self.kafka.poll_timeout_ms, max_records=self.kafka.batch_max
+            )
+            records = [r for batch in polled.values() for r in batch]
+            if not records:
+                return 0
+            self._unfinished = records
         self.handle(records)
         failpoint("ingest.after_db_commit")
         self._commit_offsets(records)
+        self._unfinished = None
         return len(records)
 
     # -- one batch ------------------------------------------------------------------------------
     def parse(self, record: Any) -> Accepted | Rejected:
+        """Validate one record. Never raises: a record that would crash ingest would crash it again
+        after every restart (its offset is never committed), so anything unforeseen is a DLQ reason."""
+        try:
+            return self._parse(record)
+        except Exception as exc:
+            log.exception(
+                "unexpected error validating %s:%s@%s", record.topic, record.partition, record.offset
+            )
+            return Rejected(record, "invalid", f"{type(exc).__name__}: {exc}"[:1000])
+
+    def _parse(self, record: Any) -> Accepted | Rejected:
         value = record.value
         if value is None:
             return Rejected(record, "bad_json", "empty message value")
         if len(value) > self.max_message_bytes:
             return Rejected(record, "oversize", f"{len(value)} bytes > limit {self.max_message_bytes}")
         try:
-            data = json.loads(value)
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = jsonlimits.loads(value)
+        except jsonlimits.JSONTooDeep as exc:
+            return Rejected(record, "too_deep", str(exc))
+        except ValueError as exc:  # includes UnicodeDecodeError
             return Rejected(record, "bad_json", str(exc)[:500])
         try:
             msg = KafkaTaskMessage.model_validate(data)
@@ -155,6 +194,11 @@ class Ingestor:
                 return Rejected(record, "bad_key", "key is not UTF-8")
             if not key or len(key) > MAX_KEY_CHARS:
                 return Rejected(record, "bad_key", f"key must be 1..{MAX_KEY_CHARS} characters")
+        allowed = self.kafka.allowed_tenants
+        if allowed is not None and msg.tenant not in allowed:
+            return Rejected(
+                record, "tenant_not_allowed", f"this ingest may not create tasks for {msg.tenant!r}"
+            )
         if msg.tenant not in self.tenants:
             return Rejected(record, "unknown_tenant", f"tenant {msg.tenant!r} has no API key")
         tp = _header(record, "traceparent")

@@ -42,6 +42,7 @@ from orchestrator.store import StaleTransition, attachments_t, message_dict, mes
 from orchestrator.tracing import current_traceparent, task_span
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
+from workers.fence import not_after as job_not_after
 from workers.jobs import describe_error as describe_job_error
 
 log = logging.getLogger(__name__)
@@ -483,12 +484,30 @@ class Runner:
             "attachments": task.attachments,
             "timeout_s": timeout_s,
             "traceparent": current_traceparent() or task.traceparent,
+            # The late-duplicate check of a redelivered job (workers.fence): who sent it, and
+            # when nobody waits for it any more.
+            "runner_id": self.config.runner_id,
+            "not_after": job_not_after(timeout_s),
         }
 
     def _execute_tool(self, task: TaskView, step: StepView, *, in_doubt: bool) -> None:
         spec = self._tool_spec(step.tool_name)
-        if in_doubt and spec is not None and not (spec.idempotent or spec.accepts_idempotency_key):
+        if task.allowed_tools is not None and step.tool_name not in task.allowed_tools:
+            # The model was offered only the allowed tools, but it may name any: the task's
+            # allow-list is enforced here, at execution. The refusal is the tool's (permanent)
+            # error: recorded on the attempt and read by the model like any other tool result.
             outcome: dict[str, Any] = {
+                "ok": False,
+                "error": {
+                    "error": f"tool {step.tool_name!r} is not allowed for this task "
+                    f"(allowed: {', '.join(task.allowed_tools) or 'none'})",
+                    "kind": ErrorKind.PERMANENT.value,
+                    "code": "tool_not_allowed",
+                },
+            }
+            lost = False
+        elif in_doubt and spec is not None and not (spec.idempotent or spec.accepts_idempotency_key):
+            outcome = {
                 "ok": False,
                 "error": {
                     "error": f"the outcome of {step.tool_name!r} is unknown: the runner executing it stopped, "

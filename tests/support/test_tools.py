@@ -129,6 +129,25 @@ class Charge:
         return ToolResult(content={"charged": True})
 
 
+class SlowCharge:
+    """`charge`, then a long pause: a worker killed in the pause has done the side effect but not
+    acked the job, which Redis redelivers after the visibility timeout (the late duplicate)."""
+
+    spec = ToolSpec(
+        name="slow_charge",
+        description="charge a card, slowly",
+        parameters=OBJ,
+        idempotent=False,
+        retry=RetryPolicy(max_attempts=1, timeout_s=6.0),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        with open(_state_dir() / "charges.log", "a") as f:
+            f.write(f"{context.idempotency_key}\n")
+        time.sleep(float(arguments.get("sleep_s", 60)))
+        return ToolResult(content={"charged": True})
+
+
 class WhoAmI:
     """Returns the id of the process that ran it (tells a Celery worker from the runner)."""
 
@@ -139,4 +158,4 @@ class WhoAmI:
 
 
 def dayzero_tools() -> list[Any]:
-    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), Charge(), WhoAmI()]
+    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), Charge(), SlowCharge(), WhoAmI()]

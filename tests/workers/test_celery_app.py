@@ -50,13 +50,18 @@ def test_tasks_registered_without_autoretry(app):
     assert app.tasks[ca.PREPROCESS_TASK].time_limit == ca.PREPROCESS_HARD_LIMIT_S
 
 
-def test_run_tool_task_calls_jobs_run_tool_lazily(app, monkeypatch):
+def test_run_tool_task_calls_jobs_run_tool_lazily_unless_the_attempt_is_stale(app, monkeypatch):
+    from workers import fence
+
     task = app.tasks[ca.RUN_TOOL_TASK]
-    monkeypatch.delattr(jobs, "run_tool", raising=False)
-    with pytest.raises(NotImplementedError):
-        task({"tool": "x"})
     monkeypatch.setattr(jobs, "run_tool", lambda payload: {"ok": True, "echo": payload}, raising=False)
+    monkeypatch.setattr(fence, "_fence", None)
+    monkeypatch.setattr(fence, "_fence_loaded", True)
     assert task({"tool": "x"}) == {"ok": True, "echo": {"tool": "x"}}
+    late = task({"tool": "x", "not_after": 1.0})  # the sender stopped waiting long ago
+    assert late["ok"] is False and late["error"]["code"] == "stale_attempt"
+    monkeypatch.setattr(fence, "_fence", lambda payload: fence.Refusal("superseded"))
+    assert task({"tool": "x"})["error"]["error"] == "superseded"
 
 
 def test_module_level_app_from_env(monkeypatch):

@@ -21,6 +21,7 @@ from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
 from orchestrator.store import events_t, get_task
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
+MAX_EVENT_ID = 999_999_999_999_999_999  # 18 digits: below 2^63, so a valid BIGINT `events.seq` bound
 
 SSE_DESCRIPTION = """A `text/event-stream` of the task's events in order, from its creation (or
 after `Last-Event-ID`) until its final state. Each event: `id` = the event's per-task sequence
@@ -66,7 +67,7 @@ _LAST_EVENT_ID_PARAM = {
     "in": "header",
     "required": False,
     "description": "resume after this event seq (sent by EventSource clients on reconnect)",
-    "schema": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID},
 }
 
 
@@ -90,7 +91,8 @@ async def stream_events(
     engine: EngineDep,
     ingress: IngressDep,
     after: Annotated[
-        int | None, Query(ge=0, description="resume after this seq (for clients without headers)")
+        int | None,
+        Query(ge=0, le=MAX_EVENT_ID, description="resume after this seq (for clients without headers)"),
     ] = None,
 ) -> StreamingResponse:
     def check() -> None:

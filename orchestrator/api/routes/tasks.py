@@ -126,12 +126,14 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
 
 def _iso_datetime(value: object) -> object:
     # Only ISO 8601 text: pydantic would also take numbers (as Unix times), which the schema does not say.
+    # Converted to UTC here, so an instant outside the representable range (year 1 at +14:00,
+    # year 9999 at -14:00) is a 422 like any other bad value, not an OverflowError later.
     if isinstance(value, str):
         try:
-            return dt.datetime.fromisoformat(value)
-        except ValueError:
+            return _utc(dt.datetime.fromisoformat(value))
+        except (ValueError, OverflowError):
             pass
-    raise ValueError("expected an ISO 8601 date-time")
+    raise ValueError("expected an ISO 8601 date-time within years 1-9999 in UTC")
 
 
 IsoDateTime = Annotated[dt.datetime, BeforeValidator(_iso_datetime)]

@@ -34,6 +34,7 @@ def kafka_settings(kafka_broker) -> KafkaSettings:  # noqa: F811
         results_topic=f"results-{s}",
         group_id=f"ingest-{s}",
         partitions=3,
+        tenants_csv="acme,globex",
         **FAST_GROUP,
     )
     ensure_topics(

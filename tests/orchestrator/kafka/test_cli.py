@@ -36,6 +36,7 @@ def test_apikey_create_then_submit_via_kafka_and_rest(
         "DATABASE_URL": db.url.render_as_string(hide_password=False),
         "KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap,
         "DAYZERO_KAFKA_TASKS_TOPIC": kafka_settings.tasks_topic,
+        "DAYZERO_KAFKA_TENANTS": "acme",
     }
     created = _cli("apikey", "create", "--tenant", "acme", "--name", "ci", env=env)
     assert created.returncode == 0, created.stderr

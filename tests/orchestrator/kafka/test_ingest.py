@@ -48,7 +48,9 @@ def test_thousand_messages_with_duplicates_and_invalid(
         elif kind == 1:
             invalid.append((key, json.dumps({"tenant": "acme"}).encode(), "schema"))
         elif kind == 2:
-            invalid.append((key, json.dumps({"tenant": "nobody", "goal": "x"}).encode(), "unknown_tenant"))
+            invalid.append(
+                (key, json.dumps({"tenant": "nobody", "goal": "x"}).encode(), "tenant_not_allowed")
+            )
         elif kind == 3:
             invalid.append((key, json.dumps({"tenant": "acme", "goal": "x" * 70_000}).encode(), "oversize"))
         elif kind == 4:

@@ -24,6 +24,7 @@ def _env(db, kafka_broker, ks, **extra: str) -> dict[str, str]:
         "DAYZERO_KAFKA_DLQ_TOPIC": ks.dlq_topic,
         "DAYZERO_KAFKA_GROUP_ID": ks.group_id,
         "DAYZERO_KAFKA_BATCH_MAX": "50",
+        "DAYZERO_KAFKA_TENANTS": "acme,globex",
         **{f"DAYZERO_KAFKA_{k.upper()}": str(v) for k, v in FAST_GROUP.items()},
         **extra,
     }

@@ -1,0 +1,66 @@
+"""The database side of the workers' late-duplicate check (`workers.fence`).
+
+A tool job may run only while its step is RUNNING at the job's attempt number and the runner
+that sent it still holds the task's lease: otherwise its fate was already decided (a timeout
+recorded, a retry under a new attempt, or another runner's resumption after a lease expiry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from orchestrator.clock import utcnow
+from orchestrator.db.engine import DB_UNAVAILABLE
+from orchestrator.statemachine import StepStatus
+from orchestrator.store import steps_t, tasks_t
+from workers.fence import Refusal
+
+
+def attempt_refusal(conn: Any, payload: Mapping[str, Any]) -> Refusal | None:
+    row = conn.execute(
+        select(steps_t.c.status, steps_t.c.attempt_count, tasks_t.c.lease_owner, tasks_t.c.lease_until)
+        .select_from(steps_t.join(tasks_t, tasks_t.c.id == steps_t.c.task_id))
+        .where(steps_t.c.task_id == payload["task_id"], steps_t.c.step_index == int(payload["step_index"]))
+    ).first()
+    if row is None:
+        return Refusal("no such step: not run")
+    if row.status != StepStatus.RUNNING or row.attempt_count != int(payload["attempt"]):
+        return Refusal(
+            f"step is {row.status} at attempt {row.attempt_count}, this job is attempt {payload['attempt']}: "
+            "not run (a late duplicate)"
+        )
+    sender = payload.get("runner_id")
+    if sender is not None and (
+        row.lease_owner != sender or row.lease_until is None or row.lease_until <= utcnow()
+    ):
+        return Refusal(
+            "the runner that sent this job no longer holds the task's lease: not run (a late duplicate)"
+        )
+    return None
+
+
+class DbAttemptFence:
+    """`workers.fence.AttemptFence` reading the orchestrator's database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def __call__(self, payload: Mapping[str, Any]) -> Refusal | None:
+        try:
+            with self.engine.connect() as conn:
+                return attempt_refusal(conn, payload)
+        except DB_UNAVAILABLE as exc:
+            return Refusal(f"cannot check the attempt ({type(exc).__name__}): not run", retryable=True)
+
+
+def from_env() -> DbAttemptFence:
+    """The fence `dayzero worker` loads (DAYZERO_WORKER_FENCE's default when DATABASE_URL is set)."""
+    from orchestrator.config import Settings
+    from orchestrator.db.engine import make_engine
+
+    settings = Settings()
+    kwargs = {} if settings.is_sqlite else {"pool_size": 1, "max_overflow": 2}
+    return DbAttemptFence(make_engine(settings.database_url, **kwargs))

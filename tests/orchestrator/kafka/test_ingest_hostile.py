@@ -1,0 +1,103 @@
+"""Kafka ingest under hostile records and outages (issue 15): every defect found there, one test each."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from sqlalchemy import select
+
+from orchestrator.store import tasks_t
+from tests.support.db_outage import database_down
+from tests.support.kafka_broker import consume_all
+
+
+def _run_until(ing, cond, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        ing.run_once()
+        if cond():
+            return
+    raise TimeoutError("condition not reached")
+
+
+def _keys(db) -> list[str]:
+    with db.connect() as conn:
+        return sorted(conn.execute(select(tasks_t.c.idempotency_key)).scalars())
+
+
+def test_deeply_nested_record_is_dead_lettered_and_ingest_goes_on(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: json.loads raised RecursionError out of run_once, on this record after every restart.
+    deep = b'{"tenant": "acme", "goal": "x", "metadata": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    nested_dicts = json.dumps({"tenant": "acme", "goal": "y", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "t", "x": json.loads("[" * 70 + "]" * 70)}]}]}).encode()  # fmt: skip
+    producer.send(kafka_settings.tasks_topic, key=b"deep", value=deep)
+    producer.send(kafka_settings.tasks_topic, key=b"dicts", value=nested_dicts)
+    producer.send(
+        kafka_settings.tasks_topic, key=b"ok", value=json.dumps({"tenant": "acme", "goal": "ok"}).encode()
+    )
+    producer.flush()
+    ing = make_ingestor(max_message_bytes=1024 * 1024)
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= 3)
+    assert ing.stats["created"] == 1 and ing.stats["dlq"] == 2
+    assert _keys(db) == ["ok"]
+    dlq = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 2)
+    assert sorted((m.key, dict(m.headers)["dlq-reason"]) for m in dlq) == [
+        (b"deep", b"too_deep"),
+        (b"dicts", b"too_deep"),
+    ]
+
+
+def test_tenant_must_be_on_this_deployments_allow_list(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: any tenant holding an API key was accepted from any producer on the topic.
+    for key, tenant in ((b"a", "acme"), (b"g", "globex"), (b"i", "initech")):
+        producer.send(
+            kafka_settings.tasks_topic,
+            key=key,
+            value=json.dumps({"tenant": tenant, "goal": key.decode()}).encode(),
+        )
+    producer.flush()
+    ing = make_ingestor(
+        tenants_csv="acme,initech"
+    )  # globex holds a key but is not listed; initech holds none
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= 3)
+    assert _keys(db) == ["a"]
+    dlq = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 2)
+    assert sorted((m.key, dict(m.headers)["dlq-reason"]) for m in dlq) == [
+        (b"g", b"tenant_not_allowed"),
+        (b"i", b"unknown_tenant"),
+    ]
+
+
+def test_database_outage_is_waited_out(db, tenants, producer, kafka_settings, make_ingestor):
+    # Before: the first OperationalError ended run_forever (and `dayzero ingest` with it).
+    ing = make_ingestor()
+    worker = threading.Thread(target=ing.run_forever, daemon=True)
+    worker.start()
+    dbname = db.url.database
+    try:
+        with database_down(dbname):
+            for i in range(20):
+                producer.send(
+                    kafka_settings.tasks_topic,
+                    key=f"k{i:02}".encode(),
+                    value=json.dumps({"tenant": "acme", "goal": f"g{i:02}"}).encode(),
+                )
+            producer.flush()
+            end = time.monotonic() + 30
+            while ing.stats["outages"] == 0 and time.monotonic() < end:
+                time.sleep(0.1)
+            assert ing.stats["outages"] > 0 and not ing.health.ready and worker.is_alive()
+        end = time.monotonic() + 60
+        while len(_keys(db)) < 20 and time.monotonic() < end:
+            time.sleep(0.2)
+    finally:
+        ing.stop()
+        worker.join(30)
+    assert _keys(db) == [f"k{i:02}" for i in range(20)]
+    assert ing.health.ready
