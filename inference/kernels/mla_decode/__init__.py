@@ -39,7 +39,8 @@ def mla_decode_paged(
     kw = dict(kv_lora_rank=kv_lora_rank, scale=scale, kv_scales=kv_scales, indices=indices,
               table_rows=table_rows, num_splits=num_splits)  # fmt: skip
     if use_fast(pool):
-        from inference.kernels.mla_decode.fast import mla_decode_paged_fast
+        from inference.kernels.mla_decode.fast import mla_decode_paged_fast, rows_aligned
 
-        return mla_decode_paged_fast(q_latent, q_rope, pool, block_tables, seq_lens, **kw)
+        if rows_aligned(pool) or not pool.is_cuda:  # unaligned rows (tiny test models): reference
+            return mla_decode_paged_fast(q_latent, q_rope, pool, block_tables, seq_lens, **kw)
     return mla_decode_paged_reference(q_latent, q_rope, pool, block_tables, seq_lens, **kw)

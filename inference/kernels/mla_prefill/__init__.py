@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from inference.kernels import use_fast
@@ -11,9 +12,11 @@ from inference.kernels.mla_prefill.reference import mla_prefill_varlen_reference
 
 __all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_reference"]
 
-# Which fast path runs on CUDA. Chosen by measurement (benchmarks/kernels.py, see the note in
-# docs): "triton" is our kernel (one launch per batch), "cudnn" the prefix + diagonal split.
-PREFILL_BACKEND: Literal["triton", "cudnn"] = "triton"
+# Which fast path runs on CUDA for bf16/fp16, chosen by measurement (benchmarks/kernels.py, H200,
+# H=16, Dqk=192, Dv=128): the cuDNN prefix + diagonal split ran at 548-620 TFLOP/s on 8K-16K
+# chunks over 32K-512K keys, our Triton kernel at 404-484, SDPA's lower-right causal bias
+# (memory-efficient backend) at 117-141. fp32 has no cuDNN kernel: it takes the Triton path.
+PREFILL_BACKEND: Literal["triton", "cudnn"] = "cudnn"
 
 
 def mla_prefill_varlen(
@@ -43,7 +46,7 @@ def mla_prefill_varlen(
         from inference.kernels.mla_prefill import fast
 
         which = backend or PREFILL_BACKEND
-        if which == "cudnn" and q.is_cuda:
+        if which == "cudnn" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             return fast.mla_prefill_varlen_cudnn(q, kv, k_rope, cu_q, cu_k, **kw)
         return fast.mla_prefill_varlen_triton(q, kv, k_rope, cu_q, cu_k, **kw)
     return mla_prefill_varlen_reference(q, kv, k_rope, cu_q, cu_k, **kw)

@@ -9,7 +9,7 @@ from inference.kernels.mla_decode import mla_decode_paged
 from inference.kernels.mla_decode.reference import mla_decode_paged_reference
 from tests.inference.kernels.helpers import TOL, assert_rel, paged_pool
 
-R, P = 32, 8  # CPU shapes (the small model's latent); the GPU cases use the real 512 + 64
+R, P = 32, 16  # CPU shapes (rows of 48 latents: 16-byte aligned in fp8 too); GPU cases use 512 + 64
 
 
 def _case(lens, page, dtype, device, *, heads=4, r=R, p=P, seed=0, extra_width=1):
@@ -102,6 +102,16 @@ def test_dispatch_rejects_bad_shapes():
         mla_decode_paged(q_lat, q_rope, pool, tables, lens, kv_lora_rank=R + 1, scale=1.0)
     with pytest.raises(ValueError, match="seq_lens"):
         mla_decode_paged(q_lat, q_rope, pool, tables, lens[:0], kv_lora_rank=R, scale=1.0)
+
+
+@pytest.mark.gpu
+def test_gpu_unaligned_fp8_rows_fall_back_to_the_reference(fast):
+    q_lat, q_rope, pool, scales, tables, lens = _case([30, 5], 16, torch.float8_e4m3fn, "cuda", p=8)
+    kw = dict(kv_lora_rank=R, scale=0.2, kv_scales=scales)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)
+    got = mla_decode_paged(q_lat, q_rope, pool, tables, lens, **kw)
+    assert_rel(got, mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw), 0.0, "fp8 fallback")
 
 
 GPU_CASES = [

@@ -22,7 +22,8 @@ ALL_MLA = {"kda_layers": [], "full_attn_layers": [1, 2, 3, 4], "num_heads": 2, "
 def _spec(dsa: bool):
     kw = dict(q_lora_rank=32, mla_use_nope=False, rope_theta=10000.0, index_topk=24, index_n_heads=8,
               index_head_dim=16) if dsa else {}  # fmt: skip
-    return parse_config(tiny_kimi_linear_config(linear_attn_config=ALL_MLA, **kw))
+    # rope 16: latent rows of 32 + 16 are 16-byte aligned in fp8 too (the kernel's requirement)
+    return parse_config(tiny_kimi_linear_config(linear_attn_config=ALL_MLA, qk_rope_head_dim=16, **kw))
 
 
 def _steps():
