@@ -361,6 +361,73 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
     }
 
 
+def _long_engine(model, spec, dtype, device, context: int, batch: int = 1, **kw) -> Engine:
+    """An engine sized for `batch` sequences of `context` tokens, 16K-token prefill chunks (the
+    chunk size benchmarks/kernels.py measured best for the MLA layers at 128K, and larger chunks
+    amortise the per-chunk latent expansion)."""
+    blocks = (context + 512) // 64 + 1
+    args = dict(
+        max_model_len=context + 512, num_blocks=batch * blocks + 64, num_state_slots=2 * batch + 16,
+        max_num_batched_tokens=16384, checkpoint_interval=32768, max_num_seqs=max(batch, 8),
+    )  # fmt: skip
+    return make_engine(model, spec, dtype, device, **{**args, **kw})
+
+
+def prefill_long(model, spec, dtype, device, lengths: tuple[int, ...]) -> dict[str, Any]:
+    """TTFT of one sequence at each length (prefix cache off); a warm-up call (32K) first compiles
+    and autotunes every kernel the chunks use (their shapes do not depend on the total length)."""
+    rng = random.Random(13)
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    res: dict[str, Any] = {"chunk": 16384}
+    eng = _long_engine(model, spec, dtype, device, max(lengths), enable_prefix_caching=False)
+    _first_token(eng, [rng.randrange(256) for _ in range(min(32768, lengths[0]))], sp, device)
+    for n in lengths:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        ttft, _, _ = _first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)
+        row = {"ttft_s": round(ttft, 3), "tok_per_s": round(n / ttft, 1)}
+        if device.type == "cuda":
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        res[f"prefill_{n}"] = row
+        print(f"[prefill_long] {n}: {row}", flush=True)
+    return res
+
+
+def decode_at_context(model, spec, dtype, device, batch: int, context: int, steps: int) -> dict[str, Any]:
+    """Decode throughput of `batch` sequences at a `context`-token context (CUDA graphs on). With
+    batch > 1 the sequences share their first `context - 64` tokens through the prefix cache (one
+    long prefill instead of `batch`); the decode kernel still reads every sequence's whole
+    context, though shared physical blocks may be served from L2 more often than distinct ones."""
+    rng = random.Random(17)
+    prefix = [rng.randrange(256) for _ in range(context - 64)]
+    prompts = [prefix + [rng.randrange(256) for _ in range(64)] for _ in range(batch)]
+    eng = _long_engine(
+        model, spec, dtype, device, context + steps + 64, batch, enable_prefix_caching=batch > 1
+    )
+    sp = SamplingParams(temperature=0, max_tokens=steps + 40, ignore_eos=True)
+    eng.add_request(prompts[0], sp)
+    while all(r.num_output_tokens == 0 for r in eng.scheduler.requests.values()):
+        eng.step()
+    for p in prompts[1:]:
+        eng.add_request(p, sp)
+    while any(r.num_output_tokens == 0 for r in eng.scheduler.requests.values()):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    sync(device)
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(steps):
+        n += sum(len(o.new_token_ids) for o in eng.step())
+    sync(device)
+    dt = time.perf_counter() - t0
+    return {
+        "batch": batch, "context": context, "tokens": n, "tok_per_s": round(n / dt, 1),
+        "ms_per_step": round(1000 * dt / steps, 3),
+        "graph_replays": eng.runner.graphs.num_replays if eng.runner.graphs is not None else 0,
+    }  # fmt: skip
+
+
 def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, Any]:
     """Where the time of a cached agent turn goes: one turn under torch.profiler, top ops by time."""
     from torch.profiler import ProfilerActivity, profile
@@ -409,7 +476,10 @@ def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any
             "table": table}  # fmt: skip
 
 
-SECTIONS = ("decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32", "decode_long")
+SECTIONS = (
+    "decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32", "decode_long",
+    "prefill_long", "decode_128k",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -484,6 +554,15 @@ def main() -> None:
         section("engine_decode_b32_ctx16k", out_dir)(engine_decode)(
             model, spec, dtype, device, 32, long_len, 32
         )
+    if "prefill_long" in want:
+        lengths = (2048, 8192) if quick else (32768, 131072, 524288)
+        section("prefill_long", out_dir)(prefill_long)(model, spec, dtype, device, lengths)
+    if "decode_128k" in want:
+        ctx_long = 4096 if quick else 131072
+        for b in (1, 32):
+            section(f"decode_ctx128k_b{b}", out_dir)(decode_at_context)(
+                model, spec, dtype, device, b, ctx_long, 32
+            )
     if "exactness_fp32" in want:
         del model
         fp32 = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)

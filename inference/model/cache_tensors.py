@@ -3,8 +3,12 @@
 Layout (per layer, keyed by 0-based layer index):
 
 * MLA layer `i`: `kv[i]` `[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]` in the model
-  dtype: the RMS-normalised latent followed by the (rotated, if rope is on) shared key. With DSA
-  on, also `index_k[i]` `[num_blocks, block_size, index_head_dim]`: the indexer keys.
+  dtype: the RMS-normalised latent followed by the (rotated, if rope is on) shared key. With the
+  FP8 latent option (`HybridCacheSpec.latent_fp8`) `kv[i]` is float8_e4m3fn and `kv_scale[i]`
+  `[num_blocks, block_size]` fp32 holds each row's dequantisation scale (row absmax / 448: one
+  scale per cached token, set once when the token is written, so appending never rescales a
+  block). With DSA on, also `index_k[i]` `[num_blocks, block_size, index_head_dim]`: the indexer
+  keys (model dtype).
 * KDA layer `i`: `state[i]` `[num_slots, num_heads, head_k_dim, head_v_dim]` fp32 recurrent state
   and `conv[i]` `[num_slots, 3 * num_heads * head_dim, kernel_size - 1]` in the model dtype: the
   last `kernel_size - 1` pre-conv inputs, channels ordered q | k | v, oldest first.
@@ -21,7 +25,17 @@ from torch import Tensor
 
 from inference.config import ModelSpec
 
-__all__ = ["HybridCacheSpec", "HybridCacheTensors"]
+__all__ = ["FP8_MAX", "HybridCacheSpec", "HybridCacheTensors", "quantize_rows_fp8"]
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def quantize_rows_fp8(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """`[T, D]` -> (`[T, D]` float8_e4m3fn, `[T]` fp32 scales) with `rows ~= q.float() * scale`."""
+    amax = rows.detach().abs().amax(dim=-1).float()
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (rows.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
@@ -41,10 +55,14 @@ class HybridCacheSpec:
     conv_channels: int  # 3 * num_heads * head_dim (q | k | v)
     conv_window: int  # kernel_size - 1
     kv_dtype_bytes: int
+    latent_fp8: bool = False  # MLA latents as float8_e4m3fn with one fp32 scale per row
 
     @staticmethod
-    def from_model_spec(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> HybridCacheSpec:
-        """Cache shapes of `spec` with KV (and conv windows) stored in `dtype`."""
+    def from_model_spec(
+        spec: ModelSpec, dtype: torch.dtype = torch.bfloat16, *, latent_fp8: bool = False
+    ) -> HybridCacheSpec:
+        """Cache shapes of `spec` with KV (and conv windows) stored in `dtype` (latents in FP8
+        with per-row scales when `latent_fp8`)."""
         kda, mla = spec.kda, spec.mla  # None for families without KDA (DeepSeek) or MLA layers
         return HybridCacheSpec(
             mla_layers=spec.mla_layers,
@@ -56,12 +74,14 @@ class HybridCacheSpec:
             conv_channels=3 * kda.proj_dim if kda is not None else 0,
             conv_window=kda.conv_kernel_size - 1 if kda is not None else 0,
             kv_dtype_bytes=_dtype_bytes(dtype),
+            latent_fp8=latent_fp8,
         )
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes one token occupies across all MLA layers (latent KV plus indexer keys)."""
-        per_layer = (self.latent_dim + self.index_head_dim) * self.kv_dtype_bytes
+        latent = self.latent_dim + 4 if self.latent_fp8 else self.latent_dim * self.kv_dtype_bytes
+        per_layer = latent + self.index_head_dim * self.kv_dtype_bytes
         return per_layer * len(self.mla_layers)
 
     @property
@@ -79,6 +99,7 @@ class HybridCacheTensors:
     spec: HybridCacheSpec
     block_size: int
     kv: dict[int, Tensor] = field(default_factory=dict)
+    kv_scale: dict[int, Tensor] = field(default_factory=dict)
     index_k: dict[int, Tensor] = field(default_factory=dict)
     state: dict[int, Tensor] = field(default_factory=dict)
     conv: dict[int, Tensor] = field(default_factory=dict)
@@ -99,7 +120,12 @@ class HybridCacheTensors:
             raise ValueError(f"spec was built for {spec.kv_dtype_bytes}-byte KV, got {dtype}")
         out = HybridCacheTensors(spec=spec, block_size=block_size)
         for i in spec.mla_layers:
-            out.kv[i] = torch.zeros(num_blocks, block_size, spec.latent_dim, device=device, dtype=dtype)
+            shape = (num_blocks, block_size, spec.latent_dim)
+            if spec.latent_fp8:
+                out.kv[i] = torch.zeros(shape, device=device, dtype=torch.float8_e4m3fn)
+                out.kv_scale[i] = torch.ones(num_blocks, block_size, device=device, dtype=torch.float32)
+            else:
+                out.kv[i] = torch.zeros(shape, device=device, dtype=dtype)
             if spec.index_head_dim:
                 out.index_k[i] = torch.zeros(
                     num_blocks, block_size, spec.index_head_dim, device=device, dtype=dtype
@@ -117,6 +143,25 @@ class HybridCacheTensors:
         """State slots allocated (0 for a model without KDA layers)."""
         return next(iter(self.state.values())).shape[0] if self.state else 0
 
+    def write_latents(self, layer: int, slots: Tensor, rows: Tensor) -> None:
+        """Store `rows` `[T, latent_dim]` at flat `slots` `[T]` of layer `layer` (quantised if FP8)."""
+        pool = self.kv[layer]
+        flat = pool.view(-1, pool.shape[-1])
+        if layer in self.kv_scale:
+            q, scale = quantize_rows_fp8(rows)
+            flat.index_copy_(0, slots, q)
+            self.kv_scale[layer].view(-1).index_copy_(0, slots, scale)
+        else:
+            flat.index_copy_(0, slots, rows.to(pool.dtype))
+
+    def read_latents(self, layer: int, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        """Flat pool `rows` (any shape of int indices) of layer `layer` as `[..., latent_dim]` `dtype`."""
+        pool = self.kv[layer]
+        out = pool.view(-1, pool.shape[-1])[rows]
+        if layer in self.kv_scale:
+            return (out.float() * self.kv_scale[layer].view(-1)[rows][..., None]).to(dtype)
+        return out.to(dtype)
+
     def zero_slot(self, slot: int) -> None:
         """Reset every KDA layer's state and conv window of `slot` (a new sequence starts empty)."""
         for i in self.spec.kda_layers:
@@ -125,7 +170,7 @@ class HybridCacheTensors:
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy KV block `src` to `dst` in every MLA layer (latent KV and indexer keys)."""
-        for pool in (*self.kv.values(), *self.index_k.values()):
+        for pool in (*self.kv.values(), *self.kv_scale.values(), *self.index_k.values()):
             pool[dst].copy_(pool[src])
 
     def copy_slot(self, src: int, dst: int) -> None:

@@ -5,11 +5,15 @@ Parameter names follow the published checkpoints (`q_proj` or `q_a_proj/q_a_laye
 Kimi-Linear runs MLA without rope (NoPE); DeepSeek-style configs rotate the shared rope key.
 
 Per step: the new tokens' latents are written at `meta.slot_mapping`; sequences decoding one token
-take the absorbed path (attention in latent space, no key expansion); prefill chunks expand their
-sequence's latents and attend causally.
+take the absorbed path (attention in latent space, no key expansion: the paged split-KV decode
+kernel); dense prefill chunks of all sequences expand their latents and attend causally in one
+varlen call. With DSA every row (decode or prefill) is absorbed attention over the keys the
+indexer selected for it.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import Tensor, nn
@@ -18,13 +22,7 @@ from inference.config import ModelSpec
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.layers import RMSNorm, rope_cos_sin, rope_half_split, rope_interleaved
-from inference.model.ops.mla import (
-    dsa_topk_indices,
-    gather_paged,
-    mla_decode_absorbed,
-    mla_prefill_attention,
-    topk_to_mask,
-)
+from inference.model.ops.mla import dsa_topk_paged, mla_decode_paged, mla_prefill_varlen
 
 __all__ = ["DSAIndexer", "MLAttention"]
 
@@ -105,77 +103,115 @@ class MLAttention(nn.Module):
                 [q[..., : m.qk_nope_head_dim], rope_interleaved(q[..., m.qk_nope_head_dim :], cos, sin)], -1
             )
             k_rope = rope_interleaved(k_rope, cos, sin)
-        pool = cache.kv[self.layer_idx]
-        pool.view(-1, pool.shape[-1]).index_copy_(
-            0, meta.slot_mapping.to(x.device), torch.cat([c, k_rope], -1).to(pool.dtype)
-        )
+        slots = meta.slot_mapping.to(x.device)
+        cache.write_latents(self.layer_idx, slots, torch.cat([c, k_rope], -1))
         index = None
         if self.indexer is not None:
             iq, ik, iw = self.indexer.project(x, q_latent, cos, sin)
             ipool = cache.index_k[self.layer_idx]
-            ipool.view(-1, ipool.shape[-1]).index_copy_(0, meta.slot_mapping.to(x.device), ik.to(ipool.dtype))
+            ipool.view(-1, ipool.shape[-1]).index_copy_(0, slots, ik.to(ipool.dtype))
             index = (iq, iw, ipool)
         out = torch.empty(x.shape[0], m.num_heads, m.v_head_dim, dtype=x.dtype, device=x.device)
-        self._attend(q, meta, pool, index, out)
+        self._attend(q, meta, cache, index, out)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
-    def _dsa_mask(
-        self, index: _IndexInputs | None, seq: int, rows: slice, meta: ForwardMeta
-    ) -> Tensor | None:
-        """`[L, S]` bool: keys the indexer selected for the rows of sequence `seq` (None without DSA)."""
-        if index is None:
-            return None
-        iq, iw, ipool = index
-        s = meta.seq_lens_cpu[seq]
-        keys = gather_paged(ipool, meta.block_tables[seq : seq + 1], [s])[0]
-        idx, valid = dsa_topk_indices(iq[rows], keys, iw[rows], meta.context_lens_cpu[seq], self.indexer.topk)
-        return topk_to_mask(idx, valid, s)
-
     def _attend(
-        self, q: Tensor, meta: ForwardMeta, pool: Tensor, index: _IndexInputs | None, out: Tensor
+        self, q: Tensor, meta: ForwardMeta, cache: HybridCacheTensors, index: _IndexInputs | None, out: Tensor
     ) -> None:
-        """Fill `out` `[T, H, Dv]`: absorbed form for one-token decodes, expanded keys for prefill chunks."""
-        m = self.m
-        w = self.kv_b_proj.weight.view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
-        w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
+        """Fill `out` `[T, H, Dv]`: absorbed latent attention for one-token decodes (and for every
+        DSA row), expanded keys for dense prefill chunks."""
         starts = [0]
         for n in meta.query_lens_cpu:
             starts.append(starts[-1] + n)
         decode = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        prefill = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
         if decode:
-            lens = [meta.seq_lens_cpu[i] for i in decode]
-            if len(decode) == len(meta.query_lens_cpu):
-                # pure decode: the batch tensors as they are, and the whole block-table width read
-                # (shapes fixed by the tensors alone, not by host lengths: a CUDA graph replays it)
-                rows, tables, lens_t = slice(None), meta.block_tables, meta.seq_lens.to(q.device)
-                num_rows = tables.shape[1] * pool.shape[1]
+            if len(decode) == meta.num_seqs:
+                # pure decode: the batch tensors as they are, lengths read on the device (shapes
+                # fixed by the tensors alone, not by host lengths: a CUDA graph replays it)
+                rows, lens, table_rows = slice(None), meta.seq_lens.to(q.device), None
             else:
                 rows = torch.tensor([starts[i] for i in decode], device=q.device)
-                tables, lens_t = meta.block_tables[decode], torch.tensor(lens, device=q.device)
-                num_rows = max(lens)
-            latents = gather_paged(pool, tables, [num_rows])
-            allowed = None
-            if index is not None:  # DSA: the absorbed kernel sees only the selected keys
-                allowed = torch.zeros(len(decode), num_rows, dtype=torch.bool, device=q.device)
-                for j, i in enumerate(decode):
-                    allowed[j, : lens[j]] = self._dsa_mask(index, i, slice(starts[i], starts[i] + 1), meta)[0]
-            qd = q[rows]
-            q_lat = torch.einsum("nhd,hdr->nhr", qd[..., : m.qk_nope_head_dim].float(), w_uk.float())
-            # `.to(out.dtype)`: an index-put (mixed decode + prefill step) does not cast like a copy does
-            out[rows] = mla_decode_absorbed(
-                q_lat, qd[..., m.qk_nope_head_dim :], latents,
-                lens_t, w_uv, m.kv_lora_rank, self.scale, allowed,
-            ).to(out.dtype)  # fmt: skip
-        done = set(decode)
-        for i, n in enumerate(meta.query_lens_cpu):
-            if i in done:
-                continue
-            rows = slice(starts[i], starts[i] + n)
-            s = meta.seq_lens_cpu[i]
-            lat = gather_paged(pool, meta.block_tables[i : i + 1], [s])[0].to(q.dtype)
-            kv = self.kv_b_proj(lat[:, : m.kv_lora_rank]).view(s, m.num_heads, -1)
-            k_nope, v = kv.split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)
-            k_rope = lat[:, None, m.kv_lora_rank :].expand(s, m.num_heads, m.qk_rope_head_dim)
-            k = torch.cat([k_nope, k_rope], dim=-1)
-            allowed = self._dsa_mask(index, i, rows, meta)
-            out[rows] = mla_prefill_attention(q[rows], k, v, meta.context_lens_cpu[i], self.scale, allowed)
+                lens = torch.tensor([meta.seq_lens_cpu[i] for i in decode], device=q.device)
+                table_rows = torch.tensor(decode, device=q.device)
+            sub = None if index is None else tuple(t[rows] for t in index[:2])
+            self._absorbed(q[rows], meta, cache, index, sub, lens, table_rows, out, rows)
+        if not prefill:
+            return
+        if index is not None:  # DSA: every prefill row attends only to its selected keys
+            q_rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in prefill]).to(q.device)
+            pos = meta.positions.to(q.device)[q_rows]
+            seq_of_row = torch.cat(
+                [torch.full((meta.query_lens_cpu[i],), i, dtype=torch.long) for i in prefill]
+            ).to(q.device)
+            sub = (index[0][q_rows], index[1][q_rows])
+            self._absorbed(q[q_rows], meta, cache, index, sub, pos + 1, seq_of_row, out, q_rows)
+            return
+        self._prefill_dense(q, meta, cache, prefill, starts, out)
+
+    def _absorbed(
+        self,
+        q: Tensor,
+        meta: ForwardMeta,
+        cache: HybridCacheTensors,
+        index: _IndexInputs | None,
+        index_rows: tuple[Tensor, Tensor] | None,
+        lens: Tensor,
+        table_rows: Tensor | None,
+        out: Tensor,
+        rows: Tensor | slice,
+    ) -> None:
+        """Rows attending in latent space: `q` `[N, H, Dqk]`, row `j` sees keys `< lens[j]` of
+        block-table row `table_rows[j]` (or only the DSA-selected ones of those)."""
+        m = self.m
+        w = self.kv_b_proj.weight.view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+        w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
+        indices = None
+        if index is not None and index_rows is not None:
+            indices = dsa_topk_paged(
+                index_rows[0], index_rows[1], index[2], meta.block_tables, lens,
+                topk=self.indexer.topk, table_rows=table_rows,
+            )  # fmt: skip
+        q_lat = torch.einsum("nhd,hdr->nhr", q[..., : m.qk_nope_head_dim], w_uk)
+        o_lat = mla_decode_paged(
+            q_lat, q[..., m.qk_nope_head_dim :], cache.kv[self.layer_idx], meta.block_tables, lens,
+            kv_lora_rank=m.kv_lora_rank, scale=self.scale, kv_scales=cache.kv_scale.get(self.layer_idx),
+            indices=indices, table_rows=table_rows,
+        )  # fmt: skip
+        # `.to(out.dtype)`: an index-put (mixed decode + prefill step) does not cast like a copy does
+        out[rows] = torch.einsum("nhr,hvr->nhv", o_lat.to(w_uv.dtype), w_uv).to(out.dtype)
+
+    def _prefill_dense(
+        self,
+        q: Tensor,
+        meta: ForwardMeta,
+        cache: HybridCacheTensors,
+        seqs: list[int],
+        starts: list[int],
+        out: Tensor,
+    ) -> None:
+        """All prefill chunks of the step in one varlen attention over their expanded latents."""
+        m = self.m
+        dev = q.device
+        k_lens = [meta.seq_lens_cpu[i] for i in seqs]
+        q_lens = [meta.query_lens_cpu[i] for i in seqs]
+        total = sum(k_lens)
+        cu_k = torch.tensor([0, *itertools.accumulate(k_lens)], dtype=torch.int32, device=dev)
+        cu_q = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=dev)
+        seg = torch.repeat_interleave(
+            torch.arange(len(seqs), device=dev), torch.tensor(k_lens, device=dev), output_size=total
+        )
+        pos = torch.arange(total, device=dev) - cu_k[seg].long()
+        tables = meta.block_tables.to(dev)[torch.tensor(seqs, device=dev)]
+        page = cache.block_size
+        rows = tables.long()[seg, pos // page] * page + pos % page
+        lat = cache.read_latents(self.layer_idx, rows, q.dtype)  # [S_total, R + P]
+        kv = self.kv_b_proj(lat[:, : m.kv_lora_rank]).view(total, m.num_heads, -1)
+        if len(seqs) == meta.num_seqs:
+            q_rows: Tensor | slice = slice(None)
+        else:
+            q_rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(dev)
+        out[q_rows] = mla_prefill_varlen(
+            q[q_rows], kv, lat[:, m.kv_lora_rank :], cu_q, cu_k,
+            max_q=max(q_lens), scale=self.scale, nope_dim=m.qk_nope_head_dim,
+        )  # fmt: skip

@@ -5,14 +5,15 @@ signatures; the layers never call a backend directly.
 """
 
 from inference.model.ops.kda import causal_conv_varlen, kda_gate, kda_varlen, l2norm
-from inference.model.ops.mla import dsa_topk_indices, mla_decode_absorbed, mla_prefill_attention
+from inference.model.ops.mla import dsa_topk_indices, dsa_topk_paged, mla_decode_paged, mla_prefill_varlen
 
 __all__ = [
     "causal_conv_varlen",
     "dsa_topk_indices",
+    "dsa_topk_paged",
     "kda_gate",
     "kda_varlen",
     "l2norm",
-    "mla_decode_absorbed",
-    "mla_prefill_attention",
+    "mla_decode_paged",
+    "mla_prefill_varlen",
 ]

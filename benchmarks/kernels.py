@@ -1,0 +1,287 @@
+"""Attention kernel microbenchmarks (issue 12) on one GPU: paged MLA decode vs copy bandwidth,
+MLA prefill (our Triton kernel vs cuDNN split vs SDPA lower-right causal), DSA indexer + top-k
++ sparse decode. Every figure follows a warm-up call of the same shapes (autotuning included).
+
+    python benchmarks/kernels.py                 # CUDA; prints JSON lines, writes $OUT/kernels_bench.json
+    python benchmarks/kernels.py --sections decode,prefill
+
+Shapes are the benchmark config's MLA (16 heads, latent 512 + rope 64, nope 128, v 128) and a
+DeepSeek-V3.2-shaped indexer (64 heads x 128).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from inference.kernels.dsa.fast import dsa_topk_paged_fast  # noqa: E402
+from inference.kernels.dsa.reference import dsa_topk_paged_reference  # noqa: E402
+from inference.kernels.mla_decode.fast import _tuned_split_kernel, mla_decode_paged_fast  # noqa: E402
+from inference.kernels.mla_decode.reference import mla_decode_paged_reference  # noqa: E402
+from inference.kernels.mla_prefill.fast import (  # noqa: E402
+    _tuned_prefill_kernel,
+    mla_prefill_varlen_cudnn,
+    mla_prefill_varlen_triton,
+)
+from inference.model.cache_tensors import quantize_rows_fp8  # noqa: E402
+
+H, R, P, DN, DV = 16, 512, 64, 128, 128
+RESULTS: dict[str, Any] = {}
+
+
+def bench(fn, reps: int = 20) -> float:
+    """Median seconds of `fn()` after one warm-up call, CUDA events around each call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1000)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def bench_graph(fn, reps: int = 20) -> float:
+    """Median GPU seconds of `fn` replayed from a CUDA graph (no host launch cost, as the engine's
+    decode graphs run it), with L2 flushed by a 256 MiB write before each replay."""
+    fn()  # compile + autotune outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(1 << 26, dtype=torch.int32, device="cuda")
+    pairs = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        pairs.append((a, b))
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) / 1000 for a, b in pairs)
+    return times[len(times) // 2]
+
+
+def record(name: str, fn, *args) -> None:
+    t0 = time.perf_counter()
+    try:
+        RESULTS[name] = fn(*args)
+    except Exception as exc:  # one failed section must not lose the others
+        RESULTS[name] = {"error": repr(exc), "trace": traceback.format_exc()[-2000:]}
+    RESULTS.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
+    print(f"[{name}] {json.dumps(RESULTS[name], default=str)[:3000]}", flush=True)
+    if out := os.environ.get("OUT"):
+        Path(out, "kernels_bench.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def copy_bandwidth() -> dict[str, float]:
+    """Device-to-device copy of 4 GiB: (read + write bytes) / time, the ceiling decode is held to."""
+    src = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src), reps=10)
+    return {"bytes": 2 * src.numel() * 2, "seconds": t, "GBps": round(2 * src.numel() * 2 / t / 1e9, 1)}
+
+
+def _pool(batch: int, ctx: int, page: int, fp8: bool, seed: int = 0):
+    g = torch.Generator("cuda").manual_seed(seed)
+    blocks = batch * (-(-ctx // page))
+    rows = torch.randn(blocks * page, R + P, generator=g, device="cuda")
+    if fp8:
+        q, s = quantize_rows_fp8(rows)
+        pool, scales = q.view(blocks, page, R + P), s.view(blocks, page)
+    else:
+        pool, scales = rows.to(torch.bfloat16).view(blocks, page, R + P), None
+    tables = torch.randperm(blocks, device="cuda", generator=g).int().view(batch, -1)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q_lat = torch.randn(batch, H, R, generator=g, device="cuda")
+    q_rope = torch.randn(batch, H, P, generator=g, device="cuda")
+    return q_lat, q_rope, pool, scales, tables, lens
+
+
+def decode(copy_gbps: float) -> list[dict[str, Any]]:
+    rows = []
+    shapes = [(1, 8192, 64), (1, 32768, 64), (1, 131072, 64), (32, 8192, 64), (32, 16384, 64),
+              (32, 131072, 64), (64, 8192, 64), (128, 8192, 64), (256, 8192, 64), (32, 8192, 16)]  # fmt: skip
+    for batch, ctx, page in shapes:
+        for fp8 in (False, True):
+            q_lat, q_rope, pool, scales, tables, lens = _pool(batch, ctx, page, fp8)
+            kw = dict(kv_lora_rank=R, scale=192**-0.5, kv_scales=scales)
+            t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw))  # noqa: B023
+            latent_bytes = batch * ctx * ((R + P) * (1 if fp8 else 2) + (4 if fp8 else 0))
+            row = {
+                "batch": batch, "ctx": ctx, "page": page, "cache": "fp8" if fp8 else "bf16",
+                "us": round(t * 1e6, 1), "latent_GBps": round(latent_bytes / t / 1e9, 1),
+                "pct_of_copy_bw": round(100 * latent_bytes / t / 1e9 / copy_gbps, 1),
+            }  # fmt: skip
+            if batch == 32 and ctx == 16384 and page == 64:  # the PyTorch seam it replaces
+                t_ref = bench(lambda: mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw), 5)  # noqa: B023
+                row["reference_us"] = round(t_ref * 1e6, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    RESULTS["decode_best_config"] = str(getattr(_tuned_split_kernel, "best_config", None))
+    return rows
+
+
+def _prefill_inputs(q_len: int, s_len: int, seed: int = 0):
+    g = torch.Generator("cuda").manual_seed(seed)
+    q = torch.randn(q_len, H, DN + P, generator=g, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(s_len, H, DN + DV, generator=g, device="cuda", dtype=torch.bfloat16)
+    lat = torch.randn(s_len, R + P, generator=g, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, s_len], dtype=torch.int32, device="cuda")
+    return q, kv, lat[:, R:], cu_q, cu_k
+
+
+def _sdpa_lower_right(q, kv, kr, cu_q, cu_k, *, max_q, scale, nope_dim):
+    """SDPA with a `causal_lower_right` bias (no mask in HBM; PyTorch routes it to mem-efficient)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    s = kv.shape[0]
+    k = torch.cat([kv[:, :, :nope_dim], kr[:, None].expand(s, H, P)], -1).transpose(0, 1)[None]
+    v = kv[:, :, nope_dim:].transpose(0, 1)[None]
+    qq = q.transpose(0, 1)[None]
+    bias = causal_lower_right(q.shape[0], s)
+    return torch.nn.functional.scaled_dot_product_attention(qq, k, v, attn_mask=bias, scale=scale)
+
+
+def prefill() -> list[dict[str, Any]]:
+    rows = []
+    shapes = [(32768, 32768), (8192, 32768), (8192, 131072), (8192, 524288), (16384, 131072),
+              (4096, 131072), (2048, 131072)]  # fmt: skip
+    for q_len, s_len in shapes:
+        q, kv, kr, cu_q, cu_k = _prefill_inputs(q_len, s_len)
+        ctx = s_len - q_len
+        # causal FLOPs: the visible (query, key) pairs times 2 * (Dqk + Dv) per head
+        pairs = q_len * ctx + q_len * (q_len + 1) / 2
+        flops = 2 * H * (DN + P + DV) * pairs
+        kw = dict(max_q=q_len, scale=192**-0.5, nope_dim=DN)
+        row: dict[str, Any] = {"q_len": q_len, "keys": s_len}
+        for name, fn in (("triton", mla_prefill_varlen_triton), ("cudnn_split", mla_prefill_varlen_cudnn),
+                         ("sdpa_lower_right", _sdpa_lower_right)):  # fmt: skip
+            try:
+                t = bench(lambda: fn(q, kv, kr, cu_q, cu_k, **kw), reps=5)  # noqa: B023
+                row[f"{name}_ms"] = round(t * 1e3, 2)
+                row[f"{name}_TFLOPs"] = round(flops / t / 1e12, 1)
+            except Exception as exc:  # a backend without a kernel for this shape
+                row[f"{name}_error"] = repr(exc)[:300]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    RESULTS["prefill_best_config"] = str(getattr(_tuned_prefill_kernel, "best_config", None))
+    return rows
+
+
+def prefill_chunking(total: int = 131072) -> list[dict[str, Any]]:
+    """One MLA layer's whole prefill of `total` tokens in chunks of C: per chunk the latents of the
+    prefix are expanded (`kv_b_proj` GEMM) and attended. Picks the chunk size by measurement."""
+    rows = []
+    w = torch.randn(H * (DN + DV), R, device="cuda", dtype=torch.bfloat16) * R**-0.5
+    lat_all = torch.randn(total, R + P, device="cuda", dtype=torch.bfloat16)
+    for chunk in (2048, 4096, 8192, 16384, 32768):
+        for backend, fn in (("triton", mla_prefill_varlen_triton), ("cudnn_split", mla_prefill_varlen_cudnn)):
+
+            def run(chunk=chunk, fn=fn):
+                for start in range(0, total, chunk):
+                    s = start + chunk
+                    lat = lat_all[:s]
+                    kv = (lat[:, :R] @ w.T).view(s, H, DN + DV)
+                    q = torch.empty(chunk, H, DN + P, device="cuda", dtype=torch.bfloat16).normal_()
+                    cu_q = torch.tensor([0, chunk], dtype=torch.int32, device="cuda")
+                    cu_k = torch.tensor([0, s], dtype=torch.int32, device="cuda")
+                    fn(q, kv, lat[:, R:], cu_q, cu_k, max_q=chunk, scale=192**-0.5, nope_dim=DN)
+
+            t = bench(run, reps=2)
+            rows.append(
+                {"total": total, "chunk": chunk, "backend": backend, "layer_prefill_ms": round(t * 1e3, 1)}
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def dsa() -> dict[str, Any]:
+    """Decode step of one layer at batch 32, 128K context, top-2048: indexer + top-k + sparse
+    attention, vs dense paged decode over all keys and vs the PyTorch reference indexer."""
+    res: dict[str, Any] = {}
+    batch, ctx, page, hi, d, k = 32, 131072, 64, 64, 128, 2048
+    q_lat, q_rope, pool, _, tables, lens = _pool(batch, ctx, page, False)
+    g = torch.Generator("cuda").manual_seed(1)
+    ipool = torch.randn(pool.shape[0], page, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    iq = torch.randn(batch, hi, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    iw = torch.randn(batch, hi, generator=g, device="cuda") * hi**-0.5
+    kw = dict(kv_lora_rank=R, scale=192**-0.5)
+    idx = dsa_topk_paged_fast(iq, iw, ipool, tables, lens, topk=k)
+    res["indexer_topk_graph_us"] = round(
+        1e6 * bench_graph(lambda: dsa_topk_paged_fast(iq, iw, ipool, tables, lens, topk=k)), 1
+    )
+    scores = torch.randn(batch, ctx, device="cuda")
+    res["torch_topk_only_graph_us"] = round(1e6 * bench_graph(lambda: scores.topk(k, dim=-1)), 1)
+    res["sparse_attention_graph_us"] = round(
+        1e6
+        * bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, indices=idx, **kw)),
+        1,
+    )
+
+    def step():
+        sel = dsa_topk_paged_fast(iq, iw, ipool, tables, lens, topk=k)
+        return mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, indices=sel, **kw)
+
+    res["dsa_step_graph_us"] = round(1e6 * bench_graph(step), 1)
+    res["dense_decode_graph_us"] = round(
+        1e6 * bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)), 1
+    )
+    res["reference_indexer_us"] = round(
+        1e6 * bench(lambda: dsa_topk_paged_reference(iq, iw, ipool, tables, lens, topk=k), reps=3), 1
+    )
+    res["speedup_vs_dense"] = round(res["dense_decode_graph_us"] / res["dsa_step_graph_us"], 2)
+    # prefill-side indexer: an 8K-query chunk over 128K keys, scored in bounded row blocks
+    lq = 8192
+    rows_t = torch.zeros(lq, dtype=torch.long, device="cuda")
+    piq = torch.randn(lq, hi, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    piw = torch.randn(lq, hi, generator=g, device="cuda") * hi**-0.5
+    plens = torch.arange(ctx - lq, ctx, device="cuda", dtype=torch.int32) + 1
+    t = bench(lambda: dsa_topk_paged_fast(piq, piw, ipool, tables, plens, topk=k, table_rows=rows_t), reps=3)
+    score_flops = 2 * lq * (ctx - lq / 2) * hi * d
+    res["prefill_indexer_8k_over_128k_ms"] = round(1e3 * t, 2)
+    res["prefill_indexer_TFLOPs_bf16"] = round(score_flops / t / 1e12, 1)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sections", default="copy,decode,prefill,chunking,dsa")
+    want = ap.parse_args().sections.split(",")
+    RESULTS["device"] = torch.cuda.get_device_name()
+    RESULTS["torch"] = torch.__version__
+    import triton
+
+    RESULTS["triton"] = triton.__version__
+    record("copy_bandwidth", copy_bandwidth)
+    gbps = RESULTS["copy_bandwidth"].get("GBps", 4000.0)
+    if "decode" in want:
+        record("decode", decode, gbps)
+    if "prefill" in want:
+        record("prefill", prefill)
+    if "chunking" in want:
+        record("prefill_chunking", prefill_chunking)
+    if "dsa" in want:
+        record("dsa", dsa)
+
+
+if __name__ == "__main__":
+    main()

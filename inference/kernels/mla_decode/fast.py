@@ -1,0 +1,275 @@
+"""Triton split-KV (flash-decoding) absorbed MLA attention over a paged latent cache.
+
+One program owns one query row (all its heads: MLA keys are shared by every head, so a latent
+tile is read once and used by H query rows through the tensor cores) and one contiguous split of
+its keys; a second kernel merges the splits by their log-sum-exp. Keys are gathered row by row
+through the block table, so a tile may span pages and any page size works.
+
+Launch shapes depend only on tensor shapes (rows, block-table width or index count) and the
+device's SM count, never on the lengths inside the tensors: a CUDA graph captures and replays it.
+"""
+
+# ruff: noqa: SIM108  (constexpr branches inside @triton.jit stay `if` statements, as Triton lowers them)
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["default_num_splits", "mla_decode_paged_fast"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LOG2E = 1.4426950408889634
+# keys per split at least this many: below it the merge costs more than the parallelism gains
+_MIN_KEYS_PER_SPLIT = 256
+_MAX_SPLITS = 128
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def default_num_splits(rows: int, max_keys: int, device: torch.device) -> int:
+    """Splits per row: at most two programs per SM in all (shape-only inputs).
+
+    Rounded down, not up: a program holds ~200 KB of pipelined tiles, one or two fit an SM, so
+    `rows * splits` just over a multiple of the SM count would leave a nearly empty last wave
+    (measured: batch 32 at 8K, 9 splits = 2.2 waves, 35% of copy bandwidth).
+    """
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
+    want = (2 * sms) // max(rows, 1)
+    return max(1, min(want, _MAX_SPLITS, -(-max_keys // _MIN_KEYS_PER_SPLIT)))
+
+
+def rows_aligned(pool: Tensor) -> bool:
+    """Whether each cached row starts 16-byte aligned, as the kernel's vector loads need (an fp8
+    row of 40 latents does not: measured 'misaligned address' on the H200)."""
+    return (pool.stride(1) * pool.element_size()) % 16 == 0
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, qr_ptr, pool_ptr, kvs_ptr, bt_ptr, lens_ptr, idx_ptr, trow_ptr, o_ptr, lse_ptr,
+    qk_scale, num_idx, tune_rows,
+    s_qn, s_qh, s_rn, s_rh, s_bt, s_idx, s_on, s_os, s_oh, s_ln, s_ls,
+    H: tl.constexpr, H_PAD: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
+    P: tl.constexpr, P_PAD: tl.constexpr, ROW: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_IDX: tl.constexpr,
+    HAS_TROW: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    seq_len = tl.load(lens_ptr + n).to(tl.int32)
+    if HAS_TROW:
+        trow = tl.load(trow_ptr + n).to(tl.int64)
+    else:
+        trow = n.to(tl.int64)
+    if HAS_IDX:
+        total = num_idx
+    else:
+        total = seq_len
+    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, total)
+
+    offs_h = tl.arange(0, H_PAD)
+    offs_r = tl.arange(0, R_PAD)
+    offs_p = tl.arange(0, P_PAD)
+    hmask = offs_h < H
+    rmask = offs_r < R
+    pmask = offs_p < P
+    # fp8 latents widen exactly to fp16 (one cvt per pair on sm89+; e4m3 values fit fp16), so the
+    # fp8 path computes in fp16; bf16 latents stay bf16; fp32 (and the interpreter) use fp32 dots
+    if IEEE:
+        cdt = tl.float32
+    elif HAS_SCALE:
+        cdt = tl.float16
+    else:
+        cdt = tl.bfloat16
+    q = tl.load(
+        q_ptr + n * s_qn + offs_h[:, None] * s_qh + offs_r[None, :],
+        mask=hmask[:, None] & rmask[None, :], other=0.0,
+    ).to(cdt)  # fmt: skip
+    if P > 0:
+        qr = tl.load(
+            qr_ptr + n * s_rn + offs_h[:, None] * s_rh + offs_p[None, :],
+            mask=hmask[:, None] & pmask[None, :], other=0.0,
+        ).to(cdt)  # fmt: skip
+
+    m_i = tl.full([H_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([H_PAD], tl.float32)
+    acc = tl.zeros([H_PAD, R_PAD], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        valid = offs < hi
+        if HAS_IDX:
+            pos = tl.load(idx_ptr + n * s_idx + offs, mask=valid, other=-1).to(tl.int32)
+            valid = valid & (pos >= 0) & (pos < seq_len)
+            pos = tl.where(valid, pos, 0)
+        else:
+            pos = offs
+        blk = tl.load(bt_ptr + trow * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        row = blk * PAGE + (pos % PAGE)
+        c = tl.load(
+            pool_ptr + row[:, None] * ROW + offs_r[None, :], mask=valid[:, None] & rmask[None, :], other=0.0
+        ).to(cdt)
+        if IEEE:
+            s = tl.dot(q, tl.trans(c), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(c))
+        if P > 0:
+            kr = tl.load(
+                pool_ptr + row[:, None] * ROW + R + offs_p[None, :],
+                mask=valid[:, None] & pmask[None, :], other=0.0,
+            ).to(cdt)  # fmt: skip
+            if IEEE:
+                s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
+            else:
+                s += tl.dot(qr, tl.trans(kr))
+        if HAS_SCALE:
+            kv_scale = tl.load(kvs_ptr + row, mask=valid, other=0.0)
+            s = s * kv_scale[None, :]
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_SCALE:
+            p = p * kv_scale[None, :]
+        if IEEE:
+            pv = tl.dot(p, c, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(cdt), c)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    has = l_i > 0.0
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    tl.store(
+        o_ptr + n * s_on + split * s_os + offs_h[:, None] * s_oh + offs_r[None, :],
+        out, mask=hmask[:, None] & rmask[None, :],
+    )  # fmt: skip
+    tl.store(lse_ptr + n * s_ln + split * s_ls + offs_h, lse, mask=hmask)
+
+
+@triton.jit
+def _merge_kernel(
+    o_ptr, lse_ptr, out_ptr, num_splits,
+    s_on, s_os, s_oh, s_ln, s_ls, s_outn, s_outh,
+    R: tl.constexpr, R_PAD: tl.constexpr, S_PAD: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, S_PAD)
+    offs_r = tl.arange(0, R_PAD)
+    rmask = offs_r < R
+    lse = tl.load(lse_ptr + n * s_ln + offs_s * s_ls + h, mask=offs_s < num_splits, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp2(lse - m), 0)
+    total = tl.where(total > 0.0, total, 1.0)
+    acc = tl.zeros([R_PAD], tl.float32)
+    for sp in range(0, num_splits):
+        w = tl.exp2(tl.load(lse_ptr + n * s_ln + sp * s_ls + h) - m) / total
+        part = tl.load(o_ptr + n * s_on + sp * s_os + h * s_oh + offs_r, mask=rmask, other=0.0)
+        acc += w * part
+    tl.store(out_ptr + n * s_outn + h * s_outh + offs_r, acc, mask=rmask)
+
+
+def _configs() -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+        for bn in (32, 64)
+        for w in (4, 8)
+        for st in (1, 2, 3)
+    ]
+
+
+# `tune_rows` (programs launched, a power of two) is in the key: the best tile depends on how
+# many programs share the SMs, not only on the head geometry
+_tuned_split_kernel = triton.autotune(
+    configs=_configs(), key=["tune_rows", "H_PAD", "R_PAD", "P_PAD", "PAGE", "HAS_SCALE", "HAS_IDX", "IEEE"]
+)(_split_kernel)
+
+
+def _pad(x: int, least: int = 16) -> int:
+    return max(least, triton.next_power_of_2(x))
+
+
+def mla_decode_paged_fast(
+    q_latent: Tensor,
+    q_rope: Tensor,
+    pool: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    *,
+    kv_lora_rank: int,
+    scale: float,
+    kv_scales: Tensor | None = None,
+    indices: Tensor | None = None,
+    table_rows: Tensor | None = None,
+    num_splits: int | None = None,
+) -> Tensor:
+    """Same contract as `mla_decode_paged_reference` (shapes there); returns `[N, H, R]` fp32."""
+    n, h, r = q_latent.shape
+    p = pool.shape[-1] - r
+    if q_rope.shape[-1] != p:
+        raise ValueError(f"q_rope has {q_rope.shape[-1]} dims, the pool's rope part {p}")
+    if pool.dtype == torch.float8_e4m3fn and kv_scales is None:
+        raise ValueError("an fp8 latent pool needs kv_scales")
+    if not pool.is_contiguous():
+        raise ValueError("the latent pool must be contiguous")
+    if pool.is_cuda and not rows_aligned(pool):
+        raise ValueError(
+            f"latent rows of {pool.stride(1) * pool.element_size()} bytes are not 16-byte aligned"
+        )
+    page = pool.shape[1]
+    q_latent = q_latent.contiguous()
+    q_rope = q_rope.contiguous() if p else q_latent
+    block_tables = block_tables.contiguous()
+    max_keys = indices.shape[1] if indices is not None else block_tables.shape[1] * page
+    splits = num_splits or default_num_splits(n, max_keys, pool.device)
+    o_part = torch.empty(n, splits, h, r, dtype=torch.float32, device=pool.device)
+    lse = torch.empty(n, splits, h, dtype=torch.float32, device=pool.device)
+    out = torch.empty(n, h, r, dtype=torch.float32, device=pool.device)
+    if n == 0:
+        return out
+    idx = indices.contiguous() if indices is not None else seq_lens
+    trow = table_rows.contiguous() if table_rows is not None else seq_lens
+    kvs = kv_scales.contiguous() if kv_scales is not None else pool
+    # fp32 pools get exact fp32 dots; the interpreter too (Triton 3.8's interpreter returns
+    # garbage from bf16 `tl.dot`, so the CPU tests check the kernel's logic in fp32)
+    ieee = pool.dtype == torch.float32 or _INTERPRET
+    args = (
+        q_latent, q_rope, pool, kvs, block_tables, seq_lens, idx, trow, o_part, lse,
+        scale * _LOG2E, indices.shape[1] if indices is not None else 0, triton.next_power_of_2(n * splits),
+        q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1),
+        block_tables.stride(0), idx.stride(0) if indices is not None else 0,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+    )  # fmt: skip
+    meta = dict(
+        H=h, H_PAD=_pad(h), R=r, R_PAD=_pad(r), P=p, P_PAD=_pad(max(p, 1)), ROW=r + p, PAGE=page,
+        HAS_SCALE=kv_scales is not None, HAS_IDX=indices is not None,
+        HAS_TROW=table_rows is not None, IEEE=ieee,
+    )  # fmt: skip
+    grid = (n, splits)
+    if _INTERPRET:
+        _split_kernel[grid](*args, **meta, BLOCK_N=32)
+    else:
+        _tuned_split_kernel[grid](*args, **meta)
+    _merge_kernel[(n, h)](
+        o_part, lse, out, splits,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        R=r, R_PAD=_pad(r), S_PAD=_pad(splits, 2),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,52 @@
+"""Paged MLA prefill: varlen causal attention of prefill chunks over their expanded latents."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from inference.kernels import use_fast
+from inference.kernels.mla_prefill.reference import mla_prefill_varlen_reference
+
+__all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_reference"]
+
+# Which fast path runs on CUDA for bf16/fp16, chosen by measurement (benchmarks/kernels.py, H200,
+# H=16, Dqk=192, Dv=128): the cuDNN prefix + diagonal split ran at 548-620 TFLOP/s on 8K-16K
+# chunks over 32K-512K keys, our Triton kernel at 404-484, SDPA's lower-right causal bias
+# (memory-efficient backend) at 117-141. fp32 has no cuDNN kernel: it takes the Triton path.
+PREFILL_BACKEND: Literal["triton", "cudnn"] = "cudnn"
+
+
+def mla_prefill_varlen(
+    q: Tensor,
+    kv: Tensor,
+    k_rope: Tensor,
+    cu_q: Tensor,
+    cu_k: Tensor,
+    *,
+    max_q: int,
+    scale: float,
+    nope_dim: int,
+    backend: Literal["triton", "cudnn"] | None = None,
+) -> Tensor:
+    """`[T, H, Dv]` causal attention; contract in `mla_prefill_varlen_reference`."""
+    if q.dim() != 3 or kv.dim() != 3 or k_rope.dim() != 2:
+        raise ValueError(
+            f"need q [T,H,D], kv [S,H,D'], k_rope [S,P]; got {q.shape}, {kv.shape}, {k_rope.shape}"
+        )
+    if q.shape[1] != kv.shape[1] or kv.shape[0] != k_rope.shape[0]:
+        raise ValueError(f"head/key counts disagree: q {tuple(q.shape)}, kv {tuple(kv.shape)}, "
+                         f"k_rope {tuple(k_rope.shape)}")  # fmt: skip
+    if cu_q.shape != cu_k.shape or cu_q.dim() != 1:
+        raise ValueError(f"cu_q and cu_k must both be [N + 1], got {tuple(cu_q.shape)}, {tuple(cu_k.shape)}")
+    kw = dict(max_q=max_q, scale=scale, nope_dim=nope_dim)
+    if use_fast(q):
+        from inference.kernels.mla_prefill import fast
+
+        which = backend or PREFILL_BACKEND
+        if which == "cudnn" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            return fast.mla_prefill_varlen_cudnn(q, kv, k_rope, cu_q, cu_k, **kw)
+        return fast.mla_prefill_varlen_triton(q, kv, k_rope, cu_q, cu_k, **kw)
+    return mla_prefill_varlen_reference(q, kv, k_rope, cu_q, cu_k, **kw)

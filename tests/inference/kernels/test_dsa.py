@@ -1,0 +1,112 @@
+"""DSA indexer top-k over the paged indexer keys: the Triton scorer + top-k vs the fp32 reference;
+sparse attention over the selection (the decode kernel with indices) at k >= context is dense."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.kernels.dsa import dsa_topk_paged
+from inference.kernels.dsa.reference import dsa_topk_paged_reference
+from inference.kernels.mla_decode.reference import mla_decode_paged_reference, paged_rows
+from inference.model.ops.mla import dsa_topk_indices
+from tests.inference.kernels.helpers import assert_rel, paged_pool
+
+
+def _case(lens, page, hi, d, dtype, device, seed=0):
+    width = max(-(-n // page) for n in lens) + 1
+    pool, _, tables = paged_pool(lens, page, width, d, dtype, device, seed)
+    g = torch.Generator(device).manual_seed(seed + 1)
+    q = torch.randn(len(lens), hi, d, generator=g, device=device).to(dtype)
+    w = torch.randn(len(lens), hi, generator=g, device=device) * hi**-0.5
+    return q, w, pool, tables, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def _scores(q, w, pool, tables, lens):
+    """Reference scores `[N, S]` of every key (to judge a selection whose ties may differ)."""
+    page = pool.shape[1]
+    s = tables.shape[1] * page
+    pos = torch.arange(s, device=q.device).expand(q.shape[0], s)
+    keys = pool.view(-1, pool.shape[-1])[paged_rows(tables, pos, page)].float()
+    per_head = torch.relu(torch.einsum("thd,tsd->ths", q.float(), keys) * q.shape[-1] ** -0.5)
+    score = torch.einsum("th,ths->ts", w.float(), per_head)
+    return score.masked_fill(pos >= lens[:, None].long(), float("-inf"))
+
+
+def _assert_valid_topk(idx, scores, lens, k, tol, what):
+    """Each row lists min(k, len) distinct visible keys whose reference scores are a top-k up to `tol`."""
+    for n in range(idx.shape[0]):
+        want = min(k, int(lens[n]))
+        sel = idx[n][idx[n] >= 0]
+        assert sel.numel() == want, f"{what}: row {n} selected {sel.numel()} keys, expected {want}"
+        assert sel.unique().numel() == want and int(sel.max()) < int(lens[n]), f"{what}: row {n} bad indices"
+        kth = scores[n].topk(want).values[-1]
+        worst = scores[n][sel].min()
+        assert worst >= kth - tol * scores[n][: int(lens[n])].abs().max(), f"{what}: row {n} missed a top key"
+
+
+def test_reference_picks_the_top_scores():
+    q, w, pool, tables, lens = _case([1, 20, 64, 7], 16, 4, 16, torch.float32, "cpu")
+    idx = dsa_topk_paged_reference(q, w, pool, tables, lens, topk=10)
+    assert idx.shape == (4, 10)
+    _assert_valid_topk(idx, _scores(q, w, pool, tables, lens), lens, 10, 0.0, "reference")
+
+
+@pytest.mark.parametrize("topk", [5, 1000], ids=["k<ctx", "k>=ctx"])
+@pytest.mark.parametrize("page", [16, 64], ids=["page16", "page64"])
+def test_kernel_matches_reference(fast, device, topk, page):
+    q, w, pool, tables, lens = _case([1, 20, 64, 90], page, 4, 16, torch.float32, device, seed=page)
+    got = fast.dsa.dsa_topk_paged_fast(q, w, pool, tables, lens, topk=topk)
+    want = dsa_topk_paged_reference(q, w, pool, tables, lens, topk=topk)
+    assert got.shape == want.shape
+    for n in range(4):  # same sets (fp32 scores, no ties in random data)
+        assert set(got[n].tolist()) == set(want[n].tolist()), f"row {n} selected other keys"
+
+
+def test_k_at_least_context_selects_every_key_and_equals_dense():
+    q, w, pool, tables, lens = _case([30, 9], 16, 4, 16, torch.float32, "cpu", seed=2)
+    idx = dsa_topk_paged(q, w, pool, tables, lens, topk=64)
+    for n, length in enumerate(lens.tolist()):
+        assert sorted(idx[n][idx[n] >= 0].tolist()) == list(range(length))
+    g = torch.Generator().manual_seed(0)
+    lat_pool, _, _ = paged_pool([30, 9], 16, tables.shape[1], 40, torch.float32, "cpu", 2)
+    ql, qr = torch.randn(2, 4, 32, generator=g), torch.randn(2, 4, 8, generator=g)
+    kw = dict(kv_lora_rank=32, scale=0.3)
+    dense = mla_decode_paged_reference(ql, qr, lat_pool, tables, lens, **kw)
+    sparse = mla_decode_paged_reference(ql, qr, lat_pool, tables, lens, indices=idx, **kw)
+    assert_rel(sparse, dense, 1e-6, "DSA k >= context vs dense")
+
+
+def test_dense_key_wrapper_marks_short_rows_invalid():
+    q, w, pool, tables, _lens = _case([12], 16, 4, 16, torch.float32, "cpu", seed=5)
+    keys = pool.view(-1, 16)[paged_rows(tables, torch.arange(12)[None], 16)[0]]
+    idx, valid = dsa_topk_indices(q.expand(12, -1, -1), keys, w.expand(12, -1), 0, 5)
+    assert idx.shape == (12, 5) and valid.sum(1).tolist() == [1, 2, 3, 4] + [5] * 8
+
+
+def test_dispatch_rejects_bad_input():
+    q, w, pool, tables, lens = _case([5], 16, 4, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="topk"):
+        dsa_topk_paged(q, w, pool, tables, lens, topk=0)
+    with pytest.raises(ValueError, match="index_pool"):
+        dsa_topk_paged(q, w, pool[..., :8], tables, lens, topk=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [2048, 1 << 18], ids=["k2048", "k>=ctx"])
+@pytest.mark.parametrize(
+    ("lens", "page"),
+    [([131072], 64), ([131072] * 4 + [100, 5000, 2048, 2049], 64), ([3000] * 32, 16)],
+    ids=["b1-128k", "b8-ragged", "b32-3k-page16"],
+)
+def test_gpu_topk_is_a_valid_selection(fast, lens, page, topk):
+    dev = torch.device("cuda")
+    q, w, pool, tables, seq_lens = _case(lens, page, 64, 128, torch.bfloat16, dev, seed=len(lens))
+    idx = fast.dsa.dsa_topk_paged_fast(q, w, pool, tables, seq_lens, topk=topk)
+    _assert_valid_topk(
+        idx, _scores(q, w, pool, tables, seq_lens), seq_lens, topk, 1e-2, f"gpu topk {len(lens)}"
+    )
+    assert idx.shape == (len(lens), min(topk, tables.shape[1] * page))
+    if topk >= max(lens):  # k >= context: exactly every visible key
+        for n, length in enumerate(lens):
+            assert torch.equal(idx[n][idx[n] >= 0].sort().values, torch.arange(length, device=dev))

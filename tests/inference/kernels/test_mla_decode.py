@@ -1,0 +1,169 @@
+"""Paged MLA decode: the split-KV Triton kernel vs the fp32 reference (CPU: interpreter, small)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.kernels.mla_decode import mla_decode_paged
+from inference.kernels.mla_decode.reference import mla_decode_paged_reference
+from tests.inference.kernels.helpers import TOL, assert_rel, paged_pool
+
+R, P = 32, 16  # CPU shapes (rows of 48 latents: 16-byte aligned in fp8 too); GPU cases use 512 + 64
+
+
+def _case(lens, page, dtype, device, *, heads=4, r=R, p=P, seed=0, extra_width=1):
+    width = max(-(-n // page) for n in lens) + extra_width
+    pool, scales, tables = paged_pool(lens, page, width, r + p, dtype, device, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    q_lat = torch.randn(len(lens), heads, r, generator=g).to(device)
+    q_rope = torch.randn(len(lens), heads, p, generator=g).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return q_lat, q_rope, pool, scales, tables, seq_lens
+
+
+def _naive(q_lat, q_rope, pool, scales, tables, seq_lens, r, scale, indices=None):
+    """Independent oracle: one row at a time, plain softmax over the listed keys."""
+    page = pool.shape[1]
+    outs = []
+    for n in range(q_lat.shape[0]):
+        length = int(seq_lens[n])
+        pos = torch.arange(length) if indices is None else indices[n].cpu()
+        pos = pos[(pos >= 0) & (pos < length)]
+        if pos.numel() == 0:
+            outs.append(torch.zeros(q_lat.shape[1], r))
+            continue
+        rows = tables[n].cpu().long()[pos // page] * page + pos % page
+        lat = pool.view(-1, pool.shape[-1]).cpu()[rows].float()
+        if scales is not None:
+            lat = lat * scales.reshape(-1).cpu()[rows][:, None]
+        s = q_lat[n].cpu().float() @ lat[:, :r].T + q_rope[n].cpu().float() @ lat[:, r:].T
+        outs.append(torch.softmax(s * scale, -1) @ lat[:, :r])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn], ids=["f32", "bf16", "fp8"]
+)
+def test_reference_matches_naive_rows(dtype):
+    args = _case([1, 17, 40, 5], 16, dtype, "cpu")
+    ref = mla_decode_paged_reference(
+        *args[:3], args[4], args[5], kv_lora_rank=R, scale=0.3, kv_scales=args[3]
+    )
+    want = _naive(*args, R, 0.3)
+    assert_rel(ref, want, 1e-5, f"reference vs naive ({dtype})")
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn], ids=["f32", "bf16", "fp8"]
+)
+@pytest.mark.parametrize("page", [16, 64], ids=["page16", "page64"])
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+def test_kernel_matches_reference_ragged(fast, device, dtype, page, splits):
+    q_lat, q_rope, pool, scales, tables, lens = _case([1, 33, 100, 64], page, dtype, device, seed=page)
+    kw = dict(kv_lora_rank=R, scale=0.25, kv_scales=scales, num_splits=splits)
+    got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
+    tol = 2e-5 if device.type == "cpu" else TOL[dtype]  # the interpreter computes in fp32
+    assert_rel(got, want, tol, f"decode ragged page={page} splits={splits} {dtype}")
+
+
+def test_kernel_with_indices_and_table_rows(fast, device):
+    q_lat, q_rope, pool, _scales, tables, _lens = _case([50, 70], 16, torch.float32, device, seed=3)
+    # three query rows over two sequences: rows 0 and 2 read sequence 1, row 1 sequence 0
+    table_rows = torch.tensor([1, 0, 1], device=device)
+    rows_lens = torch.tensor([70, 50, 12], dtype=torch.int32, device=device)
+    q3 = torch.cat([q_lat, q_lat[:1]]).contiguous()
+    r3 = torch.cat([q_rope, q_rope[:1]]).contiguous()
+    idx = torch.tensor([[69, 0, 5, -1, 33, 2], [49, 48, 1, 2, 3, -1], [11, 20, 69, 0, -1, -1]], device=device)
+    kw = dict(kv_lora_rank=R, scale=0.2, indices=idx, table_rows=table_rows)
+    got = fast.mla_decode.mla_decode_paged_fast(q3, r3, pool, tables, rows_lens, **kw)
+    want = mla_decode_paged_reference(q3, r3, pool, tables, rows_lens, **kw)
+    assert_rel(got, want, 2e-5, "decode with indices + table rows")
+    naive = _naive(q3, r3, pool, None, tables[table_rows], rows_lens, R, 0.2, idx)
+    assert_rel(want, naive.to(want.device), 1e-5, "reference with indices vs naive")
+
+
+def test_indices_covering_the_context_equal_dense(fast, device):
+    q_lat, q_rope, pool, _scales, tables, lens = _case([40, 9], 16, torch.float32, device, seed=4)
+    dense = fast.mla_decode.mla_decode_paged_fast(
+        q_lat, q_rope, pool, tables, lens, kv_lora_rank=R, scale=0.2
+    )
+    idx = torch.stack([torch.randperm(48), torch.cat([torch.randperm(9), torch.full((39,), -1)])]).to(device)
+    sparse = fast.mla_decode.mla_decode_paged_fast(
+        q_lat, q_rope, pool, tables, lens, kv_lora_rank=R, scale=0.2, indices=idx
+    )
+    assert_rel(sparse, dense, 2e-5, "indices >= context vs dense")
+
+
+def test_dispatch_rejects_bad_shapes():
+    q_lat, q_rope, pool, _, tables, lens = _case([5], 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="q_latent"):
+        mla_decode_paged(q_lat, q_rope, pool, tables, lens, kv_lora_rank=R + 1, scale=1.0)
+    with pytest.raises(ValueError, match="seq_lens"):
+        mla_decode_paged(q_lat, q_rope, pool, tables, lens[:0], kv_lora_rank=R, scale=1.0)
+
+
+@pytest.mark.gpu
+def test_gpu_unaligned_fp8_rows_fall_back_to_the_reference(fast):
+    q_lat, q_rope, pool, scales, tables, lens = _case([30, 5], 16, torch.float8_e4m3fn, "cuda", p=8)
+    kw = dict(kv_lora_rank=R, scale=0.2, kv_scales=scales)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)
+    got = mla_decode_paged(q_lat, q_rope, pool, tables, lens, **kw)
+    assert_rel(got, mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw), 0.0, "fp8 fallback")
+
+
+GPU_CASES = [
+    # (lens, page, id)
+    ([1], 64, "b1-ctx1"),
+    ([131072], 64, "b1-ctx128k"),
+    ([131072], 16, "b1-ctx128k-page16"),
+    ([8192] * 32, 64, "b32-ctx8k"),
+    ([16384] * 32, 64, "b32-ctx16k"),
+    ([1, 7, 300, 4096, 65536, 131071, 2, 1000], 64, "b8-ragged-to128k"),
+    (
+        [int(x) for x in torch.randint(1, 2048, (256,), generator=torch.Generator().manual_seed(9))],
+        16,
+        "b256-ragged",
+    ),
+    ([2048] * 256, 64, "b256-ctx2k"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float32], ids=["bf16", "fp8", "f32"]
+)
+@pytest.mark.parametrize(("lens", "page"), [c[:2] for c in GPU_CASES], ids=[c[2] for c in GPU_CASES])
+def test_gpu_kernel_matches_reference(fast, lens, page, dtype):
+    if dtype == torch.float32 and sum(lens) > 1 << 20:
+        pytest.skip("fp32 pools are checked on the smaller cases (the fp32 reference is the cost)")
+    dev = torch.device("cuda")
+    q_lat, q_rope, pool, scales, tables, seq_lens = _case(
+        lens, page, dtype, dev, heads=16, r=512, p=64, seed=len(lens)
+    )
+    kw = dict(kv_lora_rank=512, scale=192**-0.5, kv_scales=scales)
+    got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
+    want = torch.cat([
+        mla_decode_paged_reference(q_lat[i : i + 8], q_rope[i : i + 8], pool, tables[i : i + 8], seq_lens[i : i + 8], **kw)
+        for i in range(0, len(lens), 8)
+    ])  # fmt: skip
+    assert_rel(got, want, TOL[dtype], f"gpu decode {len(lens)}x{max(lens)} page={page} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 200000], ids=["k2048", "k>=ctx"])
+def test_gpu_sparse_decode_matches_reference(fast, k):
+    dev = torch.device("cuda")
+    lens = [131072, 3000, 1500, 70000]
+    q_lat, q_rope, pool, _scales, tables, seq_lens = _case(
+        lens, 64, torch.bfloat16, dev, heads=16, r=512, p=64, seed=2
+    )
+    g = torch.Generator(device=dev).manual_seed(0)
+    kk = min(k, max(lens))
+    idx = torch.stack([torch.randperm(max(lens), generator=g, device=dev)[:kk] for _ in lens])
+    kw = dict(kv_lora_rank=512, scale=192**-0.5, indices=idx)
+    got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, seq_lens, **kw)
+    assert_rel(got, want, TOL[torch.bfloat16], f"gpu sparse decode k={kk}")
