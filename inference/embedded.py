@@ -2,6 +2,9 @@
 engine, with OpenAI chat-completions dicts in and out (the same parsing and response building as
 the HTTP server), plus a `dayzero` extension `{"ttft_ms": float}`.
 
+With `blob_url` (the orchestrator's blob store) it takes the preprocess workers' results by
+reference (`dayzero-processed:<sha256>`, see `inference.server.images`).
+
 `EmbeddedEngineClient.default()` builds the bundled small random-weight vision-language model on
 the CPU (seeded, so every run is the same model; images in messages work); `from_engine` wraps any
 engine.
@@ -14,7 +17,7 @@ from typing import Any
 
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
-from inference.server.images import make_image_handler
+from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
 from inference.toolparse import get_tool_parser
 
@@ -45,19 +48,26 @@ class EmbeddedEngineClient:
         model_name: str = DEFAULT_MODEL_NAME,
         tool_parser: str = "kimi",
         default_max_tokens: int = 256,
+        blob_url: str | None = None,
     ) -> None:
         self.engine = AsyncEngine(engine).start()
+        self.images = make_image_handler(engine, ImageSources(blob_url=blob_url))
         self.serving = OpenAIServing(
             engine.tokenizer,
             get_tool_parser(tool_parser),
             model_name,
             engine.config.max_model_len,
-            image_handler=make_image_handler(engine),
+            image_handler=self.images,
             default_max_tokens=default_max_tokens,
         )
 
+    @property
+    def images_by_reference(self) -> bool:
+        """Whether processed-image references (`dayzero-processed:<sha256>`) can be served."""
+        return self.images is not None and self.images.accepts_references
+
     @classmethod
-    def default(cls, *, seed: int = 0) -> EmbeddedEngineClient:
+    def default(cls, *, seed: int = 0, blob_url: str | None = None) -> EmbeddedEngineClient:
         import torch
 
         from inference.engine.factory import build_engine, small_vl_model_config
@@ -71,7 +81,7 @@ class EmbeddedEngineClient:
             dtype="float32",
             seed=seed,
         )
-        return cls(engine)
+        return cls(engine, blob_url=blob_url)
 
     def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a

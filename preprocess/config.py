@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 # Bumped whenever a change alters output pixels for the same input and settings: it is part of the
 # content hash, so stale processed results and prefix-cache entries are never reused.
-PIPELINE_VERSION = "dayzero-preprocess/1"
+PIPELINE_VERSION = "dayzero-preprocess/2"  # 2: redaction blurs at model resolution
 
 ALL_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 

@@ -234,10 +234,13 @@ def _obscure(region: np.ndarray, mode: str) -> None:
     region[...] = cv2.GaussianBlur(coarse, (0, 0), max(w, h) / 16)
 
 
-def redact(rgb: np.ndarray, config: PreprocessConfig) -> tuple[np.ndarray, RedactionRecord]:
-    """Return (redacted copy of `rgb`, record). With redaction off: (`rgb` itself, NO_REDACTION)."""
+def detect(rgb: np.ndarray, config: PreprocessConfig) -> RedactionRecord:
+    """Find what `config` asks to redact; boxes are in `rgb`'s pixel coordinates.
+
+    Detection runs on a grey copy scaled to at most `_DETECT_SIDE` pixels (faces and text lines
+    stay large enough there, and the cost no longer grows with the photo's size)."""
     if not config.redaction_enabled:
-        return rgb, NO_REDACTION
+        return NO_REDACTION
     gray, scale = _detection_gray(rgb)
     boxes: list[RedactionBox] = []
     detectors: list[str] = []
@@ -249,11 +252,7 @@ def redact(rgb: np.ndarray, config: PreprocessConfig) -> tuple[np.ndarray, Redac
         detectors.append("opencv-morphology:text-lines")
         for box in detect_documents(gray):
             boxes.append(RedactionBox("document", *_to_full(box, scale, 0.02, rgb.shape)))
-    out = np.array(rgb, copy=True)
-    for b in boxes:
-        if b.w > 0 and b.h > 0:
-            _obscure(out[b.y : b.y + b.h, b.x : b.x + b.w], config.redaction_mode)
-    record = RedactionRecord(
+    return RedactionRecord(
         enabled=True,
         mode=config.redaction_mode,
         faces=sum(b.kind == "face" for b in boxes),
@@ -261,4 +260,29 @@ def redact(rgb: np.ndarray, config: PreprocessConfig) -> tuple[np.ndarray, Redac
         boxes=tuple(boxes),
         detectors=tuple(detectors),
     )
-    return out, record
+
+
+def obscure(rgb: np.ndarray, record: RedactionRecord, source_size: tuple[int, int]) -> np.ndarray:
+    """A copy of `rgb` with the record's boxes (given for an image of `source_size` (h, w)) blurred
+    or blacked out. `rgb` may be a resized copy: boxes are scaled to it and grown to whole pixels,
+    so the blur costs what the pixels the model sees cost, not what the original photo would."""
+    out = np.array(rgb, copy=True)
+    if not record.boxes:
+        return out
+    sy, sx = rgb.shape[0] / source_size[0], rgb.shape[1] / source_size[1]
+    for b in record.boxes:
+        x0, y0 = int(b.x * sx), int(b.y * sy)
+        x1 = min(out.shape[1], int(np.ceil((b.x + b.w) * sx)))
+        y1 = min(out.shape[0], int(np.ceil((b.y + b.h) * sy)))
+        if x1 > x0 and y1 > y0:
+            _obscure(out[y0:y1, x0:x1], record.mode or "blur")
+    return out
+
+
+def redact(rgb: np.ndarray, config: PreprocessConfig) -> tuple[np.ndarray, RedactionRecord]:
+    """Return (redacted copy of `rgb`, record) at `rgb`'s own resolution. With redaction off:
+    (`rgb` itself, NO_REDACTION). The pipeline instead detects here and obscures at model size."""
+    if not config.redaction_enabled:
+        return rgb, NO_REDACTION
+    record = detect(rgb, config)
+    return obscure(rgb, record, rgb.shape[:2]), record

@@ -42,6 +42,17 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument("--no-chunked-prefill", action="store_true")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    s.add_argument(
+        "--blob-url",
+        default=os.environ.get("DAYZERO_BLOB_DIR"),
+        help="the preprocess workers' blob store: accept their processed images by reference "
+        "(dayzero-processed:<sha256> image URLs; default DAYZERO_BLOB_DIR, else refused)",
+    )
+    s.add_argument(
+        "--image-url-allow-hosts",
+        default=os.environ.get("DAYZERO_INFERENCE_IMAGE_URL_HOSTS", ""),
+        help="comma-separated hosts whose http(s) image URLs are fetched (default: none)",
+    )
     s.set_defaults(func=_serve)
 
 
@@ -52,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inference.engine.engine import EngineConfig
     from inference.engine.factory import build_engine
+    from inference.server.images import ImageSources
     from inference.server.serve import run_server
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -82,5 +94,16 @@ def _serve(args: argparse.Namespace) -> int:
         if (args.model or args.dummy)
         else "dayzero-small-random"
     )
-    run_server(engine, host=args.host, port=args.port, model_name=name, tool_parser=args.tool_parser)
+    images = ImageSources(
+        blob_url=args.blob_url or None,
+        url_allow_hosts=tuple(h.strip() for h in args.image_url_allow_hosts.split(",") if h.strip()),
+    )
+    run_server(
+        engine,
+        host=args.host,
+        port=args.port,
+        model_name=name,
+        tool_parser=args.tool_parser,
+        images=images,
+    )
     return 0

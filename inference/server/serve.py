@@ -9,22 +9,37 @@ from typing import Any
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine
 from inference.server.app import build_app
+from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIServing
 from inference.toolparse import get_tool_parser
 
 
-def make_app(engine: Engine, *, model_name: str, tool_parser: str = "kimi") -> tuple[Any, AsyncEngine]:
+def make_app(
+    engine: Engine, *, model_name: str, tool_parser: str = "kimi", images: ImageSources | None = None
+) -> tuple[Any, AsyncEngine]:
     aeng = AsyncEngine(engine).start()
     serving = OpenAIServing(
-        engine.tokenizer, get_tool_parser(tool_parser), model_name, engine.config.max_model_len
+        engine.tokenizer,
+        get_tool_parser(tool_parser),
+        model_name,
+        engine.config.max_model_len,
+        image_handler=make_image_handler(engine, images),
     )
     return build_app(aeng, serving), aeng
 
 
-def run_server(engine: Engine, *, host: str, port: int, model_name: str, tool_parser: str = "kimi") -> None:
+def run_server(
+    engine: Engine,
+    *,
+    host: str,
+    port: int,
+    model_name: str,
+    tool_parser: str = "kimi",
+    images: ImageSources | None = None,
+) -> None:
     import uvicorn
 
-    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser)
+    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser, images=images)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
@@ -34,10 +49,12 @@ def run_server(engine: Engine, *, host: str, port: int, model_name: str, tool_pa
 class BackgroundServer:
     """The server in a thread on an OS-chosen port (tests, the embedded default's own use)."""
 
-    def __init__(self, engine: Engine, *, model_name: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, engine: Engine, *, model_name: str, host: str = "127.0.0.1", images: ImageSources | None = None
+    ) -> None:
         import uvicorn
 
-        self.app, self.engine = make_app(engine, model_name=model_name)
+        self.app, self.engine = make_app(engine, model_name=model_name, images=images)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
