@@ -117,8 +117,8 @@ class CachedResult:
     image: ProcessedImage
     processed_sha256: str  # blob holding `image.to_bytes()`
     cache_hit: bool
-    # With redaction on: blob of the redacted image as a PNG, at the size the model sees it. This
-    # (never the original) is what a model server that takes image bytes is sent.
+    # With redaction on (and for rendered PDF pages): blob of the image as a PNG, at the size the
+    # model sees it. This (never the original) is what a model server that takes bytes is sent.
     redacted_sha256: str | None = None
 
 
@@ -127,7 +127,7 @@ class ProcessedCache:
 
     BY_SOURCE = "processed-by-source"
     BY_CONTENT = "processed-by-content"
-    REDACTED = "redacted-by-content"
+    REDACTED = "redacted-by-content"  # content hash -> the model-size PNG
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
@@ -135,13 +135,13 @@ class ProcessedCache:
     def load(self, processed_sha256: str) -> ProcessedImage:
         return ProcessedImage.from_bytes(self.store.get(processed_sha256))
 
-    def _hit(self, namespace: str, key: str) -> CachedResult | None:
+    def _hit(self, namespace: str, key: str, *, need_png: bool = False) -> CachedResult | None:
         sha = self.store.get_ref(namespace, key)
         if sha is None or not self.store.exists(sha):
             return None
         image = self.load(sha)
         redacted = None
-        if image.redaction.enabled:
+        if image.redaction.enabled or need_png:
             redacted = self.store.get_ref(self.REDACTED, image.content_hash)
             if redacted is None or not self.store.exists(redacted):
                 return None  # an index written without its redacted image: recompute
@@ -154,21 +154,30 @@ class ProcessedCache:
         hit = self._hit(self.BY_SOURCE, source_key)
         if hit is not None:
             return hit
-        rgb = decode_rgb_array(data, config)
-        view, record = _model_view(rgb, config)
-        digest = content_hash(view, config)
-        hit = self._hit(self.BY_CONTENT, digest)
-        if hit is None:
-            image = _finish(view, record, digest, config, rgb.shape[:2])
-            redacted = None
-            if record.enabled:
-                redacted = self.store.put(encode_png(view))  # view: already at model size
-                self.store.set_ref(self.REDACTED, digest, redacted)
-            sha = self.store.put(image.to_bytes())
-            self.store.set_ref(self.BY_CONTENT, digest, sha)
-            hit = CachedResult(image, sha, cache_hit=False, redacted_sha256=redacted)
+        hit = self.process_pixels(decode_rgb_array(data, config), config)
         self.store.set_ref(self.BY_SOURCE, source_key, hit.processed_sha256)
         return hit
+
+    def process_pixels(
+        self, rgb: np.ndarray, config: PreprocessConfig, *, keep_png: bool = False
+    ) -> CachedResult:
+        """Decoded pixels -> stored result, looked up by content hash first. The model-size PNG is
+        stored with redaction on, or when `keep_png` (rendered PDF pages: there is no original)."""
+        view, record = _model_view(rgb, config)
+        digest = content_hash(view, config)
+        keep_png = keep_png or record.enabled
+        hit = self._hit(self.BY_CONTENT, digest, need_png=keep_png)
+        if hit is not None:
+            return hit
+        image = _finish(view, record, digest, config, rgb.shape[:2])
+        png = None
+        if keep_png:
+            (h, w) = image.resized_size
+            png = self.store.put(encode_png(resize_rgb(view, h, w)))
+            self.store.set_ref(self.REDACTED, digest, png)
+        sha = self.store.put(image.to_bytes())
+        self.store.set_ref(self.BY_CONTENT, digest, sha)
+        return CachedResult(image, sha, cache_hit=False, redacted_sha256=png)
 
 
 def encode_png(rgb: np.ndarray) -> bytes:

@@ -43,9 +43,24 @@ def test_the_sample_set_is_the_one_the_issue_names():
         assert name in PHOTOS
 
 
+def _letterboxed_1080p(rgb: np.ndarray) -> np.ndarray:
+    """The photo scaled to fit 1920x1080 on a grey canvas, through a JPEG q90 round trip."""
+    h, w = rgb.shape[:2]
+    scale = min(1920 / w, 1080 / h)
+    nw, nh = round(w * scale), round(h * scale)
+    canvas = np.full((1080, 1920, 3), 128, np.uint8)
+    y0, x0 = (1080 - nh) // 2, (1920 - nw) // 2
+    canvas[y0 : y0 + nh, x0 : x0 + nw] = cv2.resize(rgb, (nw, nh), interpolation=cv2.INTER_CUBIC)
+    buf = io.BytesIO()
+    Image.fromarray(canvas).save(buf, "JPEG", quality=90)
+    return np.asarray(Image.open(buf).convert("RGB"))
+
+
+@pytest.mark.parametrize("size", ["as-shipped", "1080p"])
 @pytest.mark.parametrize("name", PHOTOS)
-def test_faces_found_and_nothing_else(name):
-    record = detect(_rgb(name), BOTH)
+def test_faces_found_and_nothing_else(name, size):
+    rgb = _rgb(name) if size == "as-shipped" else _letterboxed_1080p(_rgb(name))
+    record = detect(rgb, BOTH)
     assert record.faces == FACES.get(name, 0), record.boxes
     if name != "page.png":  # the scanned page is all text: its text blocks are the point
         assert record.documents == 0, record.boxes
