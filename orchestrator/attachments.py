@@ -9,11 +9,14 @@ What a model request carries for an image attachment (`resolve_images`), one rul
   `dayzero-processed:<processed_sha256>`, and feeds those very patches to its vision tower;
 - any other server gets image bytes: the redacted image the workers stored when redaction is on
   (never the original), the original bytes when it is off.
+A PDF becomes its text, page by page, with the page images (scans, figures) placed after their
+page's text by the same rule (rendered pages: the model-size PNG, there is no original).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import mimetypes
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +28,7 @@ from sqlalchemy import Connection, insert
 from orchestrator.clock import utcnow
 from orchestrator.config import Settings
 from orchestrator.store import attachments_t
+from preprocess.config import PDF_MEDIA_TYPE  # stdlib only: no numpy, torch or OpenCV here
 
 ATTACHMENT_URL_PREFIX = "dayzero://attachments/"
 PROCESSED_URL_PREFIX = "dayzero-processed:"  # + processed_sha256; see inference.server.images
@@ -113,9 +117,39 @@ def resolve_images(
             if att is None:
                 raise AttachmentError(f"message refers to attachment {url} that the task does not own")
             store = store or blob_store(blob_url)
-            parts.append(_image_part(att, store, by_reference))
+            if att["media_type"] == PDF_MEDIA_TYPE:
+                parts.extend(_document_parts(att, store, by_reference))
+            else:
+                parts.append(_image_part(att, store, by_reference))
         out.append({**m, "content": parts})
     return out
+
+
+def _document_parts(att: Mapping[str, Any], store: Any, by_reference: bool) -> list[dict[str, Any]]:
+    """A parsed PDF as content parts: its pages' text, each page's image right after its text."""
+    if not att.get("processed_sha256"):
+        raise AttachmentError(
+            f"attachment {att['id']} has not been preprocessed (status {att.get('status')})"
+        )
+    manifest = json.loads(store.get(att["processed_sha256"]))
+    images = {img["page"]: img for img in manifest["page_images"]}
+    name = att.get("filename") or att["id"]
+    parts: list[dict[str, Any]] = []
+    text = [f"[document {name}: {len(manifest['pages'])} pages]"]
+    for page in manifest["pages"]:
+        text.append(f"\n[page {page['page'] + 1}]\n{page['text']}")
+        img = images.get(page["page"])
+        if img is not None:
+            parts.append({"type": "text", "text": "".join(text)})
+            text = []
+            if by_reference:
+                url = PROCESSED_URL_PREFIX + img["processed_sha256"]
+            else:
+                url = "data:image/png;base64," + base64.b64encode(store.get(img["image_sha256"])).decode()
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+    text.append(f"\n[end of document {name}]")
+    parts.append({"type": "text", "text": "".join(text)})
+    return parts
 
 
 def _image_part(att: Mapping[str, Any], store: Any, by_reference: bool) -> dict[str, Any]:

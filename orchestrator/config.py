@@ -57,6 +57,8 @@ class PreprocessSettings(BaseSettings):
             "redact_faces": self.redact_faces,
             "redact_documents": self.redact_documents,
             "redaction_mode": self.redaction_mode,
+            "pdf_dpi": self.pdf_dpi,
+            "pdf_max_pages": self.pdf_max_pages,
         }
 
 

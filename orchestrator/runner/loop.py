@@ -29,7 +29,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError
 
-from orchestrator.attachments import AttachmentError, local_blob_path, preprocess_config_for, resolve_images
+from orchestrator.attachments import (
+    PDF_MEDIA_TYPE,
+    AttachmentError,
+    local_blob_path,
+    preprocess_config_for,
+    resolve_images,
+)
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.failpoints import failpoint
@@ -198,6 +204,7 @@ class Runner:
                     "processed_sha256": a.processed_sha256,
                     "redaction": a.redaction,
                     "tenant": a.tenant,
+                    "filename": a.filename,
                     "status": a.status,
                     "path": local_blob_path(self.config.blob_url, a.sha256),
                 }
@@ -287,7 +294,7 @@ class Runner:
                 continue
             tx = self._txn(task)
             key = {"id": att["id"], "status": "PENDING"}
-            if not att["media_type"].startswith("image/"):
+            if not (att["media_type"].startswith("image/") or att["media_type"] == PDF_MEDIA_TYPE):
                 tx.update_row(attachments_t, key, status="READY", updated_at=tx.now)
                 att["status"] = "READY"
                 tx.commit(self._conn)
@@ -296,6 +303,7 @@ class Runner:
                 "attachment_id": att["id"],
                 "blob_sha256": att["sha256"],
                 "blob_url": self.config.blob_url,
+                "media_type": att["media_type"],
                 "config": preprocess_config_for(
                     self.config.preprocess, self.config.preprocess_tenants, att["tenant"]
                 ),
@@ -321,10 +329,10 @@ class Runner:
                 )
                 summary = {k: redaction.get(k) for k in ("enabled", "faces", "documents")}
                 record_redaction(att["id"], summary)
-                tx.event(
-                    "attachment.ready",
-                    {"attachment": att["id"], "grid_thw": result["grid_thw"], "redaction": summary},
-                )
+                ready = {"attachment": att["id"], "grid_thw": result["grid_thw"], "redaction": summary}
+                if result.get("kind") == "document":
+                    ready.update(pages=result["pages"], page_images=result["page_images"])
+                tx.event("attachment.ready", ready)
                 att.update(
                     status="READY",
                     content_hash=result["content_hash"],
