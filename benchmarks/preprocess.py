@@ -24,6 +24,7 @@ machine); `images_per_s_wall` by wall time. `decode_only_ms_cpu` is each side's 
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import os
@@ -196,12 +197,82 @@ def run_set(
     return out
 
 
+def inference_side(images: list[bytes], repeats: int) -> dict:
+    """Per-image preprocessing on the inference process, before (it decoded and preprocessed the
+    image a request carried as a data URL) and after (it loads the workers' stored result by
+    reference), in CPU ms; and the time to first token of a turn with a 1080p image, first time vs
+    again (vision-encoder cache + prefix cache). The embedded engine on this CPU, one thread,
+    the bundled small random-weight VL model (so the tower and prefill are small next to a real one)."""
+    import tempfile
+
+    from inference.embedded import EMBEDDED_ENGINE_CONFIG, EmbeddedEngineClient
+    from inference.engine.factory import build_engine, small_vl_model_config
+    from preprocess import BlobStore, ProcessedCache
+
+    blob_dir = tempfile.mkdtemp(prefix="dz-bench-blobs-")
+    store = BlobStore(blob_dir)
+    worker_ms, refs = [], []
+    for data in images:  # the workers' side, timed too: the cost moves, it does not vanish
+        c0 = time.process_time()
+        refs.append(ProcessedCache(store).process(data, PreprocessConfig()).processed_sha256)
+        worker_ms.append(1000 * (time.process_time() - c0))
+    engine = build_engine(config=small_vl_model_config(), engine_config=EMBEDDED_ENGINE_CONFIG)
+    client = EmbeddedEngineClient(engine, blob_url=blob_dir)
+    handler = client.images
+    data_urls = ["data:image/jpeg;base64," + base64.b64encode(d).decode() for d in images]
+    ref_urls = [f"dayzero-processed:{sha}" for sha in refs]
+
+    def cpu_ms(urls: list[str]) -> float:
+        times = []
+        for _ in range(repeats):
+            for url in urls:
+                c0 = time.process_time()
+                handler({"type": "image_url", "image_url": {"url": url}})
+                times.append(1000 * (time.process_time() - c0))
+        return round(statistics.mean(times), 2)
+
+    def turn(url: str) -> dict:
+        content = [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
+        w0 = time.perf_counter()
+        out = client.chat(body)
+        return {
+            "wall_ms_to_first_token": round(1000 * (time.perf_counter() - w0), 1),
+            "engine_ttft_ms": round(out["dayzero"]["ttft_ms"], 1),
+            "prompt_tokens": out["usage"]["prompt_tokens"],
+            "cached_tokens": out["usage"]["prompt_tokens_details"]["cached_tokens"],
+        }
+
+    try:
+        result = {
+            "images": len(images),
+            "worker_process_ms_cpu": round(statistics.mean(worker_ms), 2),
+            "inference_side_ms_cpu_before_data_url": cpu_ms(data_urls),
+            "inference_side_ms_cpu_after_by_reference": cpu_ms(ref_urls),
+            "ttft_1080p_first_time": turn(ref_urls[0]),
+            "ttft_1080p_again": turn(ref_urls[0]),
+            "encoder_cache": engine.runner.model.encoder_cache.stats(),
+        }
+    finally:
+        client.close()
+    print(f"inference_side: {json.dumps(result)}", file=sys.stderr)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     all_sets = "real_photos,real_photos_1080p_jpeg,jpeg_1920x1080,png_4000x3000"
     parser.add_argument("--sets", default=all_sets, help=f"comma-separated, from {all_sets}")
     parser.add_argument(
         "--no-redact", action="store_true", help="skip the redaction-on side (faces + documents)"
+    )
+    parser.add_argument(
+        "--inference",
+        action="store_true",
+        help="also: inference-side ms per image and TTFT, see inference_side",
     )
     parser.add_argument("--jpegs", type=int, default=8, help="distinct 1920x1080 JPEGs")
     parser.add_argument("--pngs", type=int, default=3, help="distinct 4000x3000 PNGs")
@@ -237,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if names and redact_config is not None:
             entry["redaction"] = redaction_counts(names, images, redact_config)
         sets[set_name] = entry
+    inference = None
+    if args.inference:
+        photos = photos or real_photos()
+        inference = inference_side([as_1080p_jpeg(b) for b in list(photos.values())[:4]], args.passes)
 
     import PIL
     import transformers
@@ -259,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": config.to_dict(),
         "redaction_settings": None if redact_config is None else redact_config.to_dict(),
         "sets": sets,
+        "inference_side": inference,
     }
     text = json.dumps(result, indent=2)
     print(text)

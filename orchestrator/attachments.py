@@ -119,6 +119,9 @@ def resolve_images(
             store = store or blob_store(blob_url)
             if att["media_type"] == PDF_MEDIA_TYPE:
                 parts.extend(_document_parts(att, store, by_reference))
+            elif att["media_type"].startswith("text/"):  # text files are read as they are
+                text = store.get(att["sha256"]).decode("utf-8", errors="replace")
+                parts.append({"type": "text", "text": f"[file {att.get('filename') or att['id']}]\n{text}"})
             else:
                 parts.append(_image_part(att, store, by_reference))
         out.append({**m, "content": parts})

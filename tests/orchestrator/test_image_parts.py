@@ -89,9 +89,15 @@ def test_preprocess_settings_from_the_environment(monkeypatch):
     )
     settings = Settings()
     base = settings.preprocess.config()
-    assert base == {"redact_faces": True, "redact_documents": False, "redaction_mode": "blur"}
+    assert base == {
+        "redact_faces": True,
+        "redact_documents": False,
+        "redaction_mode": "blur",
+        "pdf_dpi": 100,
+        "pdf_max_pages": 1000,
+    }
     acme = preprocess_config_for(base, settings.preprocess.tenants, "acme")
-    assert acme == {"redact_faces": True, "redact_documents": True, "redaction_mode": "black"}
+    assert acme == {**base, "redact_documents": True, "redaction_mode": "black"}
     assert preprocess_config_for(base, settings.preprocess.tenants, "other") == base
 
 
@@ -117,3 +123,35 @@ def test_make_runner_wires_redaction_from_settings(monkeypatch, tmp_path):
         assert parts.inference.images_by_reference is True
     finally:
         parts.close()
+
+
+def test_text_attachments_are_read_as_text(store):
+    att = {"id": "a1", "media_type": "text/plain", "sha256": store.put(b"hello notes"), "filename": "n.txt"}
+    out = resolve_images(_messages(), [att], store.url)
+    assert out[1]["content"][1] == {"type": "text", "text": "[file n.txt]\nhello notes"}
+
+
+def test_encrypted_pdf_fails_the_task_with_a_typed_error(db, make_runner, tmp_path):
+    import json
+
+    from orchestrator.attachments import add_attachment
+    from orchestrator.config import Budgets
+    from orchestrator.store import NewTask, create_task, get_task
+    from tests.preprocess.pdfs import Page, make_pdf
+
+    blob_url = str(tmp_path / "blobs")
+    with db.begin() as conn:
+        att = add_attachment(
+            conn, blob_url, "t1", make_pdf([Page(lines=["x"])], encrypted=True), "application/pdf"
+        )
+        task_id, _ = create_task(
+            conn,
+            NewTask(tenant="t1", goal="script:" + json.dumps({"cycles": 0}), attachment_ids=[att]),
+            Budgets(),
+        )
+    make_runner(blob_url=blob_url).run_until_idle(timeout_s=60)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+    assert task.status == "FAILED"
+    assert task.error["code"] == "document_encrypted" and task.error["retryable"] is False
+    assert "decrypted" in task.error["message"]
