@@ -2,6 +2,9 @@
 engine, with OpenAI chat-completions dicts in and out (the same parsing and response building as
 the HTTP server), plus a `dayzero` extension `{"ttft_ms": float}`.
 
+With `blob_url` (the orchestrator's blob store) it takes the preprocess workers' results by
+reference (`dayzero-processed:<sha256>`, see `inference.server.images`).
+
 `EmbeddedEngineClient.default(model)` builds one of the bundled models on the CPU, chosen by name
 (`EMBEDDED_MODELS`): `dayzero-demo` (also `dayzero-small`, the orchestrator's default name) is the
 trained demo model of `inference/demo_model` (it really calls tools); `dayzero-small-random` is the
@@ -18,7 +21,7 @@ from typing import Any
 
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
-from inference.server.images import make_image_handler
+from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
 from inference.toolparse import get_tool_parser
 
@@ -56,19 +59,28 @@ class EmbeddedEngineClient:
         model_name: str = DEFAULT_MODEL_NAME,
         tool_parser: str = "kimi",
         default_max_tokens: int = 256,
+        blob_url: str | None = None,
     ) -> None:
         self.engine = AsyncEngine(engine).start()
+        self.images = make_image_handler(engine, ImageSources(blob_url=blob_url))
         self.serving = OpenAIServing(
             engine.tokenizer,
             get_tool_parser(tool_parser),
             model_name,
             engine.config.max_model_len,
-            image_handler=make_image_handler(engine),
+            image_handler=self.images,
             default_max_tokens=default_max_tokens,
         )
 
+    @property
+    def images_by_reference(self) -> bool:
+        """Whether processed-image references (`dayzero-processed:<sha256>`) can be served."""
+        return self.images is not None and self.images.accepts_references
+
     @classmethod
-    def default(cls, model: str | None = None, *, seed: int = 0) -> EmbeddedEngineClient:
+    def default(
+        cls, model: str | None = None, *, seed: int = 0, blob_url: str | None = None
+    ) -> EmbeddedEngineClient:
         """The bundled model named `model` (default `DEFAULT_MODEL_NAME`) on the CPU; `seed` is for
         the random-weight model. Raises ValueError for a name that is not in `EMBEDDED_MODELS`."""
         name = model or DEFAULT_MODEL_NAME
@@ -78,7 +90,7 @@ class EmbeddedEngineClient:
         if kind == "demo":
             from inference.demo_model.spec import DEMO_DIR
 
-            return cls.from_model_dir(DEMO_DIR, model_name=name)
+            return cls.from_model_dir(DEMO_DIR, model_name=name, blob_url=blob_url)
         import torch
 
         from inference.engine.factory import build_engine, small_vl_model_config
@@ -92,10 +104,12 @@ class EmbeddedEngineClient:
             dtype="float32",
             seed=seed,
         )
-        return cls(engine, model_name=name)
+        return cls(engine, model_name=name, blob_url=blob_url)
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path, *, model_name: str | None = None) -> EmbeddedEngineClient:
+    def from_model_dir(
+        cls, model_dir: str | Path, *, model_name: str | None = None, blob_url: str | None = None
+    ) -> EmbeddedEngineClient:
         """A checkpoint folder (config.json, tokenizer.json, safetensors + manifest, checked) on the CPU."""
         import torch
 
@@ -105,7 +119,7 @@ class EmbeddedEngineClient:
         engine = build_engine(
             model_dir=model_dir, engine_config=EMBEDDED_ENGINE_CONFIG, device="cpu", dtype="float32"
         )
-        return cls(engine, model_name=model_name or Path(model_dir).name)
+        return cls(engine, model_name=model_name or Path(model_dir).name, blob_url=blob_url)
 
     def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a

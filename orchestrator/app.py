@@ -39,8 +39,9 @@ def make_inference(settings: Settings) -> InferenceClient:
             settings.inference_model,
             api_key=settings.inference_api_key,
             timeout_s=settings.inference_timeout_s,
+            images_by_reference=settings.inference_images_by_reference,
         )
-    return EmbeddedChatClient.default(settings.inference_model)
+    return EmbeddedChatClient.default(settings.inference_model, blob_url=settings.blob_dir)
 
 
 def make_tools(settings: Settings) -> ToolRegistry:
@@ -83,6 +84,8 @@ def make_runner(
         poll_interval_s=settings.poll_interval_s,
         workspace_dir=settings.workspace_dir,
         blob_url=settings.blob_dir,
+        preprocess=settings.preprocess.config(),
+        preprocess_tenants=settings.preprocess.tenants,
         **({"runner_id": runner_id} if runner_id else {}),
     )
     return RunnerParts(

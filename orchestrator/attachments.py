@@ -2,11 +2,21 @@
 
 Images are preprocessed by the runner's PREPROCESSING stage (on the `preprocess` queue); other
 files (text) are usable as they are.
+
+What a model request carries for an image attachment (`resolve_images`), one rule for every path:
+- a server that shares the blob store (the embedded engine, our own server with
+  DAYZERO_INFERENCE_IMAGES_BY_REFERENCE) gets a reference to the workers' processed result,
+  `dayzero-processed:<processed_sha256>`, and feeds those very patches to its vision tower;
+- any other server gets image bytes: the redacted image the workers stored when redaction is on
+  (never the original), the original bytes when it is off.
+A PDF becomes its text, page by page, with the page images (scans, figures) placed after their
+page's text by the same rule (rendered pages: the model-size PNG, there is no original).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import mimetypes
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,8 +28,21 @@ from sqlalchemy import Connection, insert
 from orchestrator.clock import utcnow
 from orchestrator.config import Settings
 from orchestrator.store import attachments_t
+from preprocess.config import PDF_MEDIA_TYPE  # stdlib only: no numpy, torch or OpenCV here
 
 ATTACHMENT_URL_PREFIX = "dayzero://attachments/"
+PROCESSED_URL_PREFIX = "dayzero-processed:"  # + processed_sha256; see inference.server.images
+
+
+class AttachmentError(Exception):
+    """An attachment cannot be put into a model request (not preprocessed, not the task's, ...)."""
+
+
+def preprocess_config_for(
+    base: Mapping[str, Any] | None, tenants: Mapping[str, Mapping[str, Any]] | None, tenant: str
+) -> dict[str, Any]:
+    """The `PreprocessConfig` fields for one tenant's attachments: the defaults, then its overrides."""
+    return {**(base or {}), **((tenants or {}).get(tenant) or {})}
 
 
 def blob_store(blob_url: str) -> Any:
@@ -68,10 +91,14 @@ def attach_files(conn: Connection, settings: Settings, tenant: str, paths: Itera
 
 
 def resolve_images(
-    messages: Sequence[Mapping[str, Any]], attachments: Sequence[Mapping[str, Any]], blob_url: str
+    messages: Sequence[Mapping[str, Any]],
+    attachments: Sequence[Mapping[str, Any]],
+    blob_url: str,
+    *,
+    by_reference: bool = False,
 ) -> list[dict[str, Any]]:
-    """Replace `dayzero://attachments/<id>` image URLs by data URLs of the original bytes, the form
-    every OpenAI-compatible server accepts. Messages without such parts are passed through."""
+    """Replace `dayzero://attachments/<id>` image parts by what the model server takes (see the
+    module docstring). Messages without such parts are passed through. Raises `AttachmentError`."""
     by_id = {a["id"]: a for a in attachments}
     out: list[dict[str, Any]] = []
     store = None
@@ -83,13 +110,66 @@ def resolve_images(
         parts = []
         for part in content:
             url = (part.get("image_url") or {}).get("url", "") if part.get("type") == "image_url" else ""
-            if url.startswith(ATTACHMENT_URL_PREFIX):
-                att = by_id.get(url[len(ATTACHMENT_URL_PREFIX) :])
-                if att is None:
-                    raise LookupError(f"message refers to attachment {url} that the task does not own")
-                store = store or blob_store(blob_url)
-                b64 = base64.b64encode(store.get(att["sha256"])).decode()
-                part = {"type": "image_url", "image_url": {"url": f"data:{att['media_type']};base64,{b64}"}}
-            parts.append(part)
+            if not url.startswith(ATTACHMENT_URL_PREFIX):
+                parts.append(part)
+                continue
+            att = by_id.get(url[len(ATTACHMENT_URL_PREFIX) :])
+            if att is None:
+                raise AttachmentError(f"message refers to attachment {url} that the task does not own")
+            store = store or blob_store(blob_url)
+            if att["media_type"] == PDF_MEDIA_TYPE:
+                parts.extend(_document_parts(att, store, by_reference))
+            elif att["media_type"].startswith("text/"):  # text files are read as they are
+                text = store.get(att["sha256"]).decode("utf-8", errors="replace")
+                parts.append({"type": "text", "text": f"[file {att.get('filename') or att['id']}]\n{text}"})
+            else:
+                parts.append(_image_part(att, store, by_reference))
         out.append({**m, "content": parts})
     return out
+
+
+def _document_parts(att: Mapping[str, Any], store: Any, by_reference: bool) -> list[dict[str, Any]]:
+    """A parsed PDF as content parts: its pages' text, each page's image right after its text."""
+    if not att.get("processed_sha256"):
+        raise AttachmentError(
+            f"attachment {att['id']} has not been preprocessed (status {att.get('status')})"
+        )
+    manifest = json.loads(store.get(att["processed_sha256"]))
+    images = {img["page"]: img for img in manifest["page_images"]}
+    name = att.get("filename") or att["id"]
+    parts: list[dict[str, Any]] = []
+    text = [f"[document {name}: {len(manifest['pages'])} pages]"]
+    for page in manifest["pages"]:
+        text.append(f"\n[page {page['page'] + 1}]\n{page['text']}")
+        img = images.get(page["page"])
+        if img is not None:
+            parts.append({"type": "text", "text": "".join(text)})
+            text = []
+            if by_reference:
+                url = PROCESSED_URL_PREFIX + img["processed_sha256"]
+            else:
+                url = "data:image/png;base64," + base64.b64encode(store.get(img["image_sha256"])).decode()
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+    text.append(f"\n[end of document {name}]")
+    parts.append({"type": "text", "text": "".join(text)})
+    return parts
+
+
+def _image_part(att: Mapping[str, Any], store: Any, by_reference: bool) -> dict[str, Any]:
+    if not att.get("processed_sha256"):
+        raise AttachmentError(
+            f"attachment {att['id']} has not been preprocessed (status {att.get('status')})"
+        )
+    if by_reference:
+        url = PROCESSED_URL_PREFIX + att["processed_sha256"]
+        return {"type": "image_url", "image_url": {"url": url}}
+    redaction = att.get("redaction") or {}
+    if redaction.get("enabled"):
+        sha = redaction.get("image_sha256")
+        if not sha:  # fail closed: with redaction on, the original never goes out
+            raise AttachmentError(f"attachment {att['id']} is redacted but its redacted image is missing")
+        media_type, data = "image/png", store.get(sha)
+    else:
+        media_type, data = att["media_type"], store.get(att["sha256"])
+    b64 = base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{b64}"}}

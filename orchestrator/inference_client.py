@@ -84,6 +84,10 @@ class AssistantTurn:
 
 
 class InferenceClient(Protocol):
+    # True when the server loads the workers' processed images from the shared blob store
+    # (`dayzero-processed:<sha256>` image URLs); False: it is sent image bytes.
+    images_by_reference: bool
+
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
     ) -> AssistantTurn: ...
@@ -152,7 +156,16 @@ def chat_request_body(
 class OpenAIChatClient:
     """Chat completions over HTTP. Retries are the runner's business, so none happen here."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        images_by_reference: bool = False,
+    ):
+        self.images_by_reference = images_by_reference
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
         self._model = model
@@ -192,17 +205,19 @@ class OpenAIChatClient:
 
 
 class EmbeddedChatClient:
-    """The in-process engine of `inference`, behind the same protocol."""
+    """The in-process engine of `inference`, behind the same protocol. It reads the workers'
+    processed images from the blob store it was built with, so images go by reference."""
 
     def __init__(self, engine_client: Any, model: str):
         self._engine = engine_client
         self._model = model
+        self.images_by_reference = bool(getattr(engine_client, "images_by_reference", False))
 
     @classmethod
-    def default(cls, model: str) -> EmbeddedChatClient:
+    def default(cls, model: str, *, blob_url: str | None = None) -> EmbeddedChatClient:
         from inference.embedded import EmbeddedEngineClient  # lazy: torch loads only here
 
-        return cls(EmbeddedEngineClient.default(model), model)
+        return cls(EmbeddedEngineClient.default(model, blob_url=blob_url), model)
 
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling

@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 # Bumped whenever a change alters output pixels for the same input and settings: it is part of the
 # content hash, so stale processed results and prefix-cache entries are never reused.
-PIPELINE_VERSION = "dayzero-preprocess/1"
+PIPELINE_VERSION = "dayzero-preprocess/2"  # 2: redaction blurs at model resolution
+
+PDF_MEDIA_TYPE = "application/pdf"  # attachments of this type are parsed by `preprocess.pdf`
 
 ALL_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
@@ -50,6 +52,11 @@ class PreprocessConfig:
     redact_faces: bool = False
     redact_documents: bool = False
     redaction_mode: Literal["blur", "black"] = "blur"
+    # PDFs (see `preprocess.pdf`): pages needing vision (scans, figures) are rendered at pdf_dpi.
+    pdf_dpi: int = 100
+    pdf_max_pages: int = 1000
+    pdf_max_vision_pages: int = 100  # page images per document; later pages go as text only
+    pdf_max_chars_per_page: int = 100_000
 
     def __post_init__(self) -> None:
         for name in (
@@ -59,6 +66,9 @@ class PreprocessConfig:
             "max_size_per_side",
             "max_bytes",
             "max_pixels",
+            "pdf_dpi",
+            "pdf_max_pages",
+            "pdf_max_chars_per_page",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -77,6 +87,10 @@ class PreprocessConfig:
                 f"PreprocessConfig.allowed_formats: unsupported {unknown}; choose from {ALL_FORMATS}"
             )
         object.__setattr__(self, "allowed_formats", formats)
+        if not isinstance(self.pdf_max_vision_pages, int) or self.pdf_max_vision_pages < 0:
+            raise ValueError(
+                f"PreprocessConfig.pdf_max_vision_pages must be >= 0, got {self.pdf_max_vision_pages!r}"
+            )
         if self.redaction_mode not in ("blur", "black"):
             raise ValueError(
                 f"PreprocessConfig.redaction_mode must be 'blur' or 'black', got {self.redaction_mode!r}"

@@ -69,6 +69,30 @@ class RedactionUnavailableError(ImageError):
     code = "redaction_unavailable"
 
 
+class DocumentError(ImageError):
+    """A document attachment (PDF) that cannot be parsed; subclasses say why."""
+
+    code = "document_error"
+
+
+class EncryptedDocumentError(DocumentError):
+    """The PDF needs a password: send it decrypted."""
+
+    code = "document_encrypted"
+
+
+class MalformedDocumentError(DocumentError):
+    """Not a readable PDF (truncated, corrupt, or not a PDF at all)."""
+
+    code = "document_malformed"
+
+
+class DocumentTooLargeError(DocumentError):
+    """Too many bytes or pages, or a page whose content would not fit the limits."""
+
+    code = "document_too_large"
+
+
 ERROR_TYPES: dict[str, type[ImageError]] = {
     cls.__name__: cls
     for cls in (
@@ -79,6 +103,10 @@ ERROR_TYPES: dict[str, type[ImageError]] = {
         ZeroSizeImageError,
         NotAnImageError,
         RedactionUnavailableError,
+        DocumentError,
+        EncryptedDocumentError,
+        MalformedDocumentError,
+        DocumentTooLargeError,
     )
 }
 

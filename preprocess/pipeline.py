@@ -1,9 +1,11 @@
 """bytes -> `ProcessedImage`: decode, redact, hash, resize, pad, normalise, patchify; and its cache.
 
 The content hash names the processed result: SHA-256 over the pipeline version, the
-output-affecting settings (`PreprocessConfig.fingerprint()`), the image size and the decoded RGB
-pixels as they are after redaction (the first pixels any later stage sees). The inference prefix
-cache keys images on it. `ProcessedCache` makes "the same image + settings" run once: looked up by
+output-affecting settings (`PreprocessConfig.fingerprint()`), the image size and the first pixels
+any later stage sees: the decoded RGB pixels, or with redaction on the redacted pixels at the size
+the model sees them (detection runs on a small grey copy of the decode, the blur on the resized
+image, so neither costs what a 12-megapixel original would). The inference prefix cache keys
+images on it. `ProcessedCache` makes "the same image + settings" run once: looked up by
 source-bytes hash + settings before decoding, and by content hash after.
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 from preprocess.config import PIPELINE_VERSION, PreprocessConfig
 from preprocess.decode import decode_array
 from preprocess.patchify import patchify, resize_rgb, target_size
-from preprocess.redact import RedactionRecord, redact
+from preprocess.redact import RedactionRecord, detect, obscure
 from preprocess.store import BlobStore, sha256_hex
 
 _MAGIC = b"DZPP1\n"
@@ -88,10 +90,20 @@ def decode_rgb_array(data: bytes, config: PreprocessConfig) -> np.ndarray:
     return decode_array(data, config)
 
 
+def _model_view(rgb: np.ndarray, config: PreprocessConfig) -> tuple[np.ndarray, RedactionRecord]:
+    """(the pixels to hash and patchify, redaction record). Without redaction: the decode itself;
+    with it: resized to the model's size first, then the detected boxes obscured there."""
+    record = detect(rgb, config)
+    if not record.enabled:
+        return rgb, record
+    (new_h, new_w), _ = target_size(rgb.shape[0], rgb.shape[1], config)
+    return obscure(resize_rgb(rgb, new_h, new_w), record, rgb.shape[:2]), record
+
+
 def process_rgb(rgb: np.ndarray, config: PreprocessConfig) -> ProcessedImage:
     """Everything after decode: redact, hash, resize, pad, normalise, patchify."""
-    rgb, record = redact(rgb, config)
-    return _finish(rgb, record, content_hash(rgb, config), config)
+    view, record = _model_view(rgb, config)
+    return _finish(view, record, content_hash(view, config), config, rgb.shape[:2])
 
 
 def process_image(data: bytes, config: PreprocessConfig | None = None) -> ProcessedImage:
@@ -105,6 +117,9 @@ class CachedResult:
     image: ProcessedImage
     processed_sha256: str  # blob holding `image.to_bytes()`
     cache_hit: bool
+    # With redaction on (and for rendered PDF pages): blob of the image as a PNG, at the size the
+    # model sees it. This (never the original) is what a model server that takes bytes is sent.
+    redacted_sha256: str | None = None
 
 
 class ProcessedCache:
@@ -112,6 +127,7 @@ class ProcessedCache:
 
     BY_SOURCE = "processed-by-source"
     BY_CONTENT = "processed-by-content"
+    REDACTED = "redacted-by-content"  # content hash -> the model-size PNG
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
@@ -119,11 +135,17 @@ class ProcessedCache:
     def load(self, processed_sha256: str) -> ProcessedImage:
         return ProcessedImage.from_bytes(self.store.get(processed_sha256))
 
-    def _hit(self, namespace: str, key: str) -> CachedResult | None:
+    def _hit(self, namespace: str, key: str, *, need_png: bool = False) -> CachedResult | None:
         sha = self.store.get_ref(namespace, key)
         if sha is None or not self.store.exists(sha):
             return None
-        return CachedResult(self.load(sha), sha, cache_hit=True)
+        image = self.load(sha)
+        redacted = None
+        if image.redaction.enabled or need_png:
+            redacted = self.store.get_ref(self.REDACTED, image.content_hash)
+            if redacted is None or not self.store.exists(redacted):
+                return None  # an index written without its redacted image: recompute
+        return CachedResult(image, sha, cache_hit=True, redacted_sha256=redacted)
 
     def process(
         self, data: bytes, config: PreprocessConfig, *, source_sha256: str | None = None
@@ -132,22 +154,51 @@ class ProcessedCache:
         hit = self._hit(self.BY_SOURCE, source_key)
         if hit is not None:
             return hit
-        rgb, record = redact(decode_rgb_array(data, config), config)
-        digest = content_hash(rgb, config)
-        hit = self._hit(self.BY_CONTENT, digest)
-        if hit is None:
-            image = _finish(rgb, record, digest, config)
-            sha = self.store.put(image.to_bytes())
-            self.store.set_ref(self.BY_CONTENT, digest, sha)
-            hit = CachedResult(image, sha, cache_hit=False)
+        hit = self.process_pixels(decode_rgb_array(data, config), config)
         self.store.set_ref(self.BY_SOURCE, source_key, hit.processed_sha256)
         return hit
 
+    def process_pixels(
+        self, rgb: np.ndarray, config: PreprocessConfig, *, keep_png: bool = False
+    ) -> CachedResult:
+        """Decoded pixels -> stored result, looked up by content hash first. The model-size PNG is
+        stored with redaction on, or when `keep_png` (rendered PDF pages: there is no original)."""
+        view, record = _model_view(rgb, config)
+        digest = content_hash(view, config)
+        keep_png = keep_png or record.enabled
+        hit = self._hit(self.BY_CONTENT, digest, need_png=keep_png)
+        if hit is not None:
+            return hit
+        image = _finish(view, record, digest, config, rgb.shape[:2])
+        png = None
+        if keep_png:
+            (h, w) = image.resized_size
+            png = self.store.put(encode_png(resize_rgb(view, h, w)))
+            self.store.set_ref(self.REDACTED, digest, png)
+        sha = self.store.put(image.to_bytes())
+        self.store.set_ref(self.BY_CONTENT, digest, sha)
+        return CachedResult(image, sha, cache_hit=False, redacted_sha256=png)
+
+
+def encode_png(rgb: np.ndarray) -> bytes:
+    """Lossless PNG of an HxWx3 uint8 array (fast zlib level: it is read once, by a model server)."""
+    import cv2
+
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:
+        raise RuntimeError("PNG encoding of the redacted image failed")
+    return buf.tobytes()
+
 
 def _finish(
-    rgb: np.ndarray, record: RedactionRecord, digest: str, config: PreprocessConfig
+    rgb: np.ndarray,
+    record: RedactionRecord,
+    digest: str,
+    config: PreprocessConfig,
+    source_size: tuple[int, int],
 ) -> ProcessedImage:
-    height, width = rgb.shape[:2]
+    """`rgb` is the decode (`source_size`) or already the resized model view (then not resized again)."""
+    height, width = source_size
     (new_h, new_w), (pad_h, pad_w) = target_size(height, width, config)
     pixel_values = patchify(resize_rgb(rgb, new_h, new_w), pad_h, pad_w, config)
     p = config.patch_size
@@ -168,4 +219,5 @@ def describe(result: CachedResult) -> dict[str, Any]:
         "grid_thw": result.image.grid_list(),
         "processed_sha256": result.processed_sha256,
         "redaction": result.image.redaction.to_dict(),
+        "redacted_sha256": result.redacted_sha256,
     }

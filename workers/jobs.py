@@ -26,7 +26,9 @@ def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
     """Turn one stored attachment into model-ready patches, stored content-addressed.
 
     payload: {"attachment_id": str, "blob_sha256": str, "blob_url": str (BlobStore root),
-              "config": {PreprocessConfig fields, optional}}
+              "config": {PreprocessConfig fields, optional}, "media_type": str (optional)}
+    A PDF (media_type application/pdf) is parsed instead (`preprocess.pdf.process_document`):
+    its result names a manifest blob (page texts + page images) as `processed_sha256`.
     returns: {"attachment_id", "content_hash", "grid_thw": [[t, h, w]], "processed_sha256",
               "redaction": {...}}; the patches are `ProcessedImage.from_bytes(store.get(processed_sha256))`.
     Idempotent: the same blob and settings return the stored result without recomputing it.
@@ -40,7 +42,15 @@ def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
     config = PreprocessConfig.from_dict(payload.get("config"))
     store = _store(str(payload["blob_url"]))
     blob_sha = str(payload["blob_sha256"])
-    result = ProcessedCache(store).process(store.get(blob_sha), config, source_sha256=blob_sha)
+    cache = ProcessedCache(store)
+    from preprocess.config import PDF_MEDIA_TYPE
+
+    if payload.get("media_type") == PDF_MEDIA_TYPE:
+        from preprocess.pdf import process_document
+
+        result = process_document(cache, store.get(blob_sha), config, source_sha256=blob_sha)
+        return {"attachment_id": str(payload["attachment_id"]), **result}
+    result = cache.process(store.get(blob_sha), config, source_sha256=blob_sha)
     return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
 
 

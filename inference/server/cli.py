@@ -55,6 +55,17 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body (413 past it)",
     )
+    s.add_argument(
+        "--blob-url",
+        default=os.environ.get("DAYZERO_BLOB_DIR"),
+        help="the preprocess workers' blob store: accept their processed images by reference "
+        "(dayzero-processed:<sha256> image URLs; default DAYZERO_BLOB_DIR, else refused)",
+    )
+    s.add_argument(
+        "--image-url-allow-hosts",
+        default=os.environ.get("DAYZERO_INFERENCE_IMAGE_URL_HOSTS", ""),
+        help="comma-separated hosts whose http(s) image URLs are fetched (default: none)",
+    )
     s.set_defaults(func=_serve)
 
 
@@ -66,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     from inference.engine.engine import EngineConfig
     from inference.engine.factory import build_engine
     from inference.server.guard import ServerLimits
+    from inference.server.images import ImageSources
     from inference.server.serve import run_server
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -98,7 +110,17 @@ def _serve(args: argparse.Namespace) -> int:
         else "dayzero-small-random"
     )
     limits = ServerLimits(api_key=args.api_key, max_body_bytes=args.max_request_bytes)
+    images = ImageSources(
+        blob_url=args.blob_url or None,
+        url_allow_hosts=tuple(h.strip() for h in args.image_url_allow_hosts.split(",") if h.strip()),
+    )
     run_server(
-        engine, host=args.host, port=args.port, model_name=name, tool_parser=args.tool_parser, limits=limits
+        engine,
+        host=args.host,
+        port=args.port,
+        model_name=name,
+        tool_parser=args.tool_parser,
+        limits=limits,
+        images=images,
     )
     return 0

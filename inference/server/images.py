@@ -1,30 +1,56 @@
-"""Images in chat messages: decode + patchify through `preprocess`, encode with the model's vision
-tower, and hand the chat template (placeholder count, content hash, embeddings).
+"""Images in chat messages -> vision-tower embeddings, for the chat template and the engine.
 
-Only inline images are accepted (`data:image/...;base64,...`, or the bare base64 string): the
-server fetches nothing. The content hash from `preprocess` is what the prefix cache keys on.
+An image part (`{"type": "image_url", "image_url": {"url": ...}}`) may carry:
+* `dayzero-processed:<sha256>`: a documented dayzero extension for deployments that share the
+  workers' blob store. The blob is the preprocess workers' `ProcessedImage` (patches, grid, content
+  hash, already redacted); it is loaded and verified (its SHA-256 is its name) and fed to the vision
+  tower as it is: no second decode, no second preprocessing, the very pixels the workers produced.
+* `data:image/...;base64,...` (or bare base64): preprocessed here.
+* `http(s)://` URLs: fetched only from hosts on the server's allow-list (none by default), with a
+  byte limit, a timeout and no redirects; then preprocessed here.
+
+Rendering a prompt only reads each image and counts its placeholders (`ImageEncoder.__call__`);
+`ImageEncoder.encode` then runs the vision tower once for all of the request's images that the
+encoder cache (content hash -> embeddings, see `inference.model.multimodal`) does not hold.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import threading
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from inference.chat import ImageHandler
+PROCESSED_URL_PREFIX = "dayzero-processed:"  # the orchestrator's attachments module writes these
+DEFAULT_MAX_FETCH_BYTES = 32 * 1024 * 1024
 
 
-def _image_bytes(part: Mapping[str, Any]) -> bytes:
-    src = part.get("image_url", part.get("image"))
-    if isinstance(src, Mapping):
-        src = src.get("url")
-    if not isinstance(src, str) or not src:
-        raise ValueError("an image part needs image_url.url (a data: URL)")
-    if src.startswith(("http://", "https://")):
-        raise ValueError("remote image URLs are not fetched; send the image inline as a data: URL")
+@dataclass(frozen=True, slots=True)
+class ImageSources:
+    """Where image bytes may come from besides inline data URLs (the server's options)."""
+
+    blob_url: str | None = None  # the shared blob store; None: references are refused
+    url_allow_hosts: tuple[str, ...] = ()  # hosts whose http(s) image URLs are fetched
+    max_fetch_bytes: int = DEFAULT_MAX_FETCH_BYTES
+    fetch_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingImage:
+    """An image read and preprocessed, not yet encoded (what the template carries per image)."""
+
+    content_hash: str
+    pixel_values: Any  # np.float32 [P, 3, p, p]
+    grid_thw: Any  # np.int64 [1, 3]
+    num_tokens: int
+
+
+def _data_bytes(src: str) -> bytes:
     if src.startswith("data:"):
         head, _, src = src.partition(",")
         if ";base64" not in head:
@@ -35,11 +61,131 @@ def _image_bytes(part: Mapping[str, Any]) -> bytes:
         raise ValueError("the image is not valid base64") from None
 
 
-def make_image_handler(engine: Any) -> ImageHandler | None:
+def _image_url(part: Mapping[str, Any]) -> str:
+    src = part.get("image_url", part.get("image"))
+    if isinstance(src, Mapping):
+        src = src.get("url")
+    if not isinstance(src, str) or not src:
+        raise ValueError("an image part needs image_url.url (a data: URL)")
+    return src
+
+
+class ImageEncoder:
+    """The chat template's image handler for one vision-language engine (thread-safe)."""
+
+    def __init__(self, engine: Any, sources: ImageSources | None = None) -> None:
+        from preprocess import PreprocessConfig
+
+        self.model = engine.runner.model
+        self.spec = self.model.spec
+        self.sources = sources or ImageSources()
+        self.config = PreprocessConfig(
+            patch_size=self.spec.vision.patch_size, merge_size=self.spec.vision.merge_kernel[0]
+        )
+        self.device = engine.runner.device
+        self.dtype = next(self.model.vision_tower.parameters()).dtype
+        self._store = None
+        self._lock = threading.Lock()
+
+    @property
+    def accepts_references(self) -> bool:
+        return self.sources.blob_url is not None
+
+    # -- reading one part (while the prompt is rendered) -------------------------------------
+    def __call__(self, part: Mapping[str, Any]) -> tuple[int, str, PendingImage]:
+        src = _image_url(part)
+        if src.startswith(PROCESSED_URL_PREFIX):
+            img = self._processed(src[len(PROCESSED_URL_PREFIX) :])
+        else:
+            img = self._preprocess(
+                self._fetch(src) if src.startswith(("http://", "https://")) else _data_bytes(src)
+            )
+        n = self._tokens(img.grid_thw)
+        return n, img.content_hash, PendingImage(img.content_hash, img.pixel_values, img.grid_thw, n)
+
+    def _tokens(self, grid_thw: Any) -> int:
+        kh, kw = self.spec.vision.merge_kernel
+        return int(sum((h // kh) * (w // kw) for _, h, w in grid_thw.tolist()))
+
+    def _preprocess(self, data: bytes) -> Any:
+        from preprocess import ImageError, process_image
+
+        try:
+            return process_image(data, self.config)
+        except ImageError as exc:
+            raise ValueError(f"image rejected: {exc}") from None
+
+    def _processed(self, sha: str) -> Any:
+        from preprocess import BlobCorruptError, BlobNotFoundError, BlobStore, ProcessedImage
+
+        if self.sources.blob_url is None:
+            raise ValueError(
+                "this server has no blob store: processed-image references are not accepted "
+                "(start it with --blob-url, or send the image as a data: URL)"
+            )
+        with self._lock:
+            if self._store is None:
+                self._store = BlobStore(self.sources.blob_url)
+        try:
+            img = ProcessedImage.from_bytes(self._store.get(sha))
+        except (BlobNotFoundError, BlobCorruptError, ValueError) as exc:
+            raise ValueError(f"processed image {sha!r}: {exc}") from None
+        p = self.config.patch_size
+        shape = tuple(img.pixel_values.shape)
+        if len(shape) != 4 or shape[1:] != (3, p, p):
+            raise ValueError(f"processed image {sha} has patches {shape[1:]}, this model needs (3, {p}, {p})")
+        kh, kw = self.spec.vision.merge_kernel
+        if any(h % kh or w % kw for _, h, w in img.grid_thw.tolist()):
+            raise ValueError(
+                f"processed image {sha}: its grid is not divisible by the merge kernel {kh}x{kw}"
+            )
+        return img
+
+    def _fetch(self, url: str) -> bytes:
+        import httpx
+
+        host = urllib.parse.urlsplit(url).hostname or ""
+        if host not in self.sources.url_allow_hosts:
+            raise ValueError(
+                f"image URLs from {host!r} are not fetched (allowed hosts: "
+                f"{list(self.sources.url_allow_hosts) or 'none'}); send the image inline as a data: URL"
+            )
+        limit = self.sources.max_fetch_bytes
+        try:
+            with httpx.stream("GET", url, timeout=self.sources.fetch_timeout_s, follow_redirects=False) as r:
+                if r.status_code != 200:
+                    raise ValueError(f"fetching the image at {url} gave HTTP {r.status_code}")
+                chunks, size = [], 0
+                for chunk in r.iter_bytes():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ValueError(f"the image at {url} is larger than {limit} bytes")
+                    chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            raise ValueError(f"fetching the image at {url} failed: {exc}") from None
+        return b"".join(chunks)
+
+    # -- encoding (after rendering: one tower call for the request) ---------------------------
+    def encode(self, pending: Sequence[PendingImage]) -> list[torch.Tensor]:
+        from inference.model.multimodal import ImageInput
+
+        inputs = [
+            ImageInput(
+                p.content_hash,
+                torch.as_tensor(p.pixel_values.copy()).to(device=self.device, dtype=self.dtype),
+                torch.as_tensor(p.grid_thw).to(self.device),
+            )
+            for p in pending
+        ]
+        with torch.inference_mode():
+            return self.model.encode_images_cached(inputs)
+
+
+def make_image_handler(engine: Any, sources: ImageSources | None = None) -> ImageEncoder | None:
     """The handler for this engine's model, or None if the model has no vision tower."""
     model = engine.runner.model
     spec = getattr(model, "spec", None)
-    if spec is None or spec.vision is None or not hasattr(model, "encode_images"):
+    if spec is None or spec.vision is None or not hasattr(model, "encode_images_cached"):
         return None
     try:
         pad = engine.tokenizer.token_id("<|media_pad|>")
@@ -49,22 +195,4 @@ def make_image_handler(engine: Any) -> ImageHandler | None:
         raise ValueError(
             f"the tokenizer's <|media_pad|> is {pad}, the model's image token is {spec.image_token_id}"
         )
-    from preprocess import ImageError, PreprocessConfig, process_image
-
-    config = PreprocessConfig(patch_size=spec.vision.patch_size, merge_size=spec.vision.merge_kernel[0])
-    device = engine.runner.device
-    dtype = next(model.vision_tower.parameters()).dtype
-
-    def handle(part: Mapping[str, Any]) -> tuple[int, str, torch.Tensor]:
-        data = _image_bytes(part)
-        try:
-            img = process_image(data, config)
-        except ImageError as exc:
-            raise ValueError(f"image rejected: {exc}") from None
-        pixels = torch.as_tensor(img.pixel_values.copy()).to(device=device, dtype=dtype)
-        grid = torch.as_tensor(img.grid_thw).to(device)
-        with torch.inference_mode():
-            emb = model.encode_images(pixels, grid)
-        return int(emb.shape[0]), img.content_hash, emb
-
-    return handle
+    return ImageEncoder(engine, sources)

@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.chat import ChatTemplate, ImageHandler
+from inference.chat import ChatTemplate
 from inference.engine.engine import RequestOutput
 from inference.engine.request import SamplingParams, TokenLogprob
+from inference.server.images import ImageEncoder
 from inference.tokenizer import Tokenizer
 from inference.toolparse import SECTION_BEGIN, ToolParser
 
@@ -129,7 +130,7 @@ class OpenAIServing:
         tool_parser: ToolParser,
         model_name: str,
         max_model_len: int,
-        image_handler: ImageHandler | None = None,
+        image_handler: ImageEncoder | None = None,
         default_max_tokens: int = 1024,
     ) -> None:
         self.tok = tokenizer
@@ -185,6 +186,8 @@ class OpenAIServing:
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from None
         self._check_len(len(rendered.token_ids))
+        if rendered.mm_payloads:  # all of the request's images through the vision tower at once
+            rendered.mm_payloads = self.image_handler.encode(rendered.mm_payloads)
         sampling = parse_sampling(body, default_max_tokens=self.default_max_tokens, chat=True)
         opts = body.get("stream_options") or {}
         return PreparedChat(

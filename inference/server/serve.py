@@ -10,16 +10,26 @@ from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine
 from inference.server.app import build_app
 from inference.server.guard import ServerLimits
+from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIServing
 from inference.toolparse import get_tool_parser
 
 
 def make_app(
-    engine: Engine, *, model_name: str, tool_parser: str = "kimi", limits: ServerLimits | None = None
+    engine: Engine,
+    *,
+    model_name: str,
+    tool_parser: str = "kimi",
+    limits: ServerLimits | None = None,
+    images: ImageSources | None = None,
 ) -> tuple[Any, AsyncEngine]:
     aeng = AsyncEngine(engine).start()
     serving = OpenAIServing(
-        engine.tokenizer, get_tool_parser(tool_parser), model_name, engine.config.max_model_len
+        engine.tokenizer,
+        get_tool_parser(tool_parser),
+        model_name,
+        engine.config.max_model_len,
+        image_handler=make_image_handler(engine, images),
     )
     return build_app(aeng, serving, limits), aeng
 
@@ -32,10 +42,11 @@ def run_server(
     model_name: str,
     tool_parser: str = "kimi",
     limits: ServerLimits | None = None,
+    images: ImageSources | None = None,
 ) -> None:
     import uvicorn
 
-    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser, limits=limits)
+    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser, limits=limits, images=images)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
@@ -46,11 +57,17 @@ class BackgroundServer:
     """The server in a thread on an OS-chosen port (tests, the embedded default's own use)."""
 
     def __init__(
-        self, engine: Engine, *, model_name: str, host: str = "127.0.0.1", limits: ServerLimits | None = None
+        self,
+        engine: Engine,
+        *,
+        model_name: str,
+        host: str = "127.0.0.1",
+        limits: ServerLimits | None = None,
+        images: ImageSources | None = None,
     ) -> None:
         import uvicorn
 
-        self.app, self.engine = make_app(engine, model_name=model_name, limits=limits)
+        self.app, self.engine = make_app(engine, model_name=model_name, limits=limits, images=images)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))

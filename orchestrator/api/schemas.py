@@ -14,6 +14,7 @@ MAX_ATTACHMENTS = 16
 MAX_TOOLS = 128
 MAX_METADATA_KEYS = 32
 IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
+ATTACHMENT_MEDIA_TYPES = (*IMAGE_MEDIA_TYPES, "application/pdf")  # PDFs: parsed on the preprocess workers
 
 ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
@@ -74,7 +75,7 @@ class InlineAttachment(_Strict):
             min_length=4, pattern=r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
         ),
     ] = Field(description="standard base64, padded, no line breaks")
-    media_type: Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
+    media_type: Literal["image/png", "image/jpeg", "image/webp", "image/gif", "application/pdf"]
     filename: Annotated[str, StringConstraints(max_length=255)] | None = None
 
 

@@ -29,7 +29,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError
 
-from orchestrator.attachments import local_blob_path, resolve_images
+from orchestrator.attachments import (
+    PDF_MEDIA_TYPE,
+    AttachmentError,
+    local_blob_path,
+    preprocess_config_for,
+    resolve_images,
+)
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.failpoints import failpoint
@@ -60,7 +66,8 @@ class RunnerConfig:
     local_wait_max_s: float = 1.0
     # Where attachment bytes live (a BlobStore URL) and how images are preprocessed.
     blob_url: str = "./.dayzero/blobs"
-    preprocess: dict[str, Any] | None = None
+    preprocess: dict[str, Any] | None = None  # PreprocessConfig fields (Settings.preprocess)
+    preprocess_tenants: dict[str, dict[str, Any]] | None = None  # per-tenant overrides of those
     preprocess_timeout_s: float = 120.0
     preprocess_max_attempts: int = 3
     model_retry: RetryPolicy = field(
@@ -195,6 +202,10 @@ class Runner:
                     "media_type": a.media_type,
                     "sha256": a.sha256,
                     "content_hash": a.content_hash,
+                    "processed_sha256": a.processed_sha256,
+                    "redaction": a.redaction,
+                    "tenant": a.tenant,
+                    "filename": a.filename,
                     "status": a.status,
                     "path": local_blob_path(self.config.blob_url, a.sha256),
                 }
@@ -284,7 +295,7 @@ class Runner:
                 continue
             tx = self._txn(task)
             key = {"id": att["id"], "status": "PENDING"}
-            if not att["media_type"].startswith("image/"):
+            if not (att["media_type"].startswith("image/") or att["media_type"] == PDF_MEDIA_TYPE):
                 tx.update_row(attachments_t, key, status="READY", updated_at=tx.now)
                 att["status"] = "READY"
                 tx.commit(self._conn)
@@ -293,7 +304,10 @@ class Runner:
                 "attachment_id": att["id"],
                 "blob_sha256": att["sha256"],
                 "blob_url": self.config.blob_url,
-                "config": self.config.preprocess or {},
+                "media_type": att["media_type"],
+                "config": preprocess_config_for(
+                    self.config.preprocess, self.config.preprocess_tenants, att["tenant"]
+                ),
                 "traceparent": current_traceparent() or task.traceparent,
             }
             try:
@@ -303,6 +317,7 @@ class Runner:
                 result, error = None, describe_job_error(exc)
             tx = self._txn(task)
             if error is None:
+                redaction = {**result["redaction"], "image_sha256": result.get("redacted_sha256")}
                 tx.update_row(
                     attachments_t,
                     key,
@@ -310,11 +325,21 @@ class Runner:
                     content_hash=result["content_hash"],
                     processed_sha256=result["processed_sha256"],
                     grid_thw=result["grid_thw"],
-                    redaction=result.get("redaction"),
+                    redaction=redaction,
                     updated_at=tx.now,
                 )
-                tx.event("attachment.ready", {"attachment": att["id"], "grid_thw": result["grid_thw"]})
-                att.update(status="READY", content_hash=result["content_hash"])
+                summary = {k: redaction.get(k) for k in ("enabled", "faces", "documents")}
+                record_redaction(att["id"], summary)
+                ready = {"attachment": att["id"], "grid_thw": result["grid_thw"], "redaction": summary}
+                if result.get("kind") == "document":
+                    ready.update(pages=result["pages"], page_images=result["page_images"])
+                tx.event("attachment.ready", ready)
+                att.update(
+                    status="READY",
+                    content_hash=result["content_hash"],
+                    processed_sha256=result["processed_sha256"],
+                    redaction=redaction,
+                )
                 tx.commit(self._conn)
                 continue
             att["failures"] = att.get("failures", 0) + 1
@@ -414,11 +439,16 @@ class Runner:
         try:
             messages = task.transcript
             if task.attachments:
-                messages = resolve_images(messages, task.attachments, self.config.blob_url)
+                by_reference = bool(getattr(self.inference, "images_by_reference", False))
+                messages = resolve_images(
+                    messages, task.attachments, self.config.blob_url, by_reference=by_reference
+                )
             turn = self.inference.chat(messages, tools, Sampling.from_mapping(task.sampling))
             error: InferenceError | None = None
         except InferenceError as exc:
             turn, error = None, exc
+        except AttachmentError as exc:  # the same transcript can never resolve: permanent
+            turn, error = None, InferenceError(str(exc), retryable=False)
         tx = self._txn(task)
         if error is not None or turn is None:
             policy = self.config.model_retry
@@ -587,6 +617,17 @@ class Runner:
             "step.retry_scheduled",
             {"step": step.index, "attempt": step.attempt_count, "delay_s": delay, "cap_s": cap, "error": err},
         )
+
+
+def record_redaction(attachment_id: str, summary: dict[str, Any]) -> None:
+    """Put an attachment's redaction outcome on the current (task.preprocess) span."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    prefix = f"dayzero.attachment.{attachment_id}.redaction"
+    for key, value in summary.items():
+        if value is not None:
+            span.set_attribute(f"{prefix}.{key}", value)
 
 
 def _budget_error(which: str, limit: int) -> dict[str, Any]:

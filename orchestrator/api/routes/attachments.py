@@ -12,7 +12,7 @@ from sqlalchemy import insert, select
 from orchestrator.api.blobs import BlobWriter, TooLarge
 from orchestrator.api.deps import EngineDep, IngressDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
-from orchestrator.api.schemas import ID_PATTERN, IMAGE_MEDIA_TYPES, AttachmentOut
+from orchestrator.api.schemas import ATTACHMENT_MEDIA_TYPES, ID_PATTERN, AttachmentOut
 from orchestrator.api.views import attachment_out
 from orchestrator.clock import utcnow
 from orchestrator.store import attachments_t
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/attachments", tags=["attachments"])
 
 _UPLOAD_BODY = {
     "required": True,
-    "content": {mt: {"schema": {"type": "string", "format": "binary"}} for mt in IMAGE_MEDIA_TYPES},
+    "content": {mt: {"schema": {"type": "string", "format": "binary"}} for mt in ATTACHMENT_MEDIA_TYPES},
 }
 
 
@@ -44,9 +44,9 @@ async def upload(
     filename: Annotated[str | None, Query(max_length=255, pattern=r"^[^\x00-\x1f/\\]+$")] = None,
 ) -> AttachmentOut:
     media_type = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
-    if media_type not in IMAGE_MEDIA_TYPES:
+    if media_type not in ATTACHMENT_MEDIA_TYPES:
         raise ProblemError(
-            415, "Unsupported Media Type", f"Content-Type must be one of {list(IMAGE_MEDIA_TYPES)}"
+            415, "Unsupported Media Type", f"Content-Type must be one of {list(ATTACHMENT_MEDIA_TYPES)}"
         )
     limit = ingress.max_upload_bytes
     declared = request.headers.get("content-length")

@@ -70,7 +70,7 @@ def test_image_chat_and_cache_keys(client):
 @pytest.mark.parametrize(
     ("url", "needle"),
     [
-        ("https://example.com/x.png", "not fetched"),
+        ("https://example.com/x.png", "are not fetched"),
         ("data:image/png;base64,!!!", "base64"),
         ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "image rejected"),
     ],
