@@ -54,9 +54,9 @@ class Settings(BaseSettings):
     )
     budgets: Budgets = Field(default_factory=Budgets)
 
-    # Tracing: OTLP endpoint, or none (spans still carry context across processes).
+    # Tracing: OTLP endpoint, or none (spans still carry context across processes). The other
+    # OTEL_* variables (service name, batching, traces endpoint) are read by the SDK itself.
     otlp_endpoint: str | None = Field(None, alias="OTEL_EXPORTER_OTLP_ENDPOINT")
-    service_name: str = Field("dayzero", alias="OTEL_SERVICE_NAME")
 
     @property
     def tool_modules(self) -> tuple[str, ...]:

@@ -33,15 +33,36 @@ def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
     """
     from preprocess import PreprocessConfig, ProcessedCache
     from preprocess.pipeline import describe
+    from workers import metrics
+    from workers.telemetry import job_span
 
     missing = [key for key in PREPROCESS_PAYLOAD_KEYS if not payload.get(key)]
     if missing:
         raise ValueError(f"preprocess_attachment payload lacks {missing}")
-    config = PreprocessConfig.from_dict(payload.get("config"))
-    store = _store(str(payload["blob_url"]))
-    blob_sha = str(payload["blob_sha256"])
-    result = ProcessedCache(store).process(store.get(blob_sha), config, source_sha256=blob_sha)
-    return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
+    with job_span(payload, "preprocess", {"dayzero.attachment_id": str(payload["attachment_id"])}) as span:
+        config = PreprocessConfig.from_dict(payload.get("config"))
+        store = _store(str(payload["blob_url"]))
+        blob_sha = str(payload["blob_sha256"])
+        data = store.get(blob_sha)
+        result = ProcessedCache(store).process(data, config, source_sha256=blob_sha)
+        image = result.image
+        h, w = image.source_size
+        red = image.redaction
+        span.set_attributes(
+            {
+                "dayzero.preprocess.input_bytes": len(data),
+                "dayzero.preprocess.pixels": h * w,
+                "dayzero.preprocess.patches": image.num_patches,
+                "dayzero.preprocess.cache_hit": result.cache_hit,
+                "dayzero.preprocess.redactions": red.faces + red.documents,
+            }
+        )
+        metrics.PREPROCESS_BYTES.inc(len(data))
+        metrics.PREPROCESS_PIXELS.inc(h * w)
+        metrics.PREPROCESS_IMAGES.labels("hit" if result.cache_hit else "miss").inc()
+        metrics.PREPROCESS_REDACTIONS.labels("face").inc(red.faces)
+        metrics.PREPROCESS_REDACTIONS.labels("document").inc(red.documents)
+        return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:

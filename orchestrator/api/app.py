@@ -18,7 +18,7 @@ from orchestrator.api.routes import attachments, events, health, tasks
 from orchestrator.auth import KeyCache
 from orchestrator.config import Settings
 from orchestrator.db.engine import make_engine
-from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS, register_task_states
 from orchestrator.relay import make_feed
 from orchestrator.tracing import setup_tracing
 
@@ -134,7 +134,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        setup_tracing(settings.service_name, settings.otlp_endpoint)
+        setup_tracing("dayzero-api", settings.otlp_endpoint)
         if ingress.gc_freeze:
             gc.collect()
             gc.freeze()
@@ -157,6 +157,7 @@ def create_app(
     app.state.engine = engine
     app.state.key_cache = KeyCache(engine)
     app.state.feed = make_feed(engine, ingress.sse_poll_s, ingress.sse_listen)
+    register_task_states(engine)
     errors.install(app)
     for r in (tasks.router, events.router, attachments.router, health.router):
         app.include_router(r)

@@ -20,6 +20,7 @@ def start_kafka_process(args: argparse.Namespace, topics: Any) -> tuple[Any, Any
     from orchestrator.config import Settings
     from orchestrator.kafka.config import KafkaSettings
     from orchestrator.kafka.topics import ensure_topics
+    from orchestrator.tracing import setup_tracing
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.metrics_port is not None:
@@ -27,6 +28,7 @@ def start_kafka_process(args: argparse.Namespace, topics: Any) -> tuple[Any, Any
 
         start_http_server(args.metrics_port)
     settings, kafka = Settings(), KafkaSettings()
+    setup_tracing(f"dayzero-{args.command}", settings.otlp_endpoint)
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")
     bootstrap = settings.kafka_bootstrap_servers

@@ -11,6 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runner", help="run task steps until stopped (SIGTERM/SIGINT stop at a step boundary)")
     p.add_argument("--id", default=None, help="runner id (default: random)")
     p.add_argument("--upgrade", action="store_true", help="apply migrations first")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     p.set_defaults(func=_runner)
 
 
@@ -22,7 +23,11 @@ def _runner(args: argparse.Namespace) -> int:
     from orchestrator.tracing import setup_tracing
 
     settings = Settings()
-    setup_tracing(settings.service_name, settings.otlp_endpoint)
+    setup_tracing("dayzero-runner", settings.otlp_endpoint)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
     parts = make_runner(settings, upgrade=args.upgrade, runner_id=args.id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: parts.runner.stop())
