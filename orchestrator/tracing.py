@@ -57,7 +57,11 @@ def current_traceparent() -> str | None:
 
 
 def context_of(traceparent: str | None) -> otel_context.Context:
-    """The context a span of this task starts in: the stored traceparent, else the current one."""
+    """The context a span of a task starts in: the current span's when there is one (the HTTP
+    server span FastAPI made from the request's header, an enclosing runner span), else the
+    task's stored `traceparent` (a runner's step, the relay's publish of a task's event)."""
+    if trace.get_current_span().get_span_context().is_valid:
+        return otel_context.get_current()
     tp = valid_traceparent(traceparent)
     return _PROPAGATOR.extract({"traceparent": tp}) if tp else otel_context.get_current()
 
@@ -89,10 +93,9 @@ def record_transition(
     """A state transition as a (zero-length) span, so trace views show when a task or step changed
     state: a child of the current span, or else of the task's own context."""
     now = time.time_ns()
-    in_span = trace.get_current_span().get_span_context().is_valid
     span = tracer.start_span(
         f"{entity}.transition",
-        context=None if in_span else context_of(traceparent),
+        context=context_of(traceparent),
         start_time=now,
         attributes={
             "dayzero.task_id": task_id,

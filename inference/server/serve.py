@@ -10,10 +10,12 @@ from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine
 from inference.server.app import build_app
 from inference.server.protocol import OpenAIServing
+from inference.server.telemetry import install_tracer_provider
 from inference.toolparse import get_tool_parser
 
 
 def make_app(engine: Engine, *, model_name: str, tool_parser: str = "kimi") -> tuple[Any, AsyncEngine]:
+    install_tracer_provider()  # a no-op where the process already has one (tests, embedded use)
     aeng = AsyncEngine(engine).start()
     serving = OpenAIServing(
         engine.tokenizer, get_tool_parser(tool_parser), model_name, engine.config.max_model_len
