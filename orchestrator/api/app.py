@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from orchestrator.api import errors
 from orchestrator.api.config import IngressSettings
-from orchestrator.api.routes import attachments, events, health, tasks
+from orchestrator.api.routes import attachments, events, health, tasks, ui
 from orchestrator.auth import KeyCache
 from orchestrator.config import Settings
 from orchestrator.db.engine import make_engine
@@ -159,7 +159,7 @@ def create_app(
     app.state.feed = make_feed(engine, ingress.sse_poll_s, ingress.sse_listen)
     register_task_states(engine)
     errors.install(app)
-    for r in (tasks.router, events.router, attachments.router, health.router):
+    for r in (tasks.router, events.router, attachments.router, health.router, ui.router):
         app.include_router(r)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(LimitsAndMetrics, max_body_bytes=ingress.max_body_bytes)
