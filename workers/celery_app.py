@@ -168,7 +168,7 @@ def attach_trace_context(task_id: str | None = None, task: Any = None, **_: Any)
     install_tracer_provider("dayzero-worker")  # once per (pool child) process
     delivery = getattr(task.request, "delivery_info", None) or {}
     span = trace.get_tracer("dayzero.workers").start_span(
-        f"{task.name} process",
+        f"{getattr(task, 'name', 'celery')} process",
         context=_propagator().extract(carrier),
         kind=SpanKind.CONSUMER,
         attributes={
