@@ -9,6 +9,7 @@ engine.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
 from inference.server.images import make_image_handler
 from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
+from inference.server.telemetry import record_request
 from inference.toolparse import get_tool_parser
 
 DEFAULT_MODEL_NAME = "dayzero-small-random"
@@ -76,6 +78,7 @@ class EmbeddedEngineClient:
     def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a
         malformed request (the message says what is wrong) and RuntimeError if the engine failed."""
+        started_ns = time.time_ns()
         body = dict(request)
         body.pop("model", None)  # one model in process: any name addresses it
         if body.get("stream"):
@@ -91,6 +94,8 @@ class EmbeddedEngineClient:
             mm_spans=p.mm_spans,
             mm_inputs=mm_inputs(p),
         )
+        # the engine's phases as spans below the caller's current (GenAI client) span
+        record_request({}, "embedded", started_ns, outs[-1], self.serving.model_name)
         return self.serving.chat_response(rid, outs, p)
 
     def stats(self) -> dict[str, float]:

@@ -163,11 +163,11 @@ def record_request(
     t = last.timing if last is not None else None
     cached = last.num_cached_tokens if last is not None else 0
     attrs: dict[str, Any] = {
-        "http.request.method": "POST",
-        "http.route": route,
-        "gen_ai.operation.name": "chat" if "chat" in route else "text_completion",
+        "gen_ai.operation.name": "text_completion" if route == "/v1/completions" else "chat",
         "gen_ai.request.model": model,
     }
+    if route.startswith("/"):  # an HTTP request (else the in-process embedded client)
+        attrs.update({"http.request.method": "POST", "http.route": route})
     if last is not None:
         attrs.update(
             {
