@@ -15,6 +15,7 @@ engine.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
 from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
+from inference.server.telemetry import record_request
 from inference.toolparse import get_tool_parser
 
 DEFAULT_MODEL_NAME = "dayzero-demo"
@@ -124,6 +126,7 @@ class EmbeddedEngineClient:
     def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a
         malformed request (the message says what is wrong) and RuntimeError if the engine failed."""
+        started_ns = time.time_ns()
         body = dict(request)
         body.pop("model", None)  # one model in process: any name addresses it
         if body.get("stream"):
@@ -140,6 +143,8 @@ class EmbeddedEngineClient:
             mm_inputs=mm_inputs(p),
             message_ends=p.message_ends,
         )
+        # the engine's phases as spans below the caller's current (GenAI client) span
+        record_request({}, "embedded", started_ns, outs[-1], self.serving.model_name)
         return self.serving.chat_response(rid, outs, p)
 
     def stats(self) -> dict[str, float]:

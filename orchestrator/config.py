@@ -98,9 +98,9 @@ class Settings(BaseSettings):
     budgets: Budgets = Field(default_factory=Budgets)
     preprocess: PreprocessSettings = Field(default_factory=PreprocessSettings)
 
-    # Tracing: OTLP endpoint, or none (spans still carry context across processes).
+    # Tracing: OTLP endpoint, or none (spans still carry context across processes). The other
+    # OTEL_* variables (service name, batching, traces endpoint) are read by the SDK itself.
     otlp_endpoint: str | None = Field(None, alias="OTEL_EXPORTER_OTLP_ENDPOINT")
-    service_name: str = Field("dayzero", alias="OTEL_SERVICE_NAME")
 
     @property
     def tool_modules(self) -> tuple[str, ...]:

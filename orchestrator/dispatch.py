@@ -76,7 +76,8 @@ class CeleryDispatcher:
         started = time.perf_counter()
         deadline = payload.get("not_after")
         expires = dt.datetime.fromtimestamp(float(deadline), dt.UTC) if deadline is not None else None
-        res = self._app.send_task("dayzero.run_tool", args=[payload], queue="tools", expires=expires)
+        with _publish_span("tools", "dayzero.run_tool"):  # its context rides in the Celery headers
+            res = self._app.send_task("dayzero.run_tool", args=[payload], queue="tools", expires=expires)
         try:
             return res.get(timeout=float(payload["timeout_s"]), propagate=True)
         except CeleryTimeout:
@@ -84,11 +85,28 @@ class CeleryDispatcher:
             return timeout_outcome(float(payload["timeout_s"]), started)
 
     def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        res = self._app.send_task("dayzero.preprocess_attachment", args=[payload], queue="preprocess")
+        with _publish_span("preprocess", "dayzero.preprocess_attachment"):
+            res = self._app.send_task("dayzero.preprocess_attachment", args=[payload], queue="preprocess")
         return res.get(timeout=timeout_s, propagate=True)
 
     def close(self) -> None:
         self._app.close()
+
+
+def _publish_span(queue: str, task_name: str) -> Any:
+    from opentelemetry.trace import SpanKind
+
+    from orchestrator.tracing import tracer
+
+    return tracer.start_as_current_span(
+        f"{task_name} publish",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "celery",
+            "messaging.operation.type": "publish",
+            "messaging.destination.name": queue,
+        },
+    )
 
 
 def make_dispatcher(

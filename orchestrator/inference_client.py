@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from orchestrator.tracing import trace_error, tracer
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -81,6 +85,45 @@ class AssistantTurn:
                 for c in self.tool_calls
             ]
         return msg
+
+
+@contextmanager
+def chat_span(model: str, sampling: Sampling, provider: str, **attrs: Any) -> Iterator[Any]:
+    """The GenAI client span of one chat call (OpenTelemetry GenAI semantic conventions); its
+    context is what the model server continues. `record_turn` fills in the response side."""
+    with tracer.start_as_current_span(
+        f"chat {model}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model,
+            "gen_ai.request.temperature": sampling.temperature,
+            "gen_ai.request.top_p": sampling.top_p,
+            "gen_ai.request.max_tokens": sampling.max_tokens,
+            **attrs,
+        },
+    ) as span:
+        try:
+            yield span
+        except InferenceError as exc:
+            trace_error(span, "InferenceError", str(exc))
+            raise
+
+
+def record_turn(span: Any, turn: AssistantTurn) -> None:
+    u = turn.usage
+    span.set_attributes(
+        {
+            "gen_ai.usage.input_tokens": u.prompt_tokens,
+            "gen_ai.usage.output_tokens": u.completion_tokens,
+            "gen_ai.usage.cache_read.input_tokens": u.cached_tokens,
+            "gen_ai.response.finish_reasons": [turn.finish_reason or ""],
+            "dayzero.gen_ai.tool_calls": len(turn.tool_calls),
+        }
+    )
+    if u.ttft_ms is not None:
+        span.set_attribute("dayzero.gen_ai.time_to_first_token_ms", float(u.ttft_ms))
 
 
 class InferenceClient(Protocol):
@@ -173,7 +216,15 @@ class OpenAIChatClient:
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
     ) -> AssistantTurn:
-        body = chat_request_body(self._model, messages, tools, sampling)
+        url = self._http.base_url
+        with chat_span(
+            self._model, sampling, "openai", **{"server.address": url.host, "server.port": url.port or 0}
+        ) as span:
+            turn = self._chat(chat_request_body(self._model, messages, tools, sampling))
+            record_turn(span, turn)
+            return turn
+
+    def _chat(self, body: dict[str, Any]) -> AssistantTurn:
         headers: dict[str, str] = {}
         _PROPAGATOR.inject(headers)  # the task's trace continues on the model server
         t0 = time.perf_counter()
@@ -222,14 +273,17 @@ class EmbeddedChatClient:
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
     ) -> AssistantTurn:
-        t0 = time.perf_counter()
-        try:
-            data = self._engine.chat(chat_request_body(self._model, messages, tools, sampling))
-        except (ValueError, TypeError) as exc:
-            raise InferenceError(f"embedded engine rejected the request: {exc}", retryable=False) from exc
-        except RuntimeError as exc:
-            raise InferenceError(f"embedded engine failed: {exc}", retryable=True) from exc
-        return parse_chat_completion(data, (time.perf_counter() - t0) * 1000)
+        with chat_span(self._model, sampling, "dayzero.embedded") as span:
+            t0 = time.perf_counter()
+            try:
+                data = self._engine.chat(chat_request_body(self._model, messages, tools, sampling))
+            except (ValueError, TypeError) as exc:
+                raise InferenceError(f"embedded engine rejected the request: {exc}", retryable=False) from exc
+            except RuntimeError as exc:
+                raise InferenceError(f"embedded engine failed: {exc}", retryable=True) from exc
+            turn = parse_chat_completion(data, (time.perf_counter() - t0) * 1000)
+            record_turn(span, turn)
+            return turn
 
     def close(self) -> None:
         close = getattr(self._engine, "close", None)

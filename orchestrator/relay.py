@@ -30,6 +30,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -38,6 +40,7 @@ from orchestrator.failpoints import failpoint
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.store import events_t, tasks_t
+from orchestrator.tracing import context_of, kafka_headers, tracer
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +193,22 @@ class Relay:
         futures = []
         for r in rows:
             headers = [("dayzero-event-type", r.type.encode()), ("dayzero-seq", str(r.seq).encode())]
-            if r.traceparent:
-                headers.append(("traceparent", r.traceparent.encode()))
+            # A producer span per event, in the task's trace; its context rides in the headers.
+            span = tracer.start_span(
+                f"{cfg.events_topic} publish",
+                context=context_of(r.traceparent),
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": "kafka",
+                    "messaging.operation.type": "publish",
+                    "messaging.destination.name": cfg.events_topic,
+                    "dayzero.task_id": r.task_id,
+                    "dayzero.event_type": r.type,
+                    "dayzero.seq": r.seq,
+                },
+            )
+            with trace.use_span(span, end_on_exit=True):
+                headers += kafka_headers(r.traceparent)
             value = event_record(r.task_id, r.seq, r.type, r.payload, r.created_at, r.tenant)
             futures.append(
                 self.producer.send(

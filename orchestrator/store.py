@@ -26,7 +26,7 @@ from orchestrator.statemachine import (
     TaskStatus,
     next_task_status,
 )
-from orchestrator.tracing import new_traceparent, valid_traceparent
+from orchestrator.tracing import new_traceparent, record_transition, valid_traceparent
 
 tasks_t = Task.__table__
 steps_t = Step.__table__
@@ -129,19 +129,21 @@ def transition_task(
     if new in TERMINAL_TASK_STATUSES:
         vals.update(finished_at=now, lease_owner=None, lease_until=None)
     n = 1 + len(extra_events)
-    last = conn.execute(
+    row = conn.execute(
         update(tasks_t)
         .where(tasks_t.c.id == task_id, tasks_t.c.status == expected)
         .values(event_seq=tasks_t.c.event_seq + n, **vals)
-        .returning(tasks_t.c.event_seq)
-    ).scalar_one_or_none()
-    if last is None:
+        .returning(tasks_t.c.event_seq, tasks_t.c.traceparent)
+    ).first()
+    if row is None:
         raise StaleTransition(f"task {task_id} is no longer {expected}")
+    last = row.event_seq
     events = [
         *extra_events,
         ("task." + new.value.lower(), {"from": expected, "to": new.value, **(payload or {})}),
     ]
     append_events(conn, task_id, last - n + 1, events)
+    record_transition("task", task_id, expected, new.value, row.traceparent)
     return new
 
 

@@ -28,7 +28,14 @@ import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import before_task_publish, task_postrun, task_prerun, worker_process_init
+from celery.signals import (
+    before_task_publish,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from kombu import Queue
 
 PREPROCESS_QUEUE = "preprocess"
@@ -155,27 +162,60 @@ def _request_header(request: Any, key: str) -> str | None:
     return str(value) if value else None
 
 
-_TOKENS: dict[str, object] = {}
+_TOKENS: dict[str, tuple[object, Any]] = {}
 
 
 def attach_trace_context(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    """`task_prerun`: make the publisher's trace the current context while the task runs."""
+    """`task_prerun`: a consumer span of the publisher's trace, current while the task runs."""
     if task is None or task_id is None:
         return
     carrier = {k: v for k in TRACE_HEADERS if (v := _request_header(task.request, k))}
     if "traceparent" not in carrier:
         return
-    from opentelemetry import context
+    from opentelemetry import context, trace
+    from opentelemetry.trace import SpanKind
 
-    _TOKENS[task_id] = context.attach(_propagator().extract(carrier))
+    from workers.telemetry import install_tracer_provider
+
+    install_tracer_provider("dayzero-worker")  # once per (pool child) process
+    delivery = getattr(task.request, "delivery_info", None) or {}
+    span = trace.get_tracer("dayzero.workers").start_span(
+        f"{getattr(task, 'name', 'celery')} process",
+        context=_propagator().extract(carrier),
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": "celery",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": str(delivery.get("routing_key") or ""),
+            "messaging.message.id": task_id,
+            "dayzero.celery.retries": int(getattr(task.request, "retries", 0) or 0),
+            "dayzero.celery.redelivered": bool(delivery.get("redelivered")),
+        },
+    )
+    _TOKENS[task_id] = (context.attach(trace.set_span_in_context(span)), span)
 
 
-def detach_trace_context(task_id: str | None = None, **_: Any) -> None:
-    token = _TOKENS.pop(task_id or "", None)
-    if token is not None:
+def detach_trace_context(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+    held = _TOKENS.pop(task_id or "", None)
+    if held is not None:
         from opentelemetry import context
 
+        token, span = held
+        if state and state != "SUCCESS":
+            from workers.telemetry import mark_error
+
+            mark_error(span, state, f"celery task ended {state}")
+        span.end()
         context.detach(token)
+
+
+def flush_spans(**_: Any) -> None:
+    """`worker_process_shutdown` / `worker_shutdown`: export what is still buffered."""
+    from opentelemetry import trace
+
+    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush(5000)
 
 
 def current_traceparent() -> str | None:
@@ -188,6 +228,8 @@ def current_traceparent() -> str | None:
 before_task_publish.connect(inject_trace_headers, weak=False, dispatch_uid="dayzero.trace.inject")
 task_prerun.connect(attach_trace_context, weak=False, dispatch_uid="dayzero.trace.attach")
 task_postrun.connect(detach_trace_context, weak=False, dispatch_uid="dayzero.trace.detach")
+worker_process_shutdown.connect(flush_spans, weak=False, dispatch_uid="dayzero.trace.flush_child")
+worker_shutdown.connect(flush_spans, weak=False, dispatch_uid="dayzero.trace.flush")
 
 
 # --- one thread per pool process ------------------------------------------------------------------

@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loglevel", "-l", default="INFO")
     p.add_argument("--hostname", "-n", default=None, help="node name (default: celery's)")
     p.add_argument("--max-tasks-per-child", type=int, default=None)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     p.set_defaults(func=run_worker)
 
 
@@ -48,12 +49,30 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def serve_metrics(port: int) -> None:
+    """/metrics of every pool process: prometheus_client's multiprocess mode, whose directory must
+    be set before prometheus_client is first imported (the children inherit it)."""
+    import tempfile
+
+    if "prometheus_client" in sys.modules and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        raise RuntimeError("prometheus_client was imported before the multiprocess directory was set")
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dayzero-worker-metrics-"))
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    start_http_server(port, registry=registry)
+
+
 def run_worker(args: argparse.Namespace) -> int:
     broker = os.environ.get("CELERY_BROKER_URL")
     if not broker:
         print("dayzero worker: set CELERY_BROKER_URL (e.g. a redis:// or amqp:// URL)", file=sys.stderr)
         return 2
     argv = worker_argv(args)
+    if args.metrics_port is not None:
+        serve_metrics(args.metrics_port)
     from workers.celery_app import make_celery_app
 
     vt = os.environ.get("DAYZERO_CELERY_VISIBILITY_TIMEOUT_S")

@@ -34,24 +34,44 @@ def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
     Idempotent: the same blob and settings return the stored result without recomputing it.
     """
     from preprocess import PreprocessConfig, ProcessedCache
+    from preprocess.config import PDF_MEDIA_TYPE
     from preprocess.pipeline import describe
+    from workers import metrics
+    from workers.telemetry import job_span
 
     missing = [key for key in PREPROCESS_PAYLOAD_KEYS if not payload.get(key)]
     if missing:
         raise ValueError(f"preprocess_attachment payload lacks {missing}")
-    config = PreprocessConfig.from_dict(payload.get("config"))
-    store = _store(str(payload["blob_url"]))
-    blob_sha = str(payload["blob_sha256"])
-    cache = ProcessedCache(store)
-    from preprocess.config import PDF_MEDIA_TYPE
+    with job_span(payload, "preprocess", {"dayzero.attachment_id": str(payload["attachment_id"])}) as span:
+        config = PreprocessConfig.from_dict(payload.get("config"))
+        store = _store(str(payload["blob_url"]))
+        blob_sha = str(payload["blob_sha256"])
+        data = store.get(blob_sha)
+        cache = ProcessedCache(store)
+        metrics.PREPROCESS_BYTES.inc(len(data))
+        span.set_attribute("dayzero.preprocess.input_bytes", len(data))
+        if payload.get("media_type") == PDF_MEDIA_TYPE:
+            from preprocess.pdf import process_document
 
-    if payload.get("media_type") == PDF_MEDIA_TYPE:
-        from preprocess.pdf import process_document
-
-        result = process_document(cache, store.get(blob_sha), config, source_sha256=blob_sha)
-        return {"attachment_id": str(payload["attachment_id"]), **result}
-    result = cache.process(store.get(blob_sha), config, source_sha256=blob_sha)
-    return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
+            doc = process_document(cache, data, config, source_sha256=blob_sha)
+            return {"attachment_id": str(payload["attachment_id"]), **doc}
+        result = cache.process(data, config, source_sha256=blob_sha)
+        image = result.image
+        h, w = image.source_size
+        red = image.redaction
+        span.set_attributes(
+            {
+                "dayzero.preprocess.pixels": h * w,
+                "dayzero.preprocess.patches": image.num_patches,
+                "dayzero.preprocess.cache_hit": result.cache_hit,
+                "dayzero.preprocess.redactions": red.faces + red.documents,
+            }
+        )
+        metrics.PREPROCESS_PIXELS.inc(h * w)
+        metrics.PREPROCESS_IMAGES.labels("hit" if result.cache_hit else "miss").inc()
+        metrics.PREPROCESS_REDACTIONS.labels("face").inc(red.faces)
+        metrics.PREPROCESS_REDACTIONS.labels("document").inc(red.documents)
+        return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from tools.base import Attachment, ToolContext, ToolError
 from tools.builtin import register_builtin_tools
 from tools.config import BUILTIN_TOOLS, HttpConfig, ToolsConfig
 from tools.registry import ToolRegistry, load_entry_point_tools, load_tool_modules
+from workers.telemetry import job_span
 
 _registry: ToolRegistry | None = None
 _registry_lock = threading.Lock()
@@ -89,12 +90,21 @@ def run_tool(payload: dict[str, Any], registry: ToolRegistry | None = None) -> d
     """Execute `payload["tool"]` with `payload["arguments"]`; returns `{ok, content|error, duration_ms}`."""
     registry = registry or process_registry()
     t0 = time.perf_counter()
-    try:
-        ctx = tool_context(payload)
-        if ctx.workspace is not None:
-            ctx.workspace.mkdir(parents=True, exist_ok=True)
-        result = registry.execute(payload["tool"], payload.get("arguments") or "{}", ctx)
-        out: dict[str, Any] = {"ok": True, "content": result.content}
-    except ToolError as exc:
-        out = {"ok": False, "error": exc.to_dict()}
+    attrs = {
+        "dayzero.tool": str(payload.get("tool")),
+        "dayzero.attempt": int(payload.get("attempt") or 0),
+        "dayzero.idempotency_key": str(payload.get("idempotency_key")),
+    }
+    with job_span(payload, "tool", attrs) as span:
+        try:
+            ctx = tool_context(payload)
+            if ctx.workspace is not None:
+                ctx.workspace.mkdir(parents=True, exist_ok=True)
+            result = registry.execute(payload["tool"], payload.get("arguments") or "{}", ctx)
+            out: dict[str, Any] = {"ok": True, "content": result.content}
+            span.set_attribute("dayzero.tool.outcome", "ok")
+        except ToolError as exc:
+            out = {"ok": False, "error": exc.to_dict()}
+            span.set_attribute("dayzero.tool.outcome", exc.kind.value)
+            span.fail(type(exc).__name__, str(exc))
     return {**out, "duration_ms": (time.perf_counter() - t0) * 1000}

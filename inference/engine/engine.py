@@ -12,7 +12,7 @@ import torch
 
 from inference.cache.coordinator import CacheConfig, MMSpan
 from inference.engine.model_runner import MMInputs, ModelRunner
-from inference.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
+from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 from inference.tokenizer import Tokenizer, make_detokenizer
 
@@ -60,6 +60,8 @@ class RequestOutput:
     num_output_tokens: int = 0
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     ttft_s: float | None = None
+    arrival_time: float = 0.0  # time.monotonic() when the engine took the request
+    timing: RequestTiming | None = None  # on the final output only
 
 
 class _TextState:
@@ -226,7 +228,13 @@ class Engine:
             self._suspects.clear()
             self.scheduler.solo = None
         reqs = dict(self.scheduler.requests)
+        t0 = time.monotonic()
         sampled, logprobs = self.runner.execute(sched_out, reqs)
+        t1 = time.monotonic()
+        for s in sched_out.scheduled:
+            if (r := reqs.get(s.req_id)) is not None:
+                prefill = s.start < r.num_prompt_tokens  # prompt (or preemption recompute) chunk
+                r.timing.record(t0, t1, len(s.token_ids), prefill, s.req_id in sampled)
         before = {rid: reqs[rid].num_output_tokens for rid in sampled}
         finished = {r.request_id: r for r in self.scheduler.update(sched_out, sampled, logprobs)}
         self.num_steps += 1
@@ -258,6 +266,7 @@ class Engine:
                 outputs[-1].finished = True
                 outputs[-1].finish_reason = req.finish_reason
                 outputs[-1].stop_reason = req.stop_reason
+                outputs[-1].timing = req.timing
                 self._cleanup(rid)
         if solo is not None and solo in self._in_step:  # it ran alone and did not fail
             self._suspects.pop(solo, None)
@@ -281,6 +290,8 @@ class Engine:
             req.num_output_tokens,
             list(lps),
             ttft,
+            req.arrival_time,
+            req.timing if req.status.finished else None,
         )
 
     def _cleanup(self, rid: str) -> None:

@@ -90,6 +90,32 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(slots=True)
+class RequestTiming:
+    """When a request's work happened (time.monotonic seconds), for traces and latency metrics:
+    the engine records it, the server turns it into spans once the request finishes."""
+
+    first_scheduled: float | None = None  # end of the queue wait
+    prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, tokens)
+    decode_start: float | None = None
+    decode_end: float | None = None
+    decode_steps: int = 0
+    token_times: list[float] = field(default_factory=list)  # when each output token was sampled
+
+    def record(self, t0: float, t1: float, num_tokens: int, prefill: bool, sampled: bool) -> None:
+        if self.first_scheduled is None:
+            self.first_scheduled = t0
+        if prefill:
+            self.prefill_chunks.append((t0, t1, num_tokens))
+        else:
+            if self.decode_start is None:
+                self.decode_start = t0
+            self.decode_end = t1
+            self.decode_steps += 1
+        if sampled:
+            self.token_times.append(t1)
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -109,6 +135,7 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     stop_reason: int | str | None = None
     first_token_time: float | None = None
+    timing: RequestTiming = field(default_factory=RequestTiming)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

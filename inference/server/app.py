@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.engine.async_engine import AsyncEngine, EngineDeadError
@@ -31,45 +31,8 @@ from inference.server.protocol import (
     new_request_id,
     usage,
 )
+from inference.server.telemetry import ServerMetrics, record_request
 from preprocess import jsonlimits
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.running = Gauge("dayzero_requests_running", "Requests being computed", registry=r)
-        self.waiting = Gauge("dayzero_requests_waiting", "Requests queued", registry=r)
-        self.kv = Gauge("dayzero_kv_pool_usage", "Fraction of KV blocks in use", registry=r)
-        self.state = Gauge(
-            "dayzero_state_pool_usage", "Fraction of state slots in use (live + checkpoints)", registry=r
-        )
-        self.hit = Gauge("dayzero_prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens", registry=r)
-        self.gen_tps = Gauge(
-            "dayzero_generation_tokens_per_second", "Generated tokens/s since the last scrape", registry=r
-        )
-        self.prompt_tokens = Counter("dayzero_prompt_tokens", "Prompt tokens received", registry=r)
-        self.gen_tokens = Counter("dayzero_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("dayzero_requests", "Requests by outcome", ["outcome"], registry=r)
-        self.graphs = Gauge("dayzero_decode_graphs", "Captured decode CUDA graphs held", registry=r)
-        self.graph_replays = Gauge(
-            "dayzero_decode_graph_replays", "Decode steps replayed from a CUDA graph", registry=r
-        )
-        self._last = (time.monotonic(), 0)
-
-    def refresh(self, stats: dict[str, float]) -> None:
-        self.running.set(stats["num_running"])
-        self.waiting.set(stats["num_waiting"])
-        self.kv.set(stats["kv_usage"])
-        self.state.set(stats["state_usage"])
-        self.hit.set(stats["prefix_hit_rate"])
-        self.graphs.set(stats["decode_graphs"])
-        self.graph_replays.set(stats["decode_graph_replays"])
-        now, gen = time.monotonic(), stats["generated_tokens"]
-        t0, g0 = self._last
-        if now > t0:
-            self.gen_tps.set((gen - g0) / (now - t0))
-        self._last = (now, gen)
 
 
 def _error(exc: OpenAIError) -> JSONResponse:
@@ -84,14 +47,20 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
     limits = limits or ServerLimits()
     app = FastAPI(title="dayzero inference", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, limits=limits)
-    metrics = _Metrics()
+    metrics = ServerMetrics(engine.stats)
     app.state.engine = engine
     app.state.serving = serving
 
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_req: Request, exc: OpenAIError) -> JSONResponse:
+    async def _openai_error(req: Request, exc: OpenAIError) -> JSONResponse:
         metrics.requests.labels("error").inc()
+        started = getattr(req.state, "started_ns", None) or time.time_ns()
+        record_request(req.headers, req.url.path, started, None, serving.model_name, error=str(exc))
         return _error(exc)
+
+    def _finished(request: Request, route: str, last: Any) -> None:
+        metrics.observe(last)
+        record_request(request.headers, route, request.state.started_ns, last, serving.model_name)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -158,6 +127,7 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
 
     @app.post("/v1/chat/completions", openapi_extra=openapi.operation(openapi.CHAT_REQUEST))
     async def chat(request: Request):
+        request.state.started_ns = time.time_ns()
         body = await _body(request)
         p = await asyncio.to_thread(serving.prepare_chat, body)  # images are encoded here: off the loop
         gen, first = await _submit(
@@ -167,11 +137,9 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
             mm_inputs=mm_inputs(p),
             message_ends=p.message_ends,
         )
-        metrics.prompt_tokens.inc(len(p.prompt_token_ids))
         if not p.stream:
             outs = await _collect(request, gen, first)
-            metrics.gen_tokens.inc(outs[-1].num_output_tokens)
-            metrics.requests.labels("ok").inc()
+            _finished(request, "/v1/chat/completions", outs[-1])
             return serving.chat_response(first.request_id, outs, p)
 
         async def events() -> AsyncIterator[str]:
@@ -197,21 +165,19 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
             yield serving.chat_chunk(rid, created, final, finish)
             if p.include_usage:
                 yield serving.chat_chunk(rid, created, None, usage_=usage(o))
-            metrics.gen_tokens.inc(o.num_output_tokens)
-            metrics.requests.labels("ok").inc()
+            _finished(request, "/v1/chat/completions", o)
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(_closing(gen, events()), media_type="text/event-stream")
 
     @app.post("/v1/completions", openapi_extra=openapi.operation(openapi.COMPLETION_REQUEST))
     async def completions(request: Request):
+        request.state.started_ns = time.time_ns()
         ids, sampling, stream = serving.prepare_completion(await _body(request))
         gen, first = await _submit(ids, sampling)
-        metrics.prompt_tokens.inc(len(ids))
         if not stream:
             outs = await _collect(request, gen, first)
-            metrics.gen_tokens.inc(outs[-1].num_output_tokens)
-            metrics.requests.labels("ok").inc()
+            _finished(request, "/v1/completions", outs[-1])
             return serving.completion_response(first.request_id, outs, sampling)
 
         async def events() -> AsyncIterator[str]:
@@ -224,8 +190,7 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
                 if o.finished:
                     break
                 o = await gen.__anext__()
-            metrics.gen_tokens.inc(o.num_output_tokens)
-            metrics.requests.labels("ok").inc()
+            _finished(request, "/v1/completions", o)
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(_closing(gen, events()), media_type="text/event-stream")
@@ -253,7 +218,6 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
 
     @app.get("/metrics")
     async def prom():
-        metrics.refresh(engine.stats())
         return PlainTextResponse(
             generate_latest(metrics.registry).decode(), media_type="text/plain; version=0.0.4"
         )

@@ -12,6 +12,7 @@ from inference.server.app import build_app
 from inference.server.guard import ServerLimits
 from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIServing
+from inference.server.telemetry import install_tracer_provider
 from inference.toolparse import get_tool_parser
 
 
@@ -23,6 +24,7 @@ def make_app(
     limits: ServerLimits | None = None,
     images: ImageSources | None = None,
 ) -> tuple[Any, AsyncEngine]:
+    install_tracer_provider()  # a no-op where the process already has one (tests, embedded use)
     aeng = AsyncEngine(engine).start()
     serving = OpenAIServing(
         engine.tokenizer,

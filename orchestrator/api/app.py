@@ -14,11 +14,11 @@ from sqlalchemy import Engine
 
 from orchestrator.api import errors
 from orchestrator.api.config import IngressSettings
-from orchestrator.api.routes import attachments, events, health, tasks
+from orchestrator.api.routes import attachments, events, health, tasks, ui
 from orchestrator.auth import KeyCache
 from orchestrator.config import Settings
 from orchestrator.db.engine import make_engine
-from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS, HTTP_SHED
+from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS, HTTP_SHED, register_task_states
 from orchestrator.relay import make_feed
 from orchestrator.tracing import setup_tracing
 from preprocess import jsonlimits
@@ -205,7 +205,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        setup_tracing(settings.service_name, settings.otlp_endpoint)
+        setup_tracing("dayzero-api", settings.otlp_endpoint)
         if ingress.gc_freeze:
             gc.collect()
             gc.freeze()
@@ -228,8 +228,9 @@ def create_app(
     app.state.engine = engine
     app.state.key_cache = KeyCache(engine)
     app.state.feed = make_feed(engine, ingress.sse_poll_s, ingress.sse_listen)
+    register_task_states(engine)
     errors.install(app)
-    for r in (tasks.router, events.router, attachments.router, health.router):
+    for r in (tasks.router, events.router, attachments.router, health.router, ui.router):
         app.include_router(r)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(

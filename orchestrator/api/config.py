@@ -33,6 +33,11 @@ class IngressSettings(BaseSettings):
     )
     sse_keepalive_s: float = Field(15.0, gt=0)
     list_limit_max: int = Field(200, ge=1)
+    trace_url_template: str | None = Field(
+        None,
+        description="link-out of the /ui timeline to a trace viewer; `{trace_id}` is replaced, e.g. "
+        "http://localhost:16686/trace/{trace_id} (Jaeger) or a Grafana Explore URL for Tempo",
+    )
     gc_freeze: bool = Field(
         True,
         description="after start-up, move every live object out of the cyclic GC's reach (gc.freeze) so "

@@ -54,12 +54,14 @@ def start_kafka_process(args: argparse.Namespace, topics: Any) -> KafkaProcess:
     from orchestrator.kafka.config import KafkaSettings
     from orchestrator.kafka.topics import ensure_topics
     from orchestrator.probes import Health, serve_probes
+    from orchestrator.tracing import setup_tracing
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     health = Health()
     if args.metrics_port is not None:
         serve_probes(args.metrics_host, args.metrics_port, health)
     settings, kafka = Settings(), KafkaSettings()
+    setup_tracing(f"dayzero-{args.command}", settings.otlp_endpoint)
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")
     proc = KafkaProcess(settings, kafka, settings.kafka_bootstrap_servers, health, threading.Event())

@@ -36,7 +36,7 @@ def _run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     settings = Settings()
-    setup_tracing(settings.service_name, settings.otlp_endpoint)
+    setup_tracing("dayzero-run", settings.otlp_endpoint)
     with console.status("starting (database, tools, model)"):
         parts = make_runner(settings, upgrade=True)
     try:

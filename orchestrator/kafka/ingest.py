@@ -17,9 +17,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
@@ -35,7 +36,7 @@ from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_P
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.statemachine import TaskStatus
 from orchestrator.store import IdempotencyConflict, NewTask, tasks_t
-from orchestrator.tracing import valid_traceparent
+from orchestrator.tracing import context_of, trace_error, tracer, valid_traceparent
 from preprocess import jsonlimits
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class Ingestor:
         self._unfinished: list[Any] | None = None  # a polled batch whose offsets are not committed yet
         self.health = health or Health()
         self.stats = {"created": 0, "duplicate": 0, "dlq": 0, "batches": 0, "outages": 0}
+        self._spans: dict[int, Any] = {}  # id(record) -> its consumer span, during `handle`
 
     # -- loop ----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -207,6 +209,10 @@ class Ingestor:
 
     def handle(self, records: list[Any]) -> None:
         parsed = [self.parse(r) for r in records]
+        # One consumer span per accepted record, a child of the producer's context (its header);
+        # the task's trace context is this span, so everything the task does hangs below it.
+        self._spans = {}
+        parsed = [self._start_span(p) if isinstance(p, Accepted) else p for p in parsed]
         rejected = [p for p in parsed if isinstance(p, Rejected)]
         accepted = [p for p in parsed if isinstance(p, Accepted)]
         t0 = time.perf_counter()
@@ -222,8 +228,35 @@ class Ingestor:
                     rejected += self._create(conn, [a])
         INGEST_BATCH_SECONDS.observe(time.perf_counter() - t0)
         self.stats["batches"] += 1
+        for rj in rejected:
+            if (span := self._spans.pop(id(rj.record), None)) is not None:
+                span.set_attribute("dayzero.outcome", "dlq")
+                trace_error(span, rj.reason, rj.detail)
+        for span in self._spans.values():
+            span.end()
+        self._spans = {}
         if rejected:
             self._dead_letter(rejected)
+
+    def _start_span(self, a: Accepted) -> Accepted:
+        r = a.record
+        span = tracer.start_span(
+            f"{r.topic} process",
+            context=context_of(a.traceparent),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": r.topic,
+                "messaging.destination.partition.id": str(r.partition),
+                "messaging.kafka.offset": r.offset,
+                "messaging.kafka.message.key": a.key,
+                "dayzero.tenant": a.message.tenant,
+            },
+        )
+        self._spans[id(r)] = span
+        ctx = span.get_span_context()
+        return replace(a, traceparent=f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}")
 
     def _create(self, conn: Any, accepted: list[Accepted]) -> list[Rejected]:
         rejected: list[Rejected] = []
@@ -256,6 +289,8 @@ class Ingestor:
                 rejected.append(Rejected(a.record, out.reason, out.detail))
             else:
                 outcome = "created" if out[1] else "duplicate"
+                if (span := self._spans.get(id(a.record))) is not None:
+                    span.set_attributes({"dayzero.task_id": out[0], "dayzero.outcome": outcome})
                 self.stats[outcome] += 1
                 self._pending += out[1]
                 INGEST_MESSAGES.labels(outcome).inc()

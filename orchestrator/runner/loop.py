@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import trace
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError
 
@@ -40,12 +41,22 @@ from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.failpoints import failpoint
 from orchestrator.inference_client import InferenceClient, InferenceError, Sampling
+from orchestrator.metrics import (
+    ATTEMPTS_RESUMED,
+    LEASES_LOST,
+    MODEL_TOKENS,
+    MODEL_TTFT,
+    PREPROCESS_JOBS,
+    STEP_RETRIES,
+    STEP_SECONDS,
+    TOOL_ATTEMPTS,
+)
 from orchestrator.runner.lease import LeaseLost, claim_next_task, renew_lease
 from orchestrator.runner.retry import full_jitter_delay
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent, TaskStatus
 from orchestrator.store import StaleTransition, attachments_t, message_dict, messages_t, steps_t, tasks_t
-from orchestrator.tracing import current_traceparent, task_span
+from orchestrator.tracing import current_traceparent, task_span, trace_error
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
 from workers.fence import not_after as job_not_after
@@ -178,6 +189,8 @@ class Runner:
         try:
             self._drive(task_id)
         except (LeaseLost, StaleTransition) as exc:
+            if isinstance(exc, LeaseLost):
+                LEASES_LOST.inc()
             log.info("gave up task %s: %s", task_id, exc)
         return True
 
@@ -310,11 +323,18 @@ class Runner:
                 ),
                 "traceparent": current_traceparent() or task.traceparent,
             }
-            try:
-                result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
-                error = None
-            except Exception as exc:  # typed image errors and transport failures alike
-                result, error = None, describe_job_error(exc)
+            with task_span(
+                task.traceparent,
+                "preprocess.attachment",
+                {"dayzero.task_id": task.id, "dayzero.attachment_id": att["id"]},
+            ) as span:
+                try:
+                    result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
+                    error = None
+                except Exception as exc:  # typed image errors and transport failures alike
+                    result, error = None, describe_job_error(exc)
+                    trace_error(span, error.get("type") or type(exc).__name__, str(exc))
+            PREPROCESS_JOBS.labels("ok" if error is None else "error").inc()
             tx = self._txn(task)
             if error is None:
                 redaction = {**result["redaction"], "image_sha256": result.get("redacted_sha256")}
@@ -428,11 +448,17 @@ class Runner:
         }
         if step.tool_name:
             attrs["dayzero.tool"] = step.tool_name
-        with task_span(task.traceparent, f"step.{step.kind}", attrs):
+        if in_doubt:
+            ATTEMPTS_RESUMED.inc()
+        t0 = time.perf_counter()
+        with task_span(task.traceparent, f"step.{step.kind}", attrs) as span:
             if step.kind == "model":
                 self._execute_model(task, step)
             else:
                 self._execute_tool(task, step, in_doubt=in_doubt)
+            outcome = step.status.lower()  # succeeded, failed or retry_wait, as committed
+            span.set_attribute("dayzero.outcome", outcome)
+        STEP_SECONDS.labels(step.kind, outcome).observe(time.perf_counter() - t0)
 
     def _execute_model(self, task: TaskView, step: StepView) -> None:
         tools = self.tools.openai_tools(task.allowed_tools)
@@ -451,6 +477,7 @@ class Runner:
             turn, error = None, InferenceError(str(exc), retryable=False)
         tx = self._txn(task)
         if error is not None or turn is None:
+            trace_error(trace.get_current_span(), "InferenceError", str(error))
             policy = self.config.model_retry
             err = {"kind": "inference", "message": str(error), "retryable": bool(error and error.retryable)}
             tx.finish_attempt(step, "FAILED", error=err)
@@ -463,6 +490,11 @@ class Runner:
             tx.commit(self._conn)
             return
         usage = turn.usage
+        MODEL_TOKENS.labels("prompt").inc(usage.prompt_tokens)
+        MODEL_TOKENS.labels("cached").inc(usage.cached_tokens)
+        MODEL_TOKENS.labels("completion").inc(usage.completion_tokens)
+        if usage.ttft_ms is not None:
+            MODEL_TTFT.observe(usage.ttft_ms / 1000)
         tx.finish_attempt(step, "SUCCEEDED", usage=usage.to_dict())
         tx.step_transition(step, StepEvent.SUCCEED)
         task.step_count += 1
@@ -562,7 +594,10 @@ class Runner:
         self, tx: StepTxn, step: StepView, spec: ToolSpec | None, outcome: dict[str, Any], *, lost: bool
     ) -> None:
         task = tx.task
+        span = trace.get_current_span()
         if outcome.get("ok"):
+            TOOL_ATTEMPTS.labels(step.tool_name or "", "ok").inc()
+            span.set_attribute("dayzero.tool.outcome", "ok")
             content = outcome.get("content")
             tx.finish_attempt(step, "SUCCEEDED")
             tx.step_transition(step, StepEvent.SUCCEED)
@@ -570,6 +605,9 @@ class Runner:
         else:
             err = dict(outcome.get("error") or {"error": "tool failed", "kind": ErrorKind.PERMANENT.value})
             kind = err.get("kind")
+            TOOL_ATTEMPTS.labels(step.tool_name or "", "lost" if lost else str(kind)).inc()
+            span.set_attribute("dayzero.tool.outcome", "lost" if lost else str(kind))
+            trace_error(span, str(err.get("type") or kind), str(err.get("error") or err.get("message")))
             tx.finish_attempt(step, "LOST" if lost else "FAILED", error=err)
             policy = spec.retry if spec is not None else None
             safe_to_repeat = spec is not None and (spec.idempotent or spec.accepts_idempotency_key)
@@ -613,6 +651,8 @@ class Runner:
         delay = full_jitter_delay(step.attempt_count, policy.backoff_base_s, policy.backoff_max_s)
         due = tx.now + dt.timedelta(seconds=delay)
         tx.step_transition(step, StepEvent.RETRY, next_attempt_at=due)
+        STEP_RETRIES.labels(step.kind).inc()
+        trace.get_current_span().set_attribute("dayzero.retry_delay_s", delay)
         tx.event(
             "step.retry_scheduled",
             {"step": step.index, "attempt": step.attempt_count, "delay_s": delay, "cap_s": cap, "error": err},

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Table
 
 from orchestrator.clock import utcnow
 from orchestrator.failpoints import failpoint
+from orchestrator.metrics import TASKS_FINISHED
 from orchestrator.runner.lease import LeaseLost
 from orchestrator.runner.writes import RowWrite, apply_postgres, apply_sequential
 from orchestrator.statemachine import (
@@ -33,6 +34,7 @@ from orchestrator.statemachine import (
     next_task_status,
 )
 from orchestrator.store import StaleTransition, attempts_t, messages_t, steps_t
+from orchestrator.tracing import record_transition
 
 
 @dataclass
@@ -98,6 +100,8 @@ class StepTxn:
         self._events: list[tuple[str, dict[str, Any]]] = []
         self._task_values: dict[str, Any] = {}
         self._writes: list[RowWrite] = []
+        # (entity, from, to, step index or None): traced once the commit succeeded
+        self._transitions: list[tuple[str, str, str, int | None]] = []
 
     # -- events and the task row -------------------------------------------------------------
     def event(self, typ: str, payload: dict[str, Any]) -> None:
@@ -105,6 +109,7 @@ class StepTxn:
 
     def task_transition(self, event: TaskEvent, **values: Any) -> None:
         new = next_task_status(self.task.status, event)
+        self._transitions.append(("task", self.task.status, new.value, None))
         payload = values.pop("_payload", {})
         self.event("task." + new.value.lower(), {"from": self.task.status, "to": new.value, **payload})
         self._task_values.update(values, status=new.value)
@@ -123,7 +128,9 @@ class StepTxn:
     def add_step(self, step: StepView, *, start: bool = False) -> None:
         """Insert a new step; with `start`, directly RUNNING with attempt 1 (one row version)."""
         if start:
-            step.status = next_step_status(step.status, StepEvent.START).value
+            new = next_step_status(step.status, StepEvent.START).value
+            self._transitions.append(("step", step.status, new, step.index))
+            step.status = new
             self._mark_started(step)
             self._started_event(step)
         row = {
@@ -145,6 +152,7 @@ class StepTxn:
 
     def step_transition(self, step: StepView, event: StepEvent, **values: Any) -> None:
         new = next_step_status(step.status, event)
+        self._transitions.append(("step", step.status, new.value, step.index))
         if new in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             values.setdefault("finished_at", self.now)
         where = {"task_id": self.task.id, "step_index": step.index, "status": step.status}
@@ -266,3 +274,11 @@ class StepTxn:
             failpoint("before_commit")
         failpoint("after_commit")
         t.cancel_requested = outcome.cancel_requested
+        self._trace_transitions()
+
+    def _trace_transitions(self) -> None:
+        for entity, old, new, index in self._transitions:
+            attrs = {} if index is None else {"dayzero.step": index}
+            record_transition(entity, self.task.id, old, new, self.task.traceparent, **attrs)
+            if entity == "task" and new in TERMINAL_TASK_STATUSES:
+                TASKS_FINISHED.labels(new).inc()

@@ -148,6 +148,27 @@ class SlowCharge:
         return ToolResult(content={"charged": True})
 
 
+class Gate:
+    """Waits until the file `gate-open` exists in the state dir: a test holds a task mid-step, and
+    lets it go when it has seen what it wanted (no sleeps, no timing assumptions)."""
+
+    spec = ToolSpec(
+        name="gate",
+        description="wait for the test to open the gate",
+        parameters=OBJ,
+        retry=RetryPolicy(max_attempts=1, timeout_s=120.0),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        gate = _state_dir() / "gate-open"
+        end = time.monotonic() + 120
+        while not gate.exists():
+            if time.monotonic() > end:
+                raise PermanentToolError("the gate was never opened")
+            time.sleep(0.05)
+        return ToolResult(content={"passed": True})
+
+
 class WhoAmI:
     """Returns the id of the process that ran it (tells a Celery worker from the runner)."""
 
@@ -158,4 +179,4 @@ class WhoAmI:
 
 
 def dayzero_tools() -> list[Any]:
-    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), Charge(), SlowCharge(), WhoAmI()]
+    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), Charge(), SlowCharge(), Gate(), WhoAmI()]

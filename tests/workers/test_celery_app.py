@@ -93,9 +93,12 @@ def test_prerun_hook_attaches_and_postrun_detaches():
     task = SimpleNamespace(request=SimpleNamespace(traceparent=TRACEPARENT, headers=None))
     ca.attach_trace_context(task_id="t1", task=task)
     try:
-        span_ctx = trace.get_current_span().get_span_context()
+        # the job runs in a consumer span of the publisher's trace (a child of its span)
+        span = trace.get_current_span()
+        span_ctx = span.get_span_context()
         assert format(span_ctx.trace_id, "032x") == TRACEPARENT.split("-")[1]
-        assert ca.current_traceparent() == TRACEPARENT
+        assert format(span.parent.span_id, "016x") == TRACEPARENT.split("-")[2]
+        assert ca.current_traceparent().split("-")[1] == TRACEPARENT.split("-")[1]
     finally:
         ca.detach_trace_context(task_id="t1")
     assert ca.current_traceparent() is None

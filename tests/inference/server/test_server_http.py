@@ -168,12 +168,13 @@ def test_models_health_metrics(server):
     assert client.get("/health").json() == {"status": "ok"}
     text = client.get("/metrics").text
     for name in (
-        "dayzero_requests_running",
-        "dayzero_kv_pool_usage",
-        "dayzero_state_pool_usage",
-        "dayzero_prefix_cache_hit_rate",
-        "dayzero_generation_tokens_per_second",
-        "dayzero_decode_graphs",  # 0 on a CPU: no graphs there
+        "dayzero_inference_requests_running",
+        'dayzero_inference_cache_usage_ratio{pool="kv",tier="device"}',
+        'dayzero_inference_cache_usage_ratio{pool="state",tier="device"}',
+        "dayzero_inference_prefix_cache_hit_ratio",
+        "dayzero_inference_generation_tokens_total",
+        "dayzero_inference_time_to_first_token_seconds_bucket",
+        "dayzero_inference_decode_graphs",  # 0 on a CPU: no graphs there
     ):
         assert name in text
 
