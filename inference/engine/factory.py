@@ -188,8 +188,13 @@ def build_engine(
         if isinstance(config, str | Path):
             config = json.loads(Path(config).read_text())
         spec = parse_config(config)
-        model = build_model(spec, load_format="dummy", dtype=dtype, device=device, seed=seed)
         tokenizer = ByteTokenizer()
+        pad = tokenizer.token_id("<|media_pad|>")
+        if spec.vision is not None and spec.image_token_id != pad:
+            # random weights: a published config's image token id means nothing to the byte
+            # tokenizer, whose <|media_pad|> is where the chat template puts image embeddings
+            spec = replace(spec, image_token_id=pad)
+        model = build_model(spec, load_format="dummy", dtype=dtype, device=device, seed=seed)
     if tokenizer.vocab_size > spec.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, the model only {spec.vocab_size}")
     cache_spec = HybridCacheSpec.from_model_spec(spec, dtype)
