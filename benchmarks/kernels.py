@@ -262,9 +262,59 @@ def dsa() -> dict[str, Any]:
     return res
 
 
+def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 16384) -> list[dict[str, Any]]:
+    """One MLA layer of the benchmark config (bf16, the model's own code path: latent write, paged
+    gather, kv_b_proj expansion, the chosen prefill backend) prefilling one sequence in `chunk`-token
+    chunks: the shapes that ran out of memory before (a materialised [L, S] mask)."""
+    from inference.config import parse_config
+    from inference.engine.factory import small_model_config
+    from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, init_dummy_weights
+    from inference.model.mla import MLAttention
+
+    cfg = small_model_config()
+    cfg.update(num_hidden_layers=1, hidden_size=2048, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=R,
+               qk_nope_head_dim=DN, qk_rope_head_dim=P, v_head_dim=DV,
+               linear_attn_config={"kda_layers": [], "full_attn_layers": [1], "num_heads": 16, "head_dim": 128,
+                                   "short_conv_kernel_size": 4})  # fmt: skip
+    spec = parse_config(cfg)
+    layer = MLAttention(spec, layer_idx=0)
+    init_dummy_weights(layer, seed=0)
+    layer = layer.to("cuda", torch.bfloat16).eval()
+    rows = []
+    for n in lengths:
+        blocks = n // 64 + 1
+        cache = HybridCacheTensors.allocate(
+            HybridCacheSpec.from_model_spec(spec), blocks, 64, 1, "cuda", torch.bfloat16
+        )
+        table = list(range(blocks))
+        x = torch.randn(chunk, 2048, device="cuda", dtype=torch.bfloat16)
+
+        def run(n=n, cache=cache, table=table, x=x):
+            for start in range(0, n, chunk):
+                meta = ForwardMeta.for_sequences([chunk], [start], [table], 64, [0], device="cuda")
+                layer(x, meta, cache)
+
+        with torch.inference_mode():
+            run(min(n, 2 * chunk))  # warm-up: the same chunk shapes
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        pairs = n * (n + 1) / 2
+        flops = 2 * H * (DN + P + DV) * pairs
+        rows.append({"tokens": n, "chunk": chunk, "seconds": round(dt, 3), "attention_TFLOPs_equiv": round(flops / dt / 1e12, 1),
+                     "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        del cache
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,prefill,chunking,dsa")
+    ap.add_argument("--sections", default="copy,decode,prefill,chunking,layer_prefill,dsa")
     want = ap.parse_args().sections.split(",")
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["torch"] = torch.__version__
@@ -279,6 +329,8 @@ def main() -> None:
         record("prefill", prefill)
     if "chunking" in want:
         record("prefill_chunking", prefill_chunking)
+    if "layer_prefill" in want:
+        record("layer_prefill", layer_prefill)
     if "dsa" in want:
         record("dsa", dsa)
 
