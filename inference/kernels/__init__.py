@@ -1,8 +1,8 @@
 """Our attention kernels: each op a Triton fast path beside its fp32 PyTorch reference.
 
-`use_fast(tensor)` is the one rule for which of the two runs: the Triton path on CUDA tensors
-(or anywhere under `TRITON_INTERPRET=1`, which is how the CPU tests exercise the kernels), the
-reference otherwise. `DAYZERO_KERNELS=reference` forces the references (A/B measurements).
+`use_fast(tensor)` is the one rule for which of the two runs: the Triton path on CUDA tensors,
+the reference otherwise (the CPU tests call the fast modules directly, under Triton's
+interpreter). `DAYZERO_KERNELS=reference` forces the references (A/B measurements).
 """
 
 from __future__ import annotations
@@ -18,4 +18,4 @@ def use_fast(t: Tensor) -> bool:
     """Whether the op on `t` runs its Triton kernel (see the module docstring)."""
     if os.environ.get("DAYZERO_KERNELS", "fast") == "reference":
         return False
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda

@@ -149,7 +149,8 @@ class HybridCacheTensors:
         flat = pool.view(-1, pool.shape[-1])
         if layer in self.kv_scale:
             q, scale = quantize_rows_fp8(rows)
-            flat.index_copy_(0, slots, q)
+            # as bytes: index_copy_ has no float8 kernel on the CPU
+            flat.view(torch.uint8).index_copy_(0, slots, q.view(torch.uint8))
             self.kv_scale[layer].view(-1).index_copy_(0, slots, scale)
         else:
             flat.index_copy_(0, slots, rows.to(pool.dtype))

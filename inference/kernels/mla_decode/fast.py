@@ -35,6 +35,10 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _sm_count_or_4(device: torch.device) -> int:
+    return _sm_count(device.index or 0) if device.type == "cuda" else 4
+
+
 def default_num_splits(rows: int, max_keys: int, device: torch.device) -> int:
     """Splits per row: at most two programs per SM in all (shape-only inputs).
 
@@ -42,8 +46,7 @@ def default_num_splits(rows: int, max_keys: int, device: torch.device) -> int:
     `rows * splits` just over a multiple of the SM count would leave a nearly empty last wave
     (measured: batch 32 at 8K, 9 splits = 2.2 waves, 35% of copy bandwidth).
     """
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
-    want = (2 * sms) // max(rows, 1)
+    want = (2 * _sm_count_or_4(device)) // max(rows, 1)
     return max(1, min(want, _MAX_SPLITS, -(-max_keys // _MIN_KEYS_PER_SPLIT)))
 
 
@@ -186,16 +189,16 @@ def _merge_kernel(
 
 
 def _configs() -> list[triton.Config]:
+    # the tiles the H200 runs picked (64 x 8 warps x 3 stages, 64 x 4 x 2) and their neighbours
     return [
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-        for bn in (32, 64)
-        for w in (4, 8)
-        for st in (1, 2, 3)
+        for bn, w, st in ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3))
     ]
 
 
-# `tune_rows` (programs launched, a power of two) is in the key: the best tile depends on how
-# many programs share the SMs, not only on the head geometry
+# `tune_rows` (0: fewer programs than SMs, 1: more) is in the key: the best tile depends on
+# whether the SMs are full. Only two values, so a server autotunes at most twice per cache
+# kind, during its first steps (a key per launch size re-tuned mid-serving: ~1 s per new key)
 _tuned_split_kernel = triton.autotune(
     configs=_configs(), key=["tune_rows", "H_PAD", "R_PAD", "P_PAD", "PAGE", "HAS_SCALE", "HAS_IDX", "IEEE"]
 )(_split_kernel)
@@ -251,7 +254,7 @@ def mla_decode_paged_fast(
     ieee = pool.dtype == torch.float32 or _INTERPRET
     args = (
         q_latent, q_rope, pool, kvs, block_tables, seq_lens, idx, trow, o_part, lse,
-        scale * _LOG2E, indices.shape[1] if indices is not None else 0, triton.next_power_of_2(n * splits),
+        scale * _LOG2E, indices.shape[1] if indices is not None else 0, int(n * splits >= _sm_count_or_4(pool.device)),
         q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1),
         block_tables.stride(0), idx.stride(0) if indices is not None else 0,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),

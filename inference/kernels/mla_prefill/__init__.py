@@ -12,11 +12,16 @@ from inference.kernels.mla_prefill.reference import mla_prefill_varlen_reference
 
 __all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_reference"]
 
-# Which fast path runs on CUDA for bf16/fp16, chosen by measurement (benchmarks/kernels.py, H200,
-# H=16, Dqk=192, Dv=128): the cuDNN prefix + diagonal split ran at 548-620 TFLOP/s on 8K-16K
-# chunks over 32K-512K keys, our Triton kernel at 404-484, SDPA's lower-right causal bias
-# (memory-efficient backend) at 117-141. fp32 has no cuDNN kernel: it takes the Triton path.
-PREFILL_BACKEND: Literal["triton", "cudnn"] = "cudnn"
+# Which fast path runs on CUDA for bf16/fp16 (fp32 has no cuDNN kernel: always Triton). Measured
+# on the H200 (benchmarks/kernels.py, H=16, Dqk=192, Dv=128): with its execution plan cached, the
+# cuDNN prefix + diagonal split runs 548-620 TFLOP/s on 8K-16K chunks over 32K-512K keys, our
+# Triton kernel 404-484 (SDPA's lower-right causal bias, the memory-efficient backend, 117-141).
+# But a chunked prefill gives cuDNN a new (L, S) shape every chunk, and one MLA layer prefilling
+# 128K / 512K in 16K chunks through the cuDNN path took 0.48 s / 3.63 s, ~45 ms per chunk above
+# its cached-plan kernel time (0.16 s at 128K), a fixed per-new-shape cost; Triton compiles once
+# for all lengths, runs a varlen batch in one launch, and its whole-128K attention (16K chunks,
+# expansion included) measured 0.20 s. So "triton" by default; "cudnn" stays selectable.
+PREFILL_BACKEND: Literal["triton", "cudnn"] = "triton"
 
 
 def mla_prefill_varlen(

@@ -138,9 +138,7 @@ def _prefill_kernel(
 
 _CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-    for bm, bn, w, st in (
-        (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 2),
-    )
+    for bm, bn, w, st in ((128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2))
 ]  # fmt: skip
 _tuned_prefill_kernel = triton.autotune(configs=_CONFIGS, key=["H", "DN", "DR", "DV", "IEEE"])(
     _prefill_kernel

@@ -1,8 +1,6 @@
 """Kernel tests: the fast paths (under Triton's interpreter where no CUDA device is) vs references.
 
-Without CUDA, `TRITON_INTERPRET=1` is set while a kernel test module runs (Triton reads it when a
-kernel is decorated and again when it is called) and restored after it, so the rest of the suite
-keeps the references.
+Without CUDA the kernels run in Triton's interpreter (`tests/inference/__init__.py` turns it on).
 Set `KERNEL_ERR_TABLE=path.json` to get the relative error of every comparison written there.
 """
 
@@ -21,20 +19,17 @@ ERRORS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def fast():
-    """The fast-path modules: real GPU kernels on CUDA, the Triton interpreter elsewhere."""
-    saved = os.environ.get("TRITON_INTERPRET")
+    """The fast-path modules: real GPU kernels on CUDA, Triton's interpreter elsewhere (switched on
+    by `tests/inference/__init__.py` before triton is first imported)."""
+    mods = SimpleNamespace(**{
+        name: importlib.import_module(f"inference.kernels.{name}.fast") for name in ("mla_decode", "mla_prefill", "dsa")
+    })  # fmt: skip
     if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield SimpleNamespace(**{
-            name: importlib.import_module(f"inference.kernels.{name}.fast")
-            for name in ("mla_decode", "mla_prefill", "dsa")
-        })  # fmt: skip
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(mods.mla_decode._split_kernel, InterpretedFunction):
+            pytest.fail("no CUDA and triton was imported before TRITON_INTERPRET=1 was set")
+    return mods
 
 
 @pytest.fixture

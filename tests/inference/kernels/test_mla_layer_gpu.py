@@ -12,7 +12,7 @@ import torch
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, init_dummy_weights
 from inference.model.mla import MLAttention
-from tests.inference.kernels.helpers import assert_rel
+from tests.inference.kernels.helpers import TOL, assert_rel
 from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
 
 BLOCK = 16
@@ -66,7 +66,10 @@ def test_gpu_layer_matches_cpu_reference(dsa, fp8):
     xs = [torch.randn(sum(ql), spec.hidden_size, generator=g) for ql, _ in _steps()]
     want = _run(cpu.eval(), spec, "cpu", fp8, xs)
     got = _run(gpu.eval(), spec, torch.device("cuda"), fp8, xs)
-    assert_rel(got, want, 1e-4, f"MLA layer gpu kernels vs cpu reference dsa={dsa} fp8={fp8}")
+    # fp8 latents: the decode kernel computes in fp16 (q and the probabilities rounded to fp16), so
+    # the fp8 case is held to the kernels' fp8 tolerance; fp32 caches to fp32 agreement
+    tol = TOL[torch.float8_e4m3fn] if fp8 else 1e-4
+    assert_rel(got, want, tol, f"MLA layer gpu kernels vs cpu reference dsa={dsa} fp8={fp8}")
 
 
 @pytest.mark.gpu
