@@ -83,8 +83,3 @@ def test_what_the_model_code_refuses():
     )
     with pytest.raises(NotServableError, match="YaRN"):
         build_model(parse_config(with_yarn))
-    from tests.inference.test_analyze import CONFIGS
-
-    qwen = parse_config(__import__("json").loads((CONFIGS / "qwen3_next_80b_a3b.json").read_text()))
-    with pytest.raises(NotServableError, match="qwen3_next"):
-        build_model(qwen)
