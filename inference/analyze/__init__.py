@@ -55,6 +55,11 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
 
 
+def _display_name(s: ModelSpec) -> str:
+    """`kimi_k25(kimi_k2)` for a wrapper, else the text model type."""
+    return s.model_type if s.wrapper_type is None else f"{s.wrapper_type}({s.model_type})"
+
+
 def analyze(
     s: ModelSpec,
     *,
@@ -91,7 +96,7 @@ def analyze(
     if s.quantization:
         notes.append(f"checkpoint weights stored as {s.quantization}")
     return Analysis(
-        model_type=s.model_type if s.wrapper_type is None else f"{s.wrapper_type}({s.model_type})",
+        model_type=_display_name(s),
         layers={kind: s.layer_kinds.count(kind) for kind in (KDA, MLA, GDN, GQA)}
         | {
             "dense_mlp": s.mlp_kinds.count(DENSE),
@@ -146,9 +151,8 @@ def diff(a: ModelSpec, b: ModelSpec, *, context: int = 131072) -> Diff:
         "state_bytes_per_sequence": (sta, stb),
         f"memory_per_sequence_at_{context}": (kva * context + sta, kvb * context + stb),
     }
-    name = lambda s: s.model_type if s.wrapper_type is None else f"{s.wrapper_type}({s.model_type})"  # noqa: E731
     return Diff(
-        a=name(a), b=name(b), new_operators=new, new_shapes=shapes, dropped_operators=dropped,
+        a=_display_name(a), b=_display_name(b), new_operators=new, new_shapes=shapes, dropped_operators=dropped,
         memory={k: {"a": x, "b": y, "delta": y - x} for k, (x, y) in figures.items()},
     )  # fmt: skip
 

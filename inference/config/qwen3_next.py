@@ -2,7 +2,8 @@
 four layers, gated GQA softmax attention (q/k RMSNorm, partial rope, sigmoid output gate) on the
 fourth, and a softmax-routed MoE with one gated shared expert.
 
-Read for analysis; the model code of this family is not built (`inference.model` refuses it).
+Served by `inference/model/qwen3_next.py` (square GDN states only: linear_key_head_dim ==
+linear_value_head_dim, as published).
 """
 
 from __future__ import annotations

@@ -61,18 +61,42 @@ class HybridCacheSpec:
     def from_model_spec(
         spec: ModelSpec, dtype: torch.dtype = torch.bfloat16, *, latent_fp8: bool = False
     ) -> HybridCacheSpec:
-        """Cache shapes of `spec` with KV (and conv windows) stored in `dtype` (latents in FP8
+        """Cache shapes of `spec` with KV (and conv windows) stored in `dtype` (MLA latents in FP8
         with per-row scales when `latent_fp8`)."""
-        kda, mla = spec.kda, spec.mla  # None for families without KDA (DeepSeek) or MLA layers
+        kda, mla, gqa, gdn = spec.kda, spec.mla, spec.gqa, spec.gdn
+        # Other families on the same two pools: Qwen3-Next's GQA K|V rows are paged like the latent
+        # (width 2 * kv_heads * head_dim), its gated-DeltaNet states sit in the state slots.
+        if gdn is not None:
+            recurrent = (
+                spec.gdn_layers,
+                gdn.num_v_heads,
+                gdn.k_head_dim,
+                gdn.conv_dim,
+                gdn.conv_kernel_size - 1,
+            )
+        elif kda is not None:
+            recurrent = (
+                spec.kda_layers,
+                kda.num_heads,
+                kda.head_dim,
+                3 * kda.proj_dim,
+                kda.conv_kernel_size - 1,
+            )
+        else:
+            recurrent = ((), 0, 0, 0, 0)
+        if gqa is not None:
+            paged, width = spec.gqa_layers, 2 * gqa.num_kv_heads * gqa.head_dim
+        else:
+            paged, width = spec.mla_layers, mla.latent_dim if mla is not None else 0
         return HybridCacheSpec(
-            mla_layers=spec.mla_layers,
-            kda_layers=spec.kda_layers,
-            latent_dim=mla.latent_dim if mla is not None else 0,
+            mla_layers=paged,
+            kda_layers=recurrent[0],
+            latent_dim=width,
             index_head_dim=spec.dsa.head_dim if spec.dsa is not None else 0,
-            kda_num_heads=kda.num_heads if kda is not None else 0,
-            kda_head_dim=kda.head_dim if kda is not None else 0,
-            conv_channels=3 * kda.proj_dim if kda is not None else 0,
-            conv_window=kda.conv_kernel_size - 1 if kda is not None else 0,
+            kda_num_heads=recurrent[1],
+            kda_head_dim=recurrent[2],
+            conv_channels=recurrent[3],
+            conv_window=recurrent[4],
             kv_dtype_bytes=_dtype_bytes(dtype),
             latent_fp8=latent_fp8,
         )

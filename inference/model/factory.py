@@ -8,11 +8,9 @@ import torch
 from torch import nn
 
 from inference.config import ModelSpec
-from inference.model.deepseek_v32 import mtp_prefixes
-from inference.model.kda import KimiDeltaAttention
 from inference.model.kimi_linear import KimiLinearForCausalLM
 from inference.model.multimodal import KimiVLForConditionalGeneration
-from inference.model.text_models import text_model_class
+from inference.model.text_models import ignored_prefixes, text_model_class
 
 __all__ = ["build_model", "init_dummy_weights"]
 
@@ -50,9 +48,10 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             if name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")) and "vision" not in name:
                 value = value * residual_scale
         tensor.copy_(value.to(tensor.dtype))
-    for module in model.modules():
-        if isinstance(module, KimiDeltaAttention):
-            module.init_dummy(gen)
+    for module in model.modules():  # recurrent mixers draw their decay parameters their own way
+        init = getattr(module, "init_dummy", None)
+        if callable(init):
+            init(gen)
 
 
 def build_model(
@@ -98,7 +97,7 @@ def build_model(
         from inference.loader import load_weights
 
         load_weights(
-            model, path, verify=verify_checksums, progress=progress, ignore_prefixes=mtp_prefixes(spec)
+            model, path, verify=verify_checksums, progress=progress, ignore_prefixes=ignored_prefixes(spec)
         )
     return model.eval()
 

@@ -3,6 +3,7 @@ grouped-routed MoE, no KDA layers) generates greedily what transformers' `Deepse
 generates on the same random weights (CPU, fp32), batched, chunked and with a prefix hit."""
 
 import json
+from dataclasses import replace
 
 import torch
 import transformers
@@ -39,3 +40,36 @@ def test_greedy_equals_transformers_generate():
                 torch.tensor([p]), max_new_tokens=10, do_sample=False, use_cache=False, pad_token_id=0
             )
         assert got == ref[0, len(p) :].tolist()
+
+
+def _tiny_v3() -> dict:
+    """The tiny config without its indexer: DeepSeek-V3 / Kimi-K2 layout (decode-graph capable)."""
+    cfg = {k: v for k, v in json.loads(TINY.read_text()).items() if not k.startswith("index_")}
+    return dict(cfg, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
+
+
+def test_decode_graph_path_and_prefix_cache_keep_outputs_identical():
+    """The runner's decode-graph path (buckets, padded rows into the scratch block) with the
+    forward run eagerly on the padded inputs, and the prefix cache on: the same greedy tokens as
+    each prompt alone, no cache, no padding. DeepSeek-V3 without DSA is the variant that captures."""
+    from tests.inference.engine.test_engine_exactness import BASE, GREEDY, _PaddedEager, prompts
+
+    ref_eng = build_engine(config=_tiny_v3(), engine_config=BASE)
+    assert not build_engine(config=TINY, engine_config=BASE).runner.model.supports_decode_graphs(
+        torch.bfloat16
+    )
+    ps = prompts()[:6]
+    want = [ref_eng.generate([p], GREEDY)[0].output_token_ids for p in ps]
+    eng = build_engine(config=_tiny_v3(), engine_config=replace(BASE, enable_prefix_caching=True))
+    runner = eng.runner
+    kv = next(iter(runner.cache.kv.values()))
+    scratch_block = kv.shape[0] - 1
+    runner.graphs = _PaddedEager(
+        runner.model, runner.cache, device=runner.device, block_size=BASE.block_size,
+        scratch_block=scratch_block, scratch_slot=runner.cache.num_slots - 1, batch_buckets=(1, 2, 4, 8, 16),
+    )  # fmt: skip
+    for _wave in range(2):  # the second wave starts from prefix hits
+        assert [r.output_token_ids for r in eng.generate(ps, GREEDY)] == want
+    assert runner.graphs.num_replays > 0 and eng.scheduler.cached_tokens_admitted > 0
+    assert kv[scratch_block].abs().sum() > 0  # the padding rows wrote into the spare block only
+    eng.scheduler.cache.check_invariants()

@@ -83,8 +83,29 @@ def test_what_the_model_code_refuses():
     )
     with pytest.raises(NotServableError, match="YaRN"):
         build_model(parse_config(with_yarn))
-    from tests.inference.test_analyze import CONFIGS
 
-    qwen = parse_config(__import__("json").loads((CONFIGS / "qwen3_next_80b_a3b.json").read_text()))
-    with pytest.raises(NotServableError, match="qwen3_next"):
-        build_model(qwen)
+
+def test_kimi_k25_wrapper_serves_the_deepseek_text_model():
+    """Kimi-K2.5's layout: a `kimi_k2` text_config (DeepSeek-V3 architecture) under MoonViT."""
+    from inference.analyze import parameter_counts
+    from inference.engine.factory import small_vl_model_config
+    from inference.model.multimodal import KimiVLForConditionalGeneration
+
+    text = {k: v for k, v in tiny_deepseek_v32_config().items() if not k.startswith("index_")}
+    cfg = dict(
+        small_vl_model_config(), text_config=dict(text, model_type="kimi_k2"), projection_hidden_size=32
+    )
+    spec = parse_config(cfg)
+    model = build_model(spec)
+    assert isinstance(model, KimiVLForConditionalGeneration) and isinstance(
+        model.language_model, DeepseekForCausalLM
+    )
+    assert "language_model.model.layers.1.mlp.experts.0.gate_proj.weight" in model.state_dict()
+    stored = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert parameter_counts(spec)[0]["total"] == stored
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, torch.float32), 4, BLOCK, 1, "cpu", torch.float32
+    )
+    with torch.no_grad():
+        logits = model(torch.arange(5), ForwardMeta.for_sequences([5], [0], [[0]], BLOCK, [0]), cache)
+    assert logits.shape == (5, spec.vocab_size) and torch.isfinite(logits).all()

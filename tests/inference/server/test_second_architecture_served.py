@@ -1,7 +1,7 @@
-"""The second architecture served for real: `dayzero infer serve --dummy tiny_deepseek_v32.json`
-in its own process, its greedy completions equal to transformers' `DeepseekV32ForCausalLM` on the
-same seeded weights, and an orchestrator task (real runner, real HTTP client, SQLite) whose model
-steps that server answers."""
+"""The new architectures served for real: `dayzero infer serve --dummy tiny_deepseek_v32.json`
+(and `tiny_qwen3_next.json`) in its own process, its greedy completions equal to transformers'
+`DeepseekV32ForCausalLM` (`Qwen3NextForCausalLM`) on the same seeded weights, and an orchestrator
+task (real runner, real HTTP client, SQLite) whose model steps that server answers."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from inference.config import load_config
 from inference.model import build_model
 from inference.tokenizer import ByteTokenizer
-from tests.inference.model.deepseek_hf_mapping import TINY, hf_config, published_to_hf
+from tests.inference.model import deepseek_hf_mapping, qwen3_next_hf_mapping
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,13 +31,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# architecture -> (its mapping helpers, transformers' model class)
+ARCHS = {
+    "deepseek_v32": (deepseek_hf_mapping, "DeepseekV32ForCausalLM"),
+    "qwen3_next": (qwen3_next_hf_mapping, "Qwen3NextForCausalLM"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def arch(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[str]:
+def server(arch, tmp_path_factory) -> Iterator[str]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", str(TINY), "--port", str(port),
+    tiny = ARCHS[arch][0].TINY
+    cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", str(tiny), "--port", str(port),
            "--device", "cpu", "--block-size", "8", "--checkpoint-interval", "16", "--num-blocks", "512"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -61,25 +74,29 @@ def server(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(arch):
     """transformers' model holding the weights the server built (`--seed 0`)."""
     import json
 
     import transformers
 
-    ours = build_model(load_config(TINY), seed=0)
-    hf = transformers.DeepseekV32ForCausalLM(hf_config(json.loads(TINY.read_text()))).eval()
-    hf.load_state_dict(published_to_hf(ours.state_dict()), strict=True)
+    mapping, cls = ARCHS[arch]
+    ours = build_model(load_config(mapping.TINY), seed=0)
+    hf = getattr(transformers, cls)(mapping.hf_config(json.loads(mapping.TINY.read_text()))).eval()
+    hf.load_state_dict(mapping.published_to_hf(ours.state_dict()), strict=True)
     return hf
 
 
 @torch.no_grad()
-def _hf_greedy(hf, ids: list[int], n: int, vocab: int) -> list[int]:
-    """Full causal forwards (no KV cache), argmax over the tokenizer's ids as the engine samples."""
-    out = list(ids)
+def _hf_greedy(hf, ids: list[int], n: int, vocab: int) -> tuple[list[int], list[float]]:
+    """Full causal forwards (no KV cache), argmax over the tokenizer's ids as the engine samples;
+    (tokens, their log-probabilities over those ids)."""
+    out, lps = list(ids), []
     for _ in range(n):
-        out.append(int(hf(torch.tensor([out])).logits[0, -1, :vocab].argmax()))
-    return out[len(ids) :]
+        logp = hf(torch.tensor([out])).logits[0, -1, :vocab].log_softmax(-1)
+        out.append(int(logp.argmax()))
+        lps.append(float(logp.max()))
+    return out[len(ids) :], lps
 
 
 def test_served_completions_equal_transformers(server, reference):
@@ -87,7 +104,7 @@ def test_served_completions_equal_transformers(server, reference):
     prompts = ["Day-0 adaptation: a new architecture from the shared layers", "x" * 30]
     for prompt in prompts:  # twice each: the second call is a prefix-cache hit
         ids = tok.encode(prompt)
-        want = _hf_greedy(reference, ids, 12, tok.vocab_size)
+        want, want_lps = _hf_greedy(reference, ids, 12, tok.vocab_size)
         for _ in range(2):
             r = httpx.post(
                 server + "/v1/completions",
@@ -97,7 +114,11 @@ def test_served_completions_equal_transformers(server, reference):
             assert r.status_code == 200, r.text
             body = r.json()
             assert body["usage"]["completion_tokens"] == 12
-            assert body["choices"][0]["text"] == tok.decode(want)
+            # token by token (the text alone can hide a difference: invalid UTF-8 bytes of a
+            # random model decode to U+FFFD, and a stop token is not text)
+            lp = body["choices"][0]["logprobs"]
+            assert lp["tokens"] == [tok.decode([t]) for t in want]
+            assert lp["token_logprobs"] == pytest.approx(want_lps, abs=1e-4)
     second = httpx.post(
         server + "/v1/completions",
         json={"prompt": tok.encode(prompts[0]), "max_tokens": 1, "temperature": 0},
