@@ -57,14 +57,25 @@ def test_default_render_has_every_component():
     assert cfg["DAYZERO_BLOB_DIR"] == "/var/lib/dayzero/blobs"
 
 
-def test_migrations_run_as_a_hook_before_upgrades():
+def test_migrations_run_as_a_hook_before_install_and_upgrades():
     docs = render(merged())
     job = docs[("Job", f"{PREFIX}-migrate-1")]
     ann = job["metadata"]["annotations"]
-    assert ann["helm.sh/hook"] == "post-install,pre-upgrade"
+    assert ann["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
     assert container(job)["args"] == ["db", "upgrade"]
-    assert set(env_of(container(job))) == {"DATABASE_URL", "POD_NAME"}  # only what it uses
+    # It runs before the release's objects exist: only the Secret, itself an earlier hook.
+    assert set(env_of(container(job))) == {"DATABASE_URL"}
+    assert "envFrom" not in container(job)
+    assert "serviceAccountName" not in pod_spec(job)
+    assert pod_spec(job)["automountServiceAccountToken"] is False
+    secret = docs[("Secret", f"{PREFIX}-secrets")]["metadata"]["annotations"]
+    assert secret["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert int(secret["helm.sh/hook-weight"]) < int(ann["helm.sh/hook-weight"])
+    assert secret["helm.sh/hook-delete-policy"] == "before-hook-creation"  # never while pods use it
+    mine = render(merged(EXISTING_SECRET))
+    ref = env_of(container(mine[("Job", f"{PREFIX}-migrate-1")]))["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == "dz-creds"
 
 
 def test_every_container_runs_a_real_dayzero_command():
