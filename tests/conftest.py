@@ -9,6 +9,21 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Before any test module imports triton (Triton reads this when a kernel is decorated): without a
+# CUDA device the kernel tests run our Triton kernels in its interpreter. The model's dispatch
+# (`inference.kernels.use_fast`) ignores it, so everything else keeps the PyTorch references.
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
 
@@ -50,14 +65,6 @@ def db(db_url) -> Iterator[Engine]:
     migrate.upgrade(engine)
     yield engine
     engine.dispose()
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -14,9 +14,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from inference.model.ops.mla import gather_paged
-
 __all__ = ["gqa_paged_attention", "gqa_write_kv"]
+
+
+def gather_paged(pool: Tensor, block_tables: Tensor, lengths: list[int] | tuple[int, ...]) -> Tensor:
+    """Each sequence's first `lengths[i]` rows of a `[num_blocks, block_size, D]` paged pool, as
+    `[N, max(lengths), D]` (rows past a sequence's length are unspecified)."""
+    block_size = pool.shape[1]
+    pos = torch.arange(max(lengths), device=pool.device)
+    blk_idx = (pos // block_size).clamp(max=block_tables.shape[1] - 1)
+    blocks = block_tables.to(device=pool.device, dtype=torch.long)[:, blk_idx]  # [N, S]
+    return pool[blocks, (pos % block_size)[None, :].expand_as(blocks)]
 
 
 def gqa_write_kv(pool: Tensor, slot_mapping: Tensor, k: Tensor, v: Tensor) -> None:

@@ -19,7 +19,7 @@ def test_greedy_equals_transformers_generate():
     eng = build_engine(
         config=TINY,
         engine_config=EngineConfig(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
-                                   checkpoint_interval=16),
+                                   checkpoint_interval=16, max_model_len=2048),
     )  # fmt: skip
     assert eng.runner.cache.spec.kda_layers == () and eng.runner.cache.spec.state_bytes_per_slot == 0
     hf = transformers.DeepseekV32ForCausalLM(hf_config(cfg)).eval()

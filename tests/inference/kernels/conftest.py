@@ -1,6 +1,6 @@
 """Kernel tests: the fast paths (under Triton's interpreter where no CUDA device is) vs references.
 
-Without CUDA the kernels run in Triton's interpreter (`tests/inference/__init__.py` turns it on).
+Without CUDA the kernels run in Triton's interpreter (`tests/conftest.py` turns it on).
 Set `KERNEL_ERR_TABLE=path.json` to get the relative error of every comparison written there.
 """
 
@@ -20,7 +20,7 @@ ERRORS: list[dict] = []
 @pytest.fixture(scope="module")
 def fast():
     """The fast-path modules: real GPU kernels on CUDA, Triton's interpreter elsewhere (switched on
-    by `tests/inference/__init__.py` before triton is first imported)."""
+    by `tests/conftest.py` before triton is first imported)."""
     mods = SimpleNamespace(**{
         name: importlib.import_module(f"inference.kernels.{name}.fast") for name in ("mla_decode", "mla_prefill", "dsa")
     })  # fmt: skip

@@ -195,4 +195,4 @@ def test_non_streaming_request_is_aborted_when_its_client_disconnects(server):
         time.sleep(0.02)
     assert not eng.scheduler.running and eng.scheduler.cache.states.num_live == 0
     assert eng.num_generated_tokens - before < 450
-    assert 'dayzero_requests_total{outcome="aborted"}' in client.get("/metrics").text
+    assert 'dayzero_inference_requests_total{outcome="aborted"}' in client.get("/metrics").text

@@ -144,7 +144,18 @@ def test_infer_serve_takes_references_from_its_blob_store(tmp_path):
     port = _free_port()
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", str(cfg), "--device", "cpu"]
-    cmd += ["--port", str(port), "--num-blocks", "256", "--max-num-seqs", "4", "--blob-url", blob_url]
+    cmd += [
+        "--port",
+        str(port),
+        "--num-blocks",
+        "256",
+        "--max-model-len",
+        "16384",
+        "--max-num-seqs",
+        "4",
+        "--blob-url",
+        blob_url,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True

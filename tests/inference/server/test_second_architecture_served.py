@@ -51,7 +51,7 @@ def server(arch, tmp_path_factory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     tiny = ARCHS[arch][0].TINY
     cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", str(tiny), "--port", str(port),
-           "--device", "cpu", "--block-size", "8", "--checkpoint-interval", "16", "--num-blocks", "512"]  # fmt: skip
+           "--device", "cpu", "--block-size", "8", "--checkpoint-interval", "16", "--num-blocks", "512", "--max-model-len", "4096"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
