@@ -9,6 +9,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
+from orchestrator.db import migrate  # imports no triton
+from orchestrator.db.engine import make_engine
+
 
 def _cuda_available() -> bool:
     try:
@@ -24,8 +27,6 @@ def _cuda_available() -> bool:
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from orchestrator.db import migrate
-from orchestrator.db.engine import make_engine
 
 PG_ADMIN_URL = os.environ.get("DAYZERO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
