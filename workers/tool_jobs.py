@@ -91,9 +91,16 @@ def run_tool(payload: dict[str, Any], registry: ToolRegistry | None = None) -> d
     t0 = time.perf_counter()
     try:
         ctx = tool_context(payload)
+        tool, arguments = payload["tool"], payload.get("arguments") or "{}"
+        if not isinstance(tool, str) or not isinstance(arguments, str):
+            raise TypeError("'tool' and 'arguments' must be strings")
+    except (KeyError, TypeError, ValueError) as exc:  # a malformed payload is this job's failure only
+        error = {"error": f"malformed tool job payload: {type(exc).__name__}: {exc}", "kind": "permanent"}
+        return {"ok": False, "error": error, "duration_ms": (time.perf_counter() - t0) * 1000}
+    try:
         if ctx.workspace is not None:
             ctx.workspace.mkdir(parents=True, exist_ok=True)
-        result = registry.execute(payload["tool"], payload.get("arguments") or "{}", ctx)
+        result = registry.execute(tool, arguments, ctx)
         out: dict[str, Any] = {"ok": True, "content": result.content}
     except ToolError as exc:
         out = {"ok": False, "error": exc.to_dict()}
