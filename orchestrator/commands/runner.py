@@ -7,11 +7,14 @@ import logging
 import signal
 import threading
 
+from orchestrator.commands.kafka_process import add_probe_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runner", help="run task steps until stopped (SIGTERM/SIGINT stop at a step boundary)")
     p.add_argument("--id", default=None, help="runner id (default: random)")
     p.add_argument("--upgrade", action="store_true", help="apply migrations first")
+    add_probe_arguments(p)
     p.set_defaults(func=_runner)
 
 
@@ -36,6 +39,10 @@ def _runner(args: argparse.Namespace) -> int:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: parts.runner.stop())
+    if args.metrics_port is not None:
+        from orchestrator.probes import serve_probes
+
+        serve_probes(args.metrics_host, args.metrics_port, parts.runner.health)
     logging.getLogger("dayzero").info("runner %s started", parts.runner.config.runner_id)
     try:
         parts.runner.run_forever()

@@ -12,7 +12,7 @@ from workers.tool_jobs import run_tool
 
 def test_probe_port_binds_loopback_unless_told(monkeypatch):
     monkeypatch.delenv("DAYZERO_METRICS_HOST", raising=False)
-    for cmd in ("ingest", "relay"):
+    for cmd in ("ingest", "relay", "runner"):
         args = build_parser().parse_args([cmd, "--metrics-port", "0"])
         assert args.metrics_host == "127.0.0.1"
         assert build_parser().parse_args([cmd, "--metrics-host", "0.0.0.0"]).metrics_host == "0.0.0.0"
