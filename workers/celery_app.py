@@ -98,6 +98,8 @@ def make_celery_app(
         result_backend_transport_options={"visibility_timeout": visibility},
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
+        # A broker outage is waited out, however long (Celery's default gives up after 100 tries).
+        broker_connection_max_retries=None,
         worker_hijack_root_logger=False,
     )
     _register_tasks(app)

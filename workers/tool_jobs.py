@@ -90,17 +90,24 @@ def run_tool(payload: dict[str, Any], registry: ToolRegistry | None = None) -> d
     """Execute `payload["tool"]` with `payload["arguments"]`; returns `{ok, content|error, duration_ms}`."""
     registry = registry or process_registry()
     t0 = time.perf_counter()
+    try:
+        ctx = tool_context(payload)
+        tool, arguments = payload["tool"], payload.get("arguments") or "{}"
+        if not isinstance(tool, str) or not isinstance(arguments, str):
+            raise TypeError("'tool' and 'arguments' must be strings")
+    except (KeyError, TypeError, ValueError) as exc:  # a malformed payload is this job's failure only
+        error = {"error": f"malformed tool job payload: {type(exc).__name__}: {exc}", "kind": "permanent"}
+        return {"ok": False, "error": error, "duration_ms": (time.perf_counter() - t0) * 1000}
     attrs = {
-        "dayzero.tool": str(payload.get("tool")),
+        "dayzero.tool": tool,
         "dayzero.attempt": int(payload.get("attempt") or 0),
         "dayzero.idempotency_key": str(payload.get("idempotency_key")),
     }
     with job_span(payload, "tool", attrs) as span:
         try:
-            ctx = tool_context(payload)
             if ctx.workspace is not None:
                 ctx.workspace.mkdir(parents=True, exist_ok=True)
-            result = registry.execute(payload["tool"], payload.get("arguments") or "{}", ctx)
+            result = registry.execute(tool, arguments, ctx)
             out: dict[str, Any] = {"ok": True, "content": result.content}
             span.set_attribute("dayzero.tool.outcome", "ok")
         except ToolError as exc:

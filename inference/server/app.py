@@ -35,8 +35,8 @@ from inference.server.telemetry import ServerMetrics, record_request
 from preprocess import jsonlimits
 
 
-def _error(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 class ClientGone(Exception):
@@ -65,7 +65,10 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(OpenAIError(str(exc.detail), status=exc.status_code, type=kind))
+        # Starlette's own headers (a 405's `Allow`) are kept.
+        return _error(
+            OpenAIError(str(exc.detail), status=exc.status_code, type=kind), dict(exc.headers or {})
+        )
 
     @app.exception_handler(Exception)
     async def _internal(_req: Request, exc: Exception) -> JSONResponse:
@@ -210,13 +213,24 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
             ],
         }
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        responses={503: {"description": "the engine is not running", "content": {"application/json": {}}}},
+    )
     async def health():
         if not engine.alive:
             return JSONResponse({"status": "engine not running"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        responses={
+            200: {
+                "description": "Prometheus text format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def prom():
         return PlainTextResponse(
             generate_latest(metrics.registry).decode(), media_type="text/plain; version=0.0.4"

@@ -26,7 +26,7 @@ _ERROR = {
 }
 
 _SAMPLING: dict[str, Any] = {
-    "model": {"type": "string"},
+    "model": {"type": ["string", "null"]},
     "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1},
     "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},

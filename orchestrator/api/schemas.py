@@ -6,7 +6,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 MAX_GOAL_CHARS = 32_000
 MAX_MESSAGES = 256
@@ -21,15 +28,18 @@ MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | b
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 
+def _not_bool(value: Any) -> Any:
+    # Pydantic's lax mode reads true/false as 1/0; the schema says number, so a boolean is a 422.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def _not_bool(value: Any) -> Any:
-    # JSON true/false is not a number; pydantic's lax mode would read it as 1/0 (2.14 does for floats too).
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not a boolean")
-    return value
 
 
 def check_text(value: Any, where: str = "body") -> Any:
@@ -82,20 +92,17 @@ class InlineAttachment(_Strict):
 class Budget(_Strict):
     """Per-task limits; the server's defaults are the maximum."""
 
-    max_steps: int | None = Field(None, ge=1, le=100_000)
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000_000)
-    deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
-
-    _numbers = field_validator("max_steps", "max_tokens", "deadline_s", mode="before")(_not_bool)
+    max_steps: Annotated[int | None, NotBool] = Field(None, ge=1, le=100_000)
+    max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000_000)
+    deadline_s: Annotated[float | None, NotBool] = Field(None, gt=0, le=30 * 86400)
 
 
 class SamplingParams(_Strict):
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    seed: int | None = Field(None, ge=0, le=2**53)  # exact in every JSON number implementation
-
-    _numbers = field_validator("temperature", "top_p", "max_tokens", "seed", mode="before")(_not_bool)
+    temperature: Annotated[float | None, NotBool] = Field(None, ge=0, le=2)
+    top_p: Annotated[float | None, NotBool] = Field(None, gt=0, le=1)
+    max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000)
+    # exact in every JSON number implementation
+    seed: Annotated[int | None, NotBool] = Field(None, ge=0, le=2**53)
 
 
 class TaskCreate(_Strict):

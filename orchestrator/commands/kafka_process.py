@@ -21,6 +21,11 @@ log = logging.getLogger("dayzero")
 def add_kafka_process_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upgrade", action="store_true", help="apply migrations first")
     p.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
+    add_probe_arguments(p)
+
+
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    """`--metrics-port` / `--metrics-host` of the long-running commands without an HTTP API."""
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve /metrics, /healthz and /readyz on this port"
     )

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
+
+from orchestrator.commands.kafka_process import add_probe_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runner", help="run task steps until stopped (SIGTERM/SIGINT stop at a step boundary)")
     p.add_argument("--id", default=None, help="runner id (default: random)")
     p.add_argument("--upgrade", action="store_true", help="apply migrations first")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
-    p.add_argument(
-        "--metrics-host",
-        default=os.environ.get("DAYZERO_METRICS_HOST", "127.0.0.1"),
-        help="address the metrics port binds (or DAYZERO_METRICS_HOST; a pod needs 0.0.0.0)",
-    )
+    add_probe_arguments(p)
     p.set_defaults(func=_runner)
 
 
@@ -32,10 +28,6 @@ def _runner(args: argparse.Namespace) -> int:
 
     settings = Settings()
     setup_tracing("dayzero-runner", settings.otlp_endpoint)
-    if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, addr=args.metrics_host)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -47,6 +39,10 @@ def _runner(args: argparse.Namespace) -> int:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: parts.runner.stop())
+    if args.metrics_port is not None:
+        from orchestrator.probes import serve_probes
+
+        serve_probes(args.metrics_host, args.metrics_port, parts.runner.health)
     logging.getLogger("dayzero").info("runner %s started", parts.runner.config.runner_id)
     try:
         parts.runner.run_forever()

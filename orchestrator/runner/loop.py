@@ -28,7 +28,6 @@ from typing import Any
 
 from opentelemetry import trace
 from sqlalchemy import Connection, Engine, select
-from sqlalchemy.exc import DBAPIError
 
 from orchestrator.attachments import (
     PDF_MEDIA_TYPE,
@@ -51,6 +50,7 @@ from orchestrator.metrics import (
     STEP_SECONDS,
     TOOL_ATTEMPTS,
 )
+from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.runner.lease import LeaseLost, claim_next_task, renew_lease
 from orchestrator.runner.retry import full_jitter_delay
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
@@ -91,8 +91,9 @@ class RunnerConfig:
 class _Heartbeat:
     """Renews the lease every third of its length while a step executes."""
 
-    def __init__(self, engine: Engine, task_id: str, runner_id: str, lease_s: float):
+    def __init__(self, engine: Engine, task_id: str, runner_id: str, lease_s: float, health: Health):
         self._args = (engine, task_id, runner_id, lease_s)
+        self._health = health
         self._stop = threading.Event()
         self._conn: Connection | None = None
         self.lost = False
@@ -112,6 +113,7 @@ class _Heartbeat:
             try:
                 with engine.begin() as conn:
                     renew_lease(conn, task_id, runner_id, lease_s)
+                self._health.beat()
             except LeaseLost:
                 self.lost = True
                 return
@@ -135,6 +137,7 @@ class Runner:
         self.dispatcher = dispatcher
         self.tools = tools
         self.config = config or RunnerConfig()
+        self.health = Health()  # the loop and the lease renewals beat it (a long step is alive)
         self._stop = threading.Event()
 
     # -- outer loop --------------------------------------------------------------------------
@@ -143,15 +146,17 @@ class Runner:
 
     def run_forever(self) -> None:
         """Loop until `stop()`. A lost database connection is logged and retried with backoff: the
-        lease of whatever was in flight expires and the work resumes from the last commit."""
-        failures = 0
+        lease of whatever was in flight expires and the work resumes from the last commit.
+        `health` (the probes) follows: unready while the database is away."""
+        backoff = Backoff()
         while not self._stop.is_set():
             try:
                 worked = self.run_once()
-                failures = 0
-            except DBAPIError as exc:
-                failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                backoff.reset()
+                self.health.set_ready()
+            except outage_errors() as exc:
+                delay = backoff.next_delay()
+                self.health.set_unready(type(exc).__name__)
                 log.warning("database error (%s); retrying in %.1f s", exc.__class__.__name__, delay)
                 self._stop.wait(delay)
                 continue
@@ -269,7 +274,7 @@ class Runner:
         # One connection for the whole drive: checked out (and pinged) once, not once per step.
         with (
             self.engine.connect() as self._conn,
-            _Heartbeat(self.engine, task.id, self.config.runner_id, self.config.lease_s),
+            _Heartbeat(self.engine, task.id, self.config.runner_id, self.config.lease_s, self.health),
         ):
             while not self._stop.is_set() and task.status not in _TERMINAL:
                 step = task.open_step()

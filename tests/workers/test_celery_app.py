@@ -31,6 +31,7 @@ def test_delivery_and_serialisation_settings(app):
     assert conf.task_serializer == "json" and conf.result_serializer == "json"
     assert list(conf.accept_content) == ["json"] and list(conf.result_accept_content) == ["json"]
     assert conf.task_publish_retry is False
+    assert conf.broker_connection_max_retries is None  # a broker outage is waited out
     assert {q.name for q in conf.task_queues} == {"preprocess", "tools"}
     assert conf.broker_transport_options["visibility_timeout"] >= ca.LONGEST_JOB_S
     assert ca.DEFAULT_VISIBILITY_TIMEOUT_S > ca.TOOLS_HARD_LIMIT_S > ca.PREPROCESS_HARD_LIMIT_S
