@@ -114,7 +114,20 @@ function render() {
   const span = Math.max(1, ends[0] - t0);
   const pos = (a, b) => ({ left: ((a - t0) / span) * 100, width: Math.max(0.2, ((b - a) / span) * 100) });
   const rows = d.steps.map((s) => stepRow(s, pos, t.finished_at ? ms(t.finished_at) : Date.now()));
+  // Before its first step a task waits for a runner (and its attachments for preprocessing).
+  const first = d.steps.length ? ms(d.steps[0].started_at || d.steps[0].created_at) : NaN;
+  if (isFinite(first) && first > t0) rows.unshift(queuedRow(pos(t0, first), (first - t0) / 1000));
   $("#waterfall").replaceChildren(...rows);
+}
+
+function queuedRow(p, seconds) {
+  const track = el("div", { class: "track" });
+  const b = el("div", { class: "bar QUEUED", title: "waiting for a runner" });
+  b.style.left = p.left + "%";
+  b.style.width = p.width + "%";
+  track.append(b);
+  return el("div", { class: "row queued", role: "listitem" },
+    el("div", { class: "label", text: "queued" }), track, el("div", { class: "info", text: fmtDuration(seconds) }));
 }
 
 function stepRow(s, pos, now) {

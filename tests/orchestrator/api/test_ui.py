@@ -110,7 +110,7 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             expect(page.locator("#tasks tbody tr")).to_have_attribute("data-id", flaky)
             page.click(f'#tasks tr[data-id="{flaky}"]')
             page.wait_for_selector("#waterfall .row[data-step='4']")
-            rows = page.locator("#waterfall .row")
+            rows = page.locator("#waterfall .row[data-step]")
             assert [rows.nth(i).get_attribute("data-kind") for i in range(5)] == ["model", "tool"] * 2 + [
                 "model"
             ]
@@ -137,7 +137,7 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             page.wait_for_selector("#waterfall .row[data-step='1'][data-status='RUNNING']")
             page.wait_for_selector("#live:has-text('live')")
             assert page.locator("#task-status").inner_text() == "RUNNING"
-            assert page.locator("#waterfall .row").count() == 2
+            assert page.locator("#waterfall .row[data-step]").count() == 2
             page.screenshot(path=str(tmp_path / "timeline-live-running.png"), full_page=True)
             (state_dir / "gate-open").touch()  # let the task go on; no reload from here on
             page.wait_for_selector("#task-status:has-text('SUCCEEDED')", timeout=60_000)
