@@ -142,7 +142,8 @@ function stepRow(s, pos, now) {
   const errors = [];
   let total = 0;
   let tokens = "";
-  for (const a of s.attempts) {
+  s.attempts.forEach((a, i) => {
+    if (i > 0) bar(ms(s.attempts[i - 1].finished_at), ms(a.started_at), "RETRY_WAIT", "retry backoff");
     const b = ms(a.finished_at);
     total += (b - ms(a.started_at)) / 1000;
     bar(ms(a.started_at), b, a.status, `attempt ${a.attempt}: ${a.status}`);
@@ -151,7 +152,7 @@ function stepRow(s, pos, now) {
       const ttft = a.usage.ttft_ms != null ? ` · ttft ${fmtDuration(a.usage.ttft_ms / 1000)}` : "";
       tokens = `in ${a.usage.prompt_tokens} (cached ${a.usage.cached_tokens}) · out ${a.usage.completion_tokens}${ttft}`;
     }
-  }
+  });
   if (s.status === "RUNNING" && s.started_at) {
     bar(ms(s.started_at), now, "RUNNING", `attempt ${s.attempt_count}: running`);
     total += (now - ms(s.started_at)) / 1000;

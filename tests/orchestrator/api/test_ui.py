@@ -116,7 +116,9 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             ]
             tool_row = page.locator("#waterfall .row[data-step='1']")
             assert tool_row.get_attribute("data-attempts") == "2"
-            assert tool_row.locator(".bar").count() == 2  # one bar per attempt
+            assert tool_row.locator(".bar.FAILED").count() == 1  # one bar per attempt
+            assert tool_row.locator(".bar.SUCCEEDED").count() == 1
+            assert tool_row.locator(".bar.RETRY_WAIT").count() == 1  # the backoff between them
             assert "transient failure 1" in tool_row.locator(".err").inner_text()
             assert "2 attempts" in tool_row.locator(".info").inner_text()
             model_info = page.locator("#waterfall .row[data-step='2'] .info").inner_text()
