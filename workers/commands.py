@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from typing import Any
 
 QUEUES = ("preprocess", "tools")
 
@@ -49,19 +51,20 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def serve_metrics(port: int) -> None:
-    """/metrics of every pool process: prometheus_client's multiprocess mode, whose directory must
-    be set before prometheus_client is first imported (the children inherit it)."""
-    import tempfile
-
-    if "prometheus_client" in sys.modules and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        raise RuntimeError("prometheus_client was imported before the multiprocess directory was set")
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dayzero-worker-metrics-"))
+def serve_metrics(port: int, app: Any, queues: list[str]) -> None:
+    """/metrics of every pool process (prometheus_client's multiprocess mode, whose directory must
+    be set before prometheus_client is first imported: the children inherit it), plus the depth
+    of the queues this worker consumes, asked of the broker at scrape time."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        raise RuntimeError("set PROMETHEUS_MULTIPROC_DIR before prometheus_client is imported")
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.multiprocess import MultiProcessCollector
 
+    from workers.metrics import QueueDepthCollector
+
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
+    registry.register(QueueDepthCollector(app, queues))
     start_http_server(port, registry=registry)
 
 
@@ -72,12 +75,14 @@ def run_worker(args: argparse.Namespace) -> int:
         return 2
     argv = worker_argv(args)
     if args.metrics_port is not None:
-        serve_metrics(args.metrics_port)
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dayzero-worker-metrics-"))
     from workers.celery_app import make_celery_app
 
     vt = os.environ.get("DAYZERO_CELERY_VISIBILITY_TIMEOUT_S")
     app = make_celery_app(
         broker, os.environ.get("CELERY_RESULT_BACKEND"), visibility_timeout_s=float(vt) if vt else None
     )
+    if args.metrics_port is not None:
+        serve_metrics(args.metrics_port, app, argv[argv.index("--queues") + 1].split(","))
     app.worker_main(argv)
     return 0

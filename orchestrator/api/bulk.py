@@ -23,7 +23,7 @@ from orchestrator.clock import utcnow
 from orchestrator.config import Budgets
 from orchestrator.statemachine import TaskEvent, TaskStatus, next_task_status
 from orchestrator.store import IdempotencyConflict, NewTask, events_t, messages_t, tasks_t
-from orchestrator.tracing import new_traceparent, valid_traceparent
+from orchestrator.tracing import new_traceparent, record_transition, valid_traceparent
 
 _LOOKUP_CHUNK = 500
 _COPY_MIN_ROWS = 8  # below this a plain INSERT is cheaper than the COPY protocol
@@ -151,6 +151,8 @@ def bulk_create_tasks(
             conn.execute(insert(tasks_t), task_rows)
             conn.execute(insert(messages_t), message_rows)
             conn.execute(insert(events_t), event_rows)
+    for r in task_rows:  # the admission, as `store.transition_task` traces its transitions
+        record_transition("task", r["id"], TaskStatus.PENDING.value, r["status"], r["traceparent"])
     return results
 
 

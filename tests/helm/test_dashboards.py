@@ -31,10 +31,12 @@ def _families(registry: CollectorRegistry) -> dict[str, tuple[str, set[str]]]:
     out = {}
     for collector in list(registry._collector_to_names):
         label_names = set(getattr(collector, "_labelnames", ()))
-        for fam in collector.collect():
+        described = collector.describe() if hasattr(collector, "describe") else []
+        for fam in [*described, *collector.collect()]:
             if fam.name.startswith("dayzero_"):
-                labels = label_names | {k for s in fam.samples for k in s.labels} - {"le"}
-                out[fam.name] = (fam.type, labels)
+                labels = label_names | set(getattr(fam, "_labelnames", ()))
+                labels |= {k for s in fam.samples for k in s.labels} - {"le"}
+                out[fam.name] = (fam.type, labels | out.get(fam.name, ("", set()))[1])
     return out
 
 
@@ -42,10 +44,11 @@ def _families(registry: CollectorRegistry) -> dict[str, tuple[str, set[str]]]:
 def real_metrics(tmp_path_factory) -> dict[str, tuple[str, set[str]]]:
     """Every family the orchestrator processes, the workers and the inference server define."""
     import orchestrator.metrics as om
-    import workers.metrics  # noqa: F401 - registers the worker families
     from inference.server.telemetry import ServerMetrics
     from orchestrator.db import migrate
     from orchestrator.db.engine import make_engine
+    from workers.celery_app import make_celery_app
+    from workers.metrics import QueueDepthCollector  # (importing it registers the worker families)
 
     engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('db') / 'm.db'}")
     migrate.upgrade(engine)
@@ -58,7 +61,11 @@ def real_metrics(tmp_path_factory) -> dict[str, tuple[str, set[str]]]:
             "decode_graph_replays",
         )
     }  # fmt: skip
-    fams = {**_families(REGISTRY), **_families(ServerMetrics(lambda: stats).registry)}
+    worker = CollectorRegistry()
+    celery = make_celery_app("memory://")
+    worker.register(QueueDepthCollector(celery, ["tools"]))  # the worker's scrape-time queue gauge
+    fams = {**_families(REGISTRY), **_families(ServerMetrics(lambda: stats).registry), **_families(worker)}
+    celery.close()
     engine.dispose()
     return fams
 

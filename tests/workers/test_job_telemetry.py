@@ -64,3 +64,23 @@ def test_tool_job_span_outcome_and_error(tmp_path, monkeypatch):
     assert bad.status.status_code.name == "ERROR" and bad.attributes["error.type"] == "PermanentToolError"
     assert all(f"{s.parent.span_id:016x}" == PARENT for s in (ok, bad))
     assert _v("dayzero_worker_jobs_total", job="tool", outcome="error") - errors_before == 1
+
+
+def test_queue_depth_is_read_from_the_broker(worker_env):
+    from prometheus_client import CollectorRegistry
+
+    from tests.workers.celery_test_app import build_app
+    from tests.workers.conftest import REDIS_URL
+    from workers.metrics import QueueDepthCollector
+
+    app = build_app(REDIS_URL, REDIS_URL, worker_env.prefix)  # its own key prefix: no worker listens
+    registry = CollectorRegistry()
+    registry.register(QueueDepthCollector(app, ["preprocess", "tools"]))
+    try:
+        assert registry.get_sample_value("dayzero_celery_queue_depth", {"queue": "tools"}) == 0
+        for _ in range(3):
+            app.send_task("dayzero.run_tool", args=[{}], queue="tools")
+        assert registry.get_sample_value("dayzero_celery_queue_depth", {"queue": "tools"}) == 3
+        assert registry.get_sample_value("dayzero_celery_queue_depth", {"queue": "preprocess"}) == 0
+    finally:
+        app.close()

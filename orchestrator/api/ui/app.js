@@ -114,7 +114,20 @@ function render() {
   const span = Math.max(1, ends[0] - t0);
   const pos = (a, b) => ({ left: ((a - t0) / span) * 100, width: Math.max(0.2, ((b - a) / span) * 100) });
   const rows = d.steps.map((s) => stepRow(s, pos, t.finished_at ? ms(t.finished_at) : Date.now()));
+  // Before its first step a task waits for a runner (and its attachments for preprocessing).
+  const first = d.steps.length ? ms(d.steps[0].started_at || d.steps[0].created_at) : NaN;
+  if (isFinite(first) && first > t0) rows.unshift(queuedRow(pos(t0, first), (first - t0) / 1000));
   $("#waterfall").replaceChildren(...rows);
+}
+
+function queuedRow(p, seconds) {
+  const track = el("div", { class: "track" });
+  const b = el("div", { class: "bar QUEUED", title: "waiting for a runner" });
+  b.style.left = p.left + "%";
+  b.style.width = p.width + "%";
+  track.append(b);
+  return el("div", { class: "row queued", role: "listitem" },
+    el("div", { class: "label", text: "queued" }), track, el("div", { class: "info", text: fmtDuration(seconds) }));
 }
 
 function stepRow(s, pos, now) {
@@ -129,7 +142,8 @@ function stepRow(s, pos, now) {
   const errors = [];
   let total = 0;
   let tokens = "";
-  for (const a of s.attempts) {
+  s.attempts.forEach((a, i) => {
+    if (i > 0) bar(ms(s.attempts[i - 1].finished_at), ms(a.started_at), "RETRY_WAIT", "retry backoff");
     const b = ms(a.finished_at);
     total += (b - ms(a.started_at)) / 1000;
     bar(ms(a.started_at), b, a.status, `attempt ${a.attempt}: ${a.status}`);
@@ -138,7 +152,7 @@ function stepRow(s, pos, now) {
       const ttft = a.usage.ttft_ms != null ? ` · ttft ${fmtDuration(a.usage.ttft_ms / 1000)}` : "";
       tokens = `in ${a.usage.prompt_tokens} (cached ${a.usage.cached_tokens}) · out ${a.usage.completion_tokens}${ttft}`;
     }
-  }
+  });
   if (s.status === "RUNNING" && s.started_at) {
     bar(ms(s.started_at), now, "RUNNING", `attempt ${s.attempt_count}: running`);
     total += (now - ms(s.started_at)) / 1000;

@@ -110,13 +110,15 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             expect(page.locator("#tasks tbody tr")).to_have_attribute("data-id", flaky)
             page.click(f'#tasks tr[data-id="{flaky}"]')
             page.wait_for_selector("#waterfall .row[data-step='4']")
-            rows = page.locator("#waterfall .row")
+            rows = page.locator("#waterfall .row[data-step]")
             assert [rows.nth(i).get_attribute("data-kind") for i in range(5)] == ["model", "tool"] * 2 + [
                 "model"
             ]
             tool_row = page.locator("#waterfall .row[data-step='1']")
             assert tool_row.get_attribute("data-attempts") == "2"
-            assert tool_row.locator(".bar").count() == 2  # one bar per attempt
+            assert tool_row.locator(".bar.FAILED").count() == 1  # one bar per attempt
+            assert tool_row.locator(".bar.SUCCEEDED").count() == 1
+            assert tool_row.locator(".bar.RETRY_WAIT").count() == 1  # the backoff between them
             assert "transient failure 1" in tool_row.locator(".err").inner_text()
             assert "2 attempts" in tool_row.locator(".info").inner_text()
             model_info = page.locator("#waterfall .row[data-step='2'] .info").inner_text()
@@ -137,7 +139,7 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             page.wait_for_selector("#waterfall .row[data-step='1'][data-status='RUNNING']")
             page.wait_for_selector("#live:has-text('live')")
             assert page.locator("#task-status").inner_text() == "RUNNING"
-            assert page.locator("#waterfall .row").count() == 2
+            assert page.locator("#waterfall .row[data-step]").count() == 2
             page.screenshot(path=str(tmp_path / "timeline-live-running.png"), full_page=True)
             (state_dir / "gate-open").touch()  # let the task go on; no reload from here on
             page.wait_for_selector("#task-status:has-text('SUCCEEDED')", timeout=60_000)

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 
 from orchestrator.store import request_cancel, tasks_t
 from tests.support.kafka_broker import consume_all
+from tests.support.otel import span_exporter
 
 
 def _run_until(ing, cond, timeout_s: float = 30.0) -> None:
@@ -134,6 +135,8 @@ def test_back_pressure_pauses_and_resumes(db, tenants, producer, kafka_settings,
 
 def test_keyless_and_traced_messages(db, tenants, producer, kafka_settings, make_ingestor):
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    spans = span_exporter()
+    spans.clear()
     producer.send(
         kafka_settings.tasks_topic,
         key=None,
@@ -145,7 +148,13 @@ def test_keyless_and_traced_messages(db, tenants, producer, kafka_settings, make
     _run_until(ing, lambda: ing.stats["created"] == 1)
     with db.connect() as conn:
         row = conn.execute(select(tasks_t)).one()
-    assert row.idempotency_key.startswith(f"kafka:{kafka_settings.tasks_topic}:") and row.traceparent == tp
+    assert row.idempotency_key.startswith(f"kafka:{kafka_settings.tasks_topic}:")
+    # the task's context is the ingest's consumer span, a child of the producer's (the header)
+    (span,) = [s for s in spans.get_finished_spans() if s.name == f"{kafka_settings.tasks_topic} process"]
+    assert row.traceparent == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+    assert row.traceparent.split("-")[1] == tp.split("-")[1]
+    assert f"{span.parent.span_id:016x}" == tp.split("-")[2]
+    assert span.attributes["dayzero.task_id"] == row.id and span.attributes["messaging.system"] == "kafka"
 
 
 def test_inline_image_and_unknown_upload_via_kafka(

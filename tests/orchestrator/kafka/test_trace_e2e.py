@@ -283,6 +283,7 @@ def test_one_task_is_one_trace_across_every_process(
     assert _value(m["runner"], 'dayzero_tasks_finished_total{status="SUCCEEDED"}') == 1
     assert _value(m["worker"], 'dayzero_worker_jobs_total{job="tool",outcome="ok"}') == 1
     assert _value(m["worker"], 'dayzero_worker_job_duration_seconds_count{job="tool"}') == 1
+    assert _value(m["worker"], 'dayzero_celery_queue_depth{queue="tools"}') == 0
     assert _value(m["inference"], 'dayzero_inference_requests_total{outcome="ok"}') == 2
     assert _value(m["inference"], "dayzero_inference_time_to_first_token_seconds_count") == 2
     assert _value(m["inference"], 'dayzero_inference_cache_usage_ratio{pool="kv",tier="device"}') >= 0
