@@ -309,11 +309,23 @@ class Runner:
                 ),
                 "traceparent": current_traceparent() or task.traceparent,
             }
-            try:
-                result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
-                error = None
-            except Exception as exc:  # typed image errors and transport failures alike
-                result, error = None, describe_job_error(exc)
+            attrs = {
+                "dayzero.task_id": task.id,
+                "dayzero.attachment_id": att["id"],
+                "dayzero.media_type": att["media_type"],
+            }
+            with task_span(current_traceparent() or task.traceparent, "attachment.preprocess", attrs) as span:
+                payload["traceparent"] = current_traceparent() or task.traceparent  # the worker's parent
+                try:
+                    result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
+                    error = None
+                except Exception as exc:  # typed image errors and transport failures alike
+                    result, error = None, describe_job_error(exc)
+                if result is not None:  # what was redacted is part of the trace, not only the row
+                    for field_name in ("enabled", "faces", "documents"):
+                        value = (result.get("redaction") or {}).get(field_name)
+                        if value is not None:
+                            span.set_attribute(f"dayzero.redaction.{field_name}", value)
             tx = self._txn(task)
             if error is None:
                 redaction = {**result["redaction"], "image_sha256": result.get("redacted_sha256")}
@@ -328,7 +340,6 @@ class Runner:
                     updated_at=tx.now,
                 )
                 summary = {k: redaction.get(k) for k in ("enabled", "faces", "documents")}
-                record_redaction(att["id"], summary)
                 ready = {"attachment": att["id"], "grid_thw": result["grid_thw"], "redaction": summary}
                 if result.get("kind") == "document":
                     ready.update(pages=result["pages"], page_images=result["page_images"])
@@ -598,17 +609,6 @@ class Runner:
             "step.retry_scheduled",
             {"step": step.index, "attempt": step.attempt_count, "delay_s": delay, "cap_s": cap, "error": err},
         )
-
-
-def record_redaction(attachment_id: str, summary: dict[str, Any]) -> None:
-    """Put an attachment's redaction outcome on the current (task.preprocess) span."""
-    from opentelemetry import trace
-
-    span = trace.get_current_span()
-    prefix = f"dayzero.attachment.{attachment_id}.redaction"
-    for key, value in summary.items():
-        if value is not None:
-            span.set_attribute(f"{prefix}.{key}", value)
 
 
 def _budget_error(which: str, limit: int) -> dict[str, Any]:
