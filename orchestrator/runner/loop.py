@@ -206,7 +206,7 @@ class Runner:
                     "tenant": a.tenant,
                     "filename": a.filename,
                     "status": a.status,
-                    "path": local_blob_path(self.config.blob_url, a.sha256),
+                    "path": _tool_path(self.config.blob_url, a.sha256, a.redaction),
                 }
                 for a in conn.execute(
                     select(attachments_t)
@@ -609,6 +609,14 @@ class Runner:
             "step.retry_scheduled",
             {"step": step.index, "attempt": step.attempt_count, "delay_s": delay, "cap_s": cap, "error": err},
         )
+
+
+def _tool_path(blob_url: str, sha256: str, redaction: dict[str, Any] | None) -> str | None:
+    """The file tools may read for an attachment: with redaction on, the redacted image only."""
+    if redaction and redaction.get("enabled"):
+        redacted = redaction.get("image_sha256")
+        return local_blob_path(blob_url, redacted) if redacted else None
+    return local_blob_path(blob_url, sha256)
 
 
 def _budget_error(which: str, limit: int) -> dict[str, Any]:

@@ -186,9 +186,14 @@ def test_redaction_is_recorded_on_the_attachment_span(db, make_runner, tmp_path)
             NewTask(tenant="t1", goal="script:" + json.dumps({"cycles": 0}), attachment_ids=[att]),
             Budgets(),
         )
-    make_runner(blob_url=blob_url, preprocess={"redact_faces": True}).run_until_idle(timeout_s=60)
+    runner = make_runner(blob_url=blob_url, preprocess={"redact_faces": True})
+    runner.run_until_idle(timeout_s=60)
     with db.connect() as conn:
         assert get_task(conn, task_id).status == "SUCCEEDED"
+    # tools are handed the redacted image's file, never the original's
+    (view,) = runner._load(task_id).attachments
+    assert Path(view["path"]).read_bytes() == BlobStore(blob_url).get(view["redaction"]["image_sha256"])
+    assert Path(view["path"]).read_bytes() != photo
     (span,) = [s for s in exporter.get_finished_spans() if s.attributes.get("dayzero.attachment_id") == att]
     assert span.name == "attachment.preprocess" and span.attributes["dayzero.task_id"] == task_id
     assert (
