@@ -307,7 +307,6 @@ class Runner:
                 "config": preprocess_config_for(
                     self.config.preprocess, self.config.preprocess_tenants, att["tenant"]
                 ),
-                "traceparent": current_traceparent() or task.traceparent,
             }
             attrs = {
                 "dayzero.task_id": task.id,
