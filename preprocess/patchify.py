@@ -112,16 +112,23 @@ def _planar_patches(rgb: np.ndarray, pad_h: int, pad_w: int, p: int) -> np.ndarr
     return planar
 
 
-def patchify(rgb: np.ndarray, pad_h: int, pad_w: int, config: PreprocessConfig) -> np.ndarray:
-    """HxWx3 uint8 -> float32[gh*gw, 3, p, p], zero-padded (before normalisation) to pad_h x pad_w."""
-    import cv2  # lazy, see resize_rgb
-
+def patchify_u8(rgb: np.ndarray, pad_h: int, pad_w: int, config: PreprocessConfig) -> np.ndarray:
+    """HxWx3 uint8 -> uint8[gh*gw, 3, p*p] channel-planar patches, zero-padded to pad_h x pad_w
+    (the pixels before normalisation: a quarter of the float32 result's bytes, which is why the
+    blob store keeps these)."""
     h, w, _ = rgb.shape
     p = config.patch_size
     if h > pad_h or w > pad_w or pad_h % p or pad_w % p:
         raise ValueError(f"cannot pad {h}x{w} to {pad_h}x{pad_w} in {p}-pixel patches")
-    planar = _planar_patches(rgb, pad_h, pad_w, p)
+    return _planar_patches(rgb, pad_h, pad_w, p)
+
+
+def normalize_patches(planar: np.ndarray, config: PreprocessConfig) -> np.ndarray:
+    """uint8[N, 3, p*p] -> float32[N, 3, p, p] through the per-channel lookup tables."""
+    import cv2  # lazy, see resize_rgb
+
     n = planar.shape[0]
+    p = config.patch_size
     luts = normalization_luts(config)
     # numpy allocates the output (huge-page advised), which halves page-fault time vs OpenCV's own.
     out = np.empty((n, 3, p * p), dtype=np.float32)
@@ -131,3 +138,8 @@ def patchify(rgb: np.ndarray, pad_h: int, pad_w: int, config: PreprocessConfig) 
         for c in range(3):
             out[:, c] = cv2.LUT(np.ascontiguousarray(planar[:, c]), luts[c].reshape(256, 1))
     return out.reshape(n, 3, p, p)
+
+
+def patchify(rgb: np.ndarray, pad_h: int, pad_w: int, config: PreprocessConfig) -> np.ndarray:
+    """HxWx3 uint8 -> float32[gh*gw, 3, p, p], zero-padded (before normalisation) to pad_h x pad_w."""
+    return normalize_patches(patchify_u8(rgb, pad_h, pad_w, config), config)

@@ -21,11 +21,12 @@ import numpy as np
 
 from preprocess.config import PIPELINE_VERSION, PreprocessConfig
 from preprocess.decode import decode_array
-from preprocess.patchify import patchify, resize_rgb, target_size
+from preprocess.patchify import normalize_patches, patchify_u8, resize_rgb, target_size
 from preprocess.redact import RedactionRecord, detect, obscure
 from preprocess.store import BlobStore, sha256_hex
 
-_MAGIC = b"DZPP1\n"
+_MAGIC = b"DZPP1\n"  # float32 patches
+_MAGIC_U8 = b"DZPP2\n"  # uint8 patches + the normalisation: 4x smaller, the same floats on load
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -36,6 +37,10 @@ class ProcessedImage:
     redaction: RedactionRecord
     source_size: tuple[int, int]  # (height, width) after EXIF orientation
     resized_size: tuple[int, int]  # (height, width) before padding
+    # The uint8 planar patches `pixel_values` were normalised from, with the normalisation's
+    # (mean, std); when present, `to_bytes` stores these instead of the floats.
+    patches_u8: np.ndarray | None = None
+    normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     @property
     def num_patches(self) -> int:
@@ -46,7 +51,7 @@ class ProcessedImage:
 
     def to_bytes(self) -> bytes:
         """Deterministic serialisation (same result -> same bytes -> same blob hash)."""
-        meta = {
+        meta: dict[str, Any] = {
             "content_hash": self.content_hash,
             "grid_thw": self.grid_list(),
             "shape": list(self.pixel_values.shape),
@@ -55,18 +60,30 @@ class ProcessedImage:
             "source_size": list(self.source_size),
             "resized_size": list(self.resized_size),
         }
+        if self.patches_u8 is not None and self.normalization is not None:
+            meta.update(dtype="uint8", mean=list(self.normalization[0]), std=list(self.normalization[1]))
+            magic, pixels = _MAGIC_U8, np.ascontiguousarray(self.patches_u8, dtype=np.uint8)
+        else:
+            magic, pixels = _MAGIC, np.ascontiguousarray(self.pixel_values, dtype="<f4")
         head = json.dumps(meta, sort_keys=True).encode()
-        pixels = np.ascontiguousarray(self.pixel_values, dtype="<f4")
-        return b"".join((_MAGIC, struct.pack("<Q", len(head)), head, pixels.tobytes()))
+        return b"".join((magic, struct.pack("<Q", len(head)), head, pixels.tobytes()))
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> ProcessedImage:
-        if not blob.startswith(_MAGIC):
+        if not blob.startswith((_MAGIC, _MAGIC_U8)):
             raise ValueError("not a serialised ProcessedImage")
         (n,) = struct.unpack_from("<Q", blob, len(_MAGIC))
         start = len(_MAGIC) + 8
         meta = json.loads(blob[start : start + n])
-        pixels = np.frombuffer(blob, dtype="<f4", offset=start + n).reshape(meta["shape"])
+        shape = meta["shape"]
+        u8 = norm = None
+        if meta["dtype"] == "uint8":
+            u8 = np.frombuffer(blob, dtype=np.uint8, offset=start + n).reshape(shape[0], 3, -1)
+            norm = (tuple(meta["mean"]), tuple(meta["std"]))
+            cfg = PreprocessConfig(patch_size=int(shape[2]), image_mean=norm[0], image_std=norm[1])
+            pixels = normalize_patches(u8, cfg)
+        else:
+            pixels = np.frombuffer(blob, dtype="<f4", offset=start + n).reshape(shape)
         return cls(
             pixel_values=pixels,
             grid_thw=np.asarray(meta["grid_thw"], dtype=np.int64),
@@ -74,6 +91,8 @@ class ProcessedImage:
             redaction=RedactionRecord.from_dict(meta["redaction"]),
             source_size=tuple(meta["source_size"]),
             resized_size=tuple(meta["resized_size"]),
+            patches_u8=u8,
+            normalization=norm,
         )
 
 
@@ -200,15 +219,17 @@ def _finish(
     """`rgb` is the decode (`source_size`) or already the resized model view (then not resized again)."""
     height, width = source_size
     (new_h, new_w), (pad_h, pad_w) = target_size(height, width, config)
-    pixel_values = patchify(resize_rgb(rgb, new_h, new_w), pad_h, pad_w, config)
+    planar = patchify_u8(resize_rgb(rgb, new_h, new_w), pad_h, pad_w, config)
     p = config.patch_size
     return ProcessedImage(
-        pixel_values=pixel_values,
+        pixel_values=normalize_patches(planar, config),
         grid_thw=np.array([[1, pad_h // p, pad_w // p]], dtype=np.int64),
         content_hash=digest,
         redaction=record,
         source_size=(height, width),
         resized_size=(new_h, new_w),
+        patches_u8=planar,
+        normalization=(config.image_mean, config.image_std),
     )
 
 

@@ -62,6 +62,12 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         "(dayzero-processed:<sha256> image URLs; default DAYZERO_BLOB_DIR, else refused)",
     )
     s.add_argument(
+        "--redact-faces", action="store_true", help="blur faces in images this server preprocesses itself"
+    )
+    s.add_argument(
+        "--redact-documents", action="store_true", help="blur text blocks in images it preprocesses itself"
+    )
+    s.add_argument(
         "--image-url-allow-hosts",
         default=os.environ.get("DAYZERO_INFERENCE_IMAGE_URL_HOSTS", ""),
         help="comma-separated hosts whose http(s) image URLs are fetched (default: none)",
@@ -113,6 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
     images = ImageSources(
         blob_url=args.blob_url or None,
         url_allow_hosts=tuple(h.strip() for h in args.image_url_allow_hosts.split(",") if h.strip()),
+        redact_faces=args.redact_faces,
+        redact_documents=args.redact_documents,
     )
     run_server(
         engine,

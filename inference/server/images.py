@@ -5,7 +5,8 @@ An image part (`{"type": "image_url", "image_url": {"url": ...}}`) may carry:
   workers' blob store. The blob is the preprocess workers' `ProcessedImage` (patches, grid, content
   hash, already redacted); it is loaded and verified (its SHA-256 is its name) and fed to the vision
   tower as it is: no second decode, no second preprocessing, the very pixels the workers produced.
-* `data:image/...;base64,...` (or bare base64): preprocessed here.
+* `data:image/...;base64,...` (or bare base64): preprocessed here (redacted first when the
+  server was started with --redact-faces / --redact-documents).
 * `http(s)://` URLs: fetched only from hosts on the server's allow-list (none by default), with a
   byte limit, a timeout and no redirects; then preprocessed here.
 
@@ -38,6 +39,10 @@ class ImageSources:
     url_allow_hosts: tuple[str, ...] = ()  # hosts whose http(s) image URLs are fetched
     max_fetch_bytes: int = DEFAULT_MAX_FETCH_BYTES
     fetch_timeout_s: float = 10.0
+    # Redaction for the images this server preprocesses itself (data URLs, fetched URLs); images
+    # by reference were redacted by the workers already.
+    redact_faces: bool = False
+    redact_documents: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,10 @@ class ImageEncoder:
         self.spec = self.model.spec
         self.sources = sources or ImageSources()
         self.config = PreprocessConfig(
-            patch_size=self.spec.vision.patch_size, merge_size=self.spec.vision.merge_kernel[0]
+            patch_size=self.spec.vision.patch_size,
+            merge_size=self.spec.vision.merge_kernel[0],
+            redact_faces=self.sources.redact_faces,
+            redact_documents=self.sources.redact_documents,
         )
         self.device = engine.runner.device
         self.dtype = next(self.model.vision_tower.parameters()).dtype

@@ -71,13 +71,13 @@ class ChatMessage(_Strict):
 
 
 class UploadedAttachment(_Strict):
-    """An image uploaded before with `POST /v1/attachments`."""
+    """An image or PDF uploaded before with `POST /v1/attachments`."""
 
     upload_id: Annotated[str, StringConstraints(min_length=1, max_length=36)]
 
 
 class InlineAttachment(_Strict):
-    """An image sent inline, base64-encoded (bounded by the body size limit)."""
+    """An image or PDF sent inline, base64-encoded (bounded by the body size limit)."""
 
     data: Annotated[
         str,

@@ -225,7 +225,7 @@ class Runner:
                     "tenant": a.tenant,
                     "filename": a.filename,
                     "status": a.status,
-                    "path": local_blob_path(self.config.blob_url, a.sha256),
+                    "path": _tool_path(self.config.blob_url, a.sha256, a.redaction),
                 }
                 for a in conn.execute(
                     select(attachments_t)
@@ -326,19 +326,25 @@ class Runner:
                 "config": preprocess_config_for(
                     self.config.preprocess, self.config.preprocess_tenants, att["tenant"]
                 ),
-                "traceparent": current_traceparent() or task.traceparent,
             }
-            with task_span(
-                task.traceparent,
-                "preprocess.attachment",
-                {"dayzero.task_id": task.id, "dayzero.attachment_id": att["id"]},
-            ) as span:
+            attrs = {
+                "dayzero.task_id": task.id,
+                "dayzero.attachment_id": att["id"],
+                "dayzero.media_type": att["media_type"],
+            }
+            with task_span(current_traceparent() or task.traceparent, "attachment.preprocess", attrs) as span:
+                payload["traceparent"] = current_traceparent() or task.traceparent  # the worker's parent
                 try:
                     result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
                     error = None
                 except Exception as exc:  # typed image errors and transport failures alike
                     result, error = None, describe_job_error(exc)
                     trace_error(span, error.get("type") or type(exc).__name__, str(exc))
+                if result is not None:  # what was redacted is part of the trace, not only the row
+                    for field_name in ("enabled", "faces", "documents"):
+                        value = (result.get("redaction") or {}).get(field_name)
+                        if value is not None:
+                            span.set_attribute(f"dayzero.redaction.{field_name}", value)
             PREPROCESS_JOBS.labels("ok" if error is None else "error").inc()
             tx = self._txn(task)
             if error is None:
@@ -354,7 +360,6 @@ class Runner:
                     updated_at=tx.now,
                 )
                 summary = {k: redaction.get(k) for k in ("enabled", "faces", "documents")}
-                record_redaction(att["id"], summary)
                 ready = {"attachment": att["id"], "grid_thw": result["grid_thw"], "redaction": summary}
                 if result.get("kind") == "document":
                     ready.update(pages=result["pages"], page_images=result["page_images"])
@@ -664,15 +669,12 @@ class Runner:
         )
 
 
-def record_redaction(attachment_id: str, summary: dict[str, Any]) -> None:
-    """Put an attachment's redaction outcome on the current (task.preprocess) span."""
-    from opentelemetry import trace
-
-    span = trace.get_current_span()
-    prefix = f"dayzero.attachment.{attachment_id}.redaction"
-    for key, value in summary.items():
-        if value is not None:
-            span.set_attribute(f"{prefix}.{key}", value)
+def _tool_path(blob_url: str, sha256: str, redaction: dict[str, Any] | None) -> str | None:
+    """The file tools may read for an attachment: with redaction on, the redacted image only."""
+    if redaction and redaction.get("enabled"):
+        redacted = redaction.get("image_sha256")
+        return local_blob_path(blob_url, redacted) if redacted else None
+    return local_blob_path(blob_url, sha256)
 
 
 def _budget_error(which: str, limit: int) -> dict[str, Any]:

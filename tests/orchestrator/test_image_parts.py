@@ -155,3 +155,48 @@ def test_encrypted_pdf_fails_the_task_with_a_typed_error(db, make_runner, tmp_pa
     assert task.status == "FAILED"
     assert task.error["code"] == "document_encrypted" and task.error["retryable"] is False
     assert "decrypted" in task.error["message"]
+
+
+def test_redaction_is_recorded_on_the_attachment_span(db, make_runner, tmp_path):
+    import json
+    from pathlib import Path
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from orchestrator.attachments import add_attachment
+    from orchestrator.config import Budgets
+    from orchestrator.store import NewTask, create_task, get_task
+
+    skimage_data = pytest.importorskip("skimage.data")
+    photo = (Path(skimage_data.__file__).parent / "astronaut.png").read_bytes()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):  # OTel takes one provider per process: reuse it
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    blob_url = str(tmp_path / "blobs")
+    with db.begin() as conn:
+        att = add_attachment(conn, blob_url, "t1", photo, "image/png")
+        task_id, _ = create_task(
+            conn,
+            NewTask(tenant="t1", goal="script:" + json.dumps({"cycles": 0}), attachment_ids=[att]),
+            Budgets(),
+        )
+    runner = make_runner(blob_url=blob_url, preprocess={"redact_faces": True})
+    runner.run_until_idle(timeout_s=60)
+    with db.connect() as conn:
+        assert get_task(conn, task_id).status == "SUCCEEDED"
+    # tools are handed the redacted image's file, never the original's
+    (view,) = runner._load(task_id).attachments
+    assert Path(view["path"]).read_bytes() == BlobStore(blob_url).get(view["redaction"]["image_sha256"])
+    assert Path(view["path"]).read_bytes() != photo
+    (span,) = [s for s in exporter.get_finished_spans() if s.attributes.get("dayzero.attachment_id") == att]
+    assert span.name == "attachment.preprocess" and span.attributes["dayzero.task_id"] == task_id
+    assert (
+        span.attributes["dayzero.redaction.enabled"] is True
+        and span.attributes["dayzero.redaction.faces"] == 1
+    )

@@ -37,8 +37,9 @@ def test_preprocess_job_through_worker(running, image_blob):
     payload = {"attachment_id": "att-1", "blob_sha256": sha, "blob_url": url, "config": {"max_patches": 256}}
     res = app.send_task("dayzero.preprocess_attachment", args=[payload])
     out = res.get(timeout=30)
-    assert set(out) == {"attachment_id", "content_hash", "grid_thw", "processed_sha256", "redaction"}
-    assert out["attachment_id"] == "att-1"
+    keys = {"attachment_id", "content_hash", "grid_thw", "processed_sha256", "redaction", "redacted_sha256"}
+    assert set(out) == keys
+    assert out["attachment_id"] == "att-1" and out["redacted_sha256"] is None  # redaction off
     processed = ProcessedImage.from_bytes(BlobStore(url).get(out["processed_sha256"]))
     assert processed.content_hash == out["content_hash"]
     assert out["grid_thw"] == processed.grid_list() and processed.num_patches <= 256 + 64

@@ -1,4 +1,4 @@
-"""`/v1/attachments`: streamed image upload with a size limit; tenant-scoped reads."""
+"""`/v1/attachments`: streamed image or PDF upload with a size limit; tenant-scoped reads."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ _UPLOAD_BODY = {
     "",
     status_code=201,
     response_model=AttachmentOut,
-    summary="Upload an image (raw bytes; Content-Type = its media type)",
+    summary="Upload an image or a PDF (raw bytes; Content-Type = its media type)",
     description="The body is streamed to storage; larger than the limit is 413. Reference the returned "
     '`id` as `{"upload_id": id}` in a task\'s `attachments`.',
     openapi_extra={"requestBody": _UPLOAD_BODY},

@@ -3,6 +3,7 @@ http(s) URLs on an allow-list; each refusal is a clear error. Plus `dayzero infe
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -18,12 +19,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from inference.embedded import EmbeddedEngineClient
 from inference.engine.factory import build_engine, small_vl_model_config
 from inference.server.images import ImageSources
-from preprocess import BlobStore, PreprocessConfig, ProcessedCache
+from preprocess import BlobStore, PreprocessConfig, ProcessedCache, process_image
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -69,9 +71,11 @@ def blobs(tmp_path_factory):
 
 
 def _client(**sources) -> EmbeddedEngineClient:
+    from inference.server.images import make_image_handler
+
     engine = build_engine(config=small_vl_model_config())
     client = EmbeddedEngineClient(engine)
-    client.serving.image_handler.sources = ImageSources(**sources)
+    client.images = client.serving.image_handler = make_image_handler(engine, ImageSources(**sources))
     return client
 
 
@@ -128,6 +132,24 @@ def test_urls_only_from_allowed_hosts(files_url):
             ask(client, f"{files_url}/img.png")
     finally:
         client.close()
+
+
+def test_server_side_redaction_of_inline_images():
+    from tests.preprocess.images import cartoon_face, encode
+
+    face = encode(Image.fromarray(cartoon_face(80)), "PNG")
+    url = "data:image/png;base64," + base64.b64encode(face).decode()
+    client = _client(redact_faces=True)
+    seen = []
+    client.images.model.vision_tower.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    try:
+        ask(client, url)
+    finally:
+        client.close()
+    redacted = process_image(face, PreprocessConfig(redact_faces=True))
+    assert redacted.redaction.faces == 1
+    assert torch.equal(seen[0], torch.from_numpy(redacted.pixel_values.copy()))
+    assert not np.array_equal(redacted.pixel_values, process_image(face, PreprocessConfig()).pixel_values)
 
 
 def _free_port() -> int:
