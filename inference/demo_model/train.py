@@ -10,7 +10,7 @@ optimiser and its schedule. The tokenizer is trained only when `--tokenizer` nam
 
 The learning-rate schedule runs on `progress = max(step / steps, elapsed / time_budget)`: a run
 that is slower than planned still warms down fully before its time budget ends. The committed
-checkpoint was trained on the CPU fallback (one core, the defaults below, 25 minutes); its
+checkpoint was trained on the CPU fallback (one core, the defaults below, 25 minutes: 901 steps); its
 `train_log.json` records the steps reached. With the time budget the limit, the number of steps
 (and so the weights) depends on the machine's speed; `--steps N --time-budget 1e9` replays a
 recorded run's schedule step for step.
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--tokenizer", type=Path, default=Path(__file__).resolve().parent / "weights" / "tokenizer.json"
     )
-    p.add_argument("--kda", choices=("auto", "fla", "ref"), default="auto")
+    p.add_argument("--kda", choices=("fla", "ref"), default="ref", help="KDA path (see the module docstring)")
     p.add_argument(
         "--corpus", type=Path, default=None, help="encoded corpus file: read if present, else written"
     )
@@ -371,46 +371,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             encode_corpus(str(args.tokenizer), cfg.corpus_seed, cfg.num_samples, args.workers), args.corpus
         )
         return 0
-    kda = args.kda
-    if kda == "auto":
-        kda = "fla" if args.device.startswith("cuda") and _fla_works(args.device) else "ref"
     summary = train(
         cfg,
         args.out,
         device=args.device,
         tokenizer=args.tokenizer,
         workers=args.workers,
-        kda=kda,
+        kda=args.kda,
         corpus=args.corpus,
     )
     print(json.dumps(summary), flush=True)
     return 0
-
-
-def _fla_works(device: str) -> bool:
-    """One tiny chunk_kda forward + backward through the training path; False (with the reason
-    printed) if fla is missing or its backward fails here."""
-    try:
-        from inference.model.ops.kda import kda_varlen
-
-        t, h, d = 64, 2, 32
-        q, k, v = (
-            torch.randn(t, h, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
-        )
-        g = -torch.rand(t, h, d, device=device, requires_grad=True)
-        beta = torch.rand(t, h, device=device)
-        cu = torch.tensor([0, 32, 64], device=device, dtype=torch.int32)
-        o, _ = kda_varlen(
-            q, k, v, g, beta, torch.zeros(2, h, d, d, device=device), cu, (32, 32), use_fla=True
-        )
-        o.float().sum().backward()
-        return bool(torch.isfinite(q.grad).all())
-    except Exception as exc:  # any failure means: use the reference path
-        print(
-            f"fla KDA training path unavailable ({type(exc).__name__}: {exc}); using the reference",
-            flush=True,
-        )
-        return False
 
 
 if __name__ == "__main__":
