@@ -5,7 +5,15 @@ final answer correct) and the share of tool calls whose JSON parsed and matched 
 Targets: success >= 95% and valid calls >= 99.5% in every category.
 
     python benchmarks/demo_eval.py                         # 50 tasks per category (350), the committed model
-    python benchmarks/demo_eval.py --per-category 5 --workers 2 --model-dir DIR --out result.json
+    python benchmarks/demo_eval.py --per-category 43 --workers 2 --model-dir DIR --out result.json
+
+Recorded run (2026-12-01, CPU box, 2 shared cores, 2 workers; the committed checkpoint: 901 steps on
+the CPU fallback, 25 min of one core), `--per-category 43` = 301 tasks in 35.8 s:
+task success 32.9% overall (calc 37.2%, calc_multi 7.0%, calc_word 79.1%, search 14.0%,
+image_info 2.3%, plain 51.2%, followup 39.5%); valid tool calls 98.8% (calc 95.5%, followup 96.8%,
+the others 100%); right tool chosen 98.0% (image_info 88.4%, the others >= 97.7%). The targets
+(>= 95% success, >= 99.5% valid calls per category) are NOT met: the model picks tools and writes
+well-formed calls, but copies long numbers and names wrongly after this little training.
 """
 
 from __future__ import annotations
@@ -40,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         for o in outcomes
         if not o.success or o.valid_calls < o.calls
     ]
+    from dataclasses import asdict
+
     print(json.dumps(summary, indent=2))
     for f in failures[: args.show_failures]:
         print(json.dumps(f), file=sys.stderr)
     if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "failures": failures}, indent=1) + "\n")
+        rows = [asdict(o) for o in outcomes]
+        args.out.write_text(json.dumps({"summary": summary, "outcomes": rows}, indent=1) + "\n")
     return 0
 
 

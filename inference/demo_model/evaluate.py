@@ -20,7 +20,7 @@ from typing import Any
 
 from inference.demo_model.corpus import CATEGORIES, Task, ToolBox, Turn, eval_tasks
 
-__all__ = ["TaskOutcome", "answer_ok", "evaluate", "run_task", "summarise"]
+__all__ = ["EXPECTED_TOOL", "TaskOutcome", "answer_ok", "evaluate", "run_task", "summarise"]
 
 MAX_MODEL_TURNS = 6
 
@@ -32,6 +32,7 @@ class TaskOutcome:
     calls: int = 0
     valid_calls: int = 0
     model_turns: int = 0
+    tools_used: list[str] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -45,7 +46,7 @@ def answer_ok(answer: str | None, turn: Turn) -> bool:
     for n in turn.needles:
         pat = re.escape(n)
         if n[:1].isdigit() or n[:1] == "-":
-            pat = r"(?<![\d.])" + pat + r"(?![\d])"
+            pat = r"(?<![\d.])" + pat + r"(?!\.?\d)"  # a whole number: not part of a longer one
         if not re.search(pat, answer):
             return False
     return True
@@ -79,6 +80,7 @@ def run_task(client: Any, box: ToolBox, task: Task, *, max_tokens: int = 160) ->
                 break
             for c in calls:
                 name, raw = c["function"]["name"], c["function"]["arguments"]
+                out.tools_used.append(name)
                 try:
                     box.registry.parse_arguments(name, raw)
                     out.valid_calls += 1
@@ -96,8 +98,29 @@ def run_task(client: Any, box: ToolBox, task: Task, *, max_tokens: int = 160) ->
     return out
 
 
+# the tool each category's tasks need (None: answer without one)
+EXPECTED_TOOL = {
+    "calc": "calculator",
+    "calc_multi": "calculator",
+    "calc_word": "calculator",
+    "followup": "calculator",
+    "search": "search_documents",
+    "image_info": "image_info",
+    "plain": None,
+}
+
+
+def _right_tool(o: TaskOutcome) -> bool:
+    """Whether the model called only the category's tool (and at least once), or none for `plain`."""
+    want = EXPECTED_TOOL[o.category]
+    if want is None:
+        return not o.tools_used
+    return bool(o.tools_used) and set(o.tools_used) == {want}
+
+
 def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
-    """Per category and overall: tasks, success rate, tool calls, valid-call rate, seconds per task."""
+    """Per category and overall: tasks, success rate, tool calls, valid-call rate, share of tasks
+    that used the right tool (`EXPECTED_TOOL`), seconds per task."""
 
     def agg(xs: Sequence[TaskOutcome]) -> dict[str, Any]:
         calls = sum(x.calls for x in xs)
@@ -106,6 +129,7 @@ def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
             "success": round(sum(x.success for x in xs) / len(xs), 4) if xs else None,
             "tool_calls": calls,
             "valid_tool_calls": round(sum(x.valid_calls for x in xs) / calls, 4) if calls else None,
+            "right_tool": round(sum(_right_tool(x) for x in xs) / len(xs), 4) if xs else None,
             "s_per_task": round(sum(x.seconds for x in xs) / len(xs), 3) if xs else None,
         }
 

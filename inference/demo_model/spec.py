@@ -15,15 +15,15 @@ EVAL_SEED = 9_000_000_000
 
 def demo_config(vocab_size: int, image_token_id: int) -> dict[str, Any]:
     """Kimi-Linear-shaped hybrid (KDA layers 1, 2, 4, 5 + MLA layer 3, dense first FFN then MoE with a
-    shared expert) with a two-layer MoonViT and projector: about 6.8M parameters in all."""
+    shared expert) with a two-layer MoonViT and projector: about 5.2M parameters in all, most of them in the 16 routed experts per MoE layer (top-2 active)."""
     text = {
         "model_type": "kimi_linear",
         "vocab_size": vocab_size,
-        "hidden_size": 256,
-        "intermediate_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 384,
         "num_hidden_layers": 5,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
@@ -33,9 +33,9 @@ def demo_config(vocab_size: int, image_token_id: int) -> dict[str, Any]:
         "qk_rope_head_dim": 16,
         "v_head_dim": 32,
         "mla_use_nope": True,
-        "num_experts": 8,
+        "num_experts": 16,
         "num_experts_per_token": 2,
-        "moe_intermediate_size": 96,
+        "moe_intermediate_size": 128,
         "num_shared_experts": 1,
         "routed_scaling_factor": 1.0,
         "moe_renormalize": True,
@@ -47,7 +47,7 @@ def demo_config(vocab_size: int, image_token_id: int) -> dict[str, Any]:
         "linear_attn_config": {
             "kda_layers": [1, 2, 4, 5],
             "full_attn_layers": [3],
-            "num_heads": 4,
+            "num_heads": 2,
             "head_dim": 64,
             "short_conv_kernel_size": 4,
         },

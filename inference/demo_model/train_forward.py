@@ -26,9 +26,12 @@ from inference.model.moe import DenseMLP, SparseMoE
 from inference.model.ops.kda import causal_conv_varlen, kda_chunk_ref, kda_gate, kda_varlen, l2norm
 from inference.model.ops.moe import moe_experts_reference
 
-__all__ = ["KDA_MODES", "text_model", "train_logits"]
+__all__ = ["KDA_MODES", "text_model", "train_hidden", "train_logits"]
 
 KDA_MODES = ("fla", "ref")
+# The reference's cost per token grows with the chunk (its decay tensor is [H, C, C, K]); small
+# chunks are several times cheaper on a CPU.
+REF_CHUNK = 8
 
 
 def text_model(model: nn.Module) -> KimiLinearForCausalLM:
@@ -36,39 +39,52 @@ def text_model(model: nn.Module) -> KimiLinearForCausalLM:
     return getattr(model, "language_model", model)
 
 
-def _kda(layer: KimiDeltaAttention, x: Tensor, b: int, length: int, kda: str) -> Tensor:
+def _kda_rows(
+    layer: KimiDeltaAttention, x: Tensor, b: int, length: int, kda: str, start: tuple[Tensor, Tensor] | None
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """`b` rows of `length` tokens, each continuing `start = (conv window [C, W], state [H, K, V])`
+    (empty when None). Returns the output and the final (window, state) of row 0."""
     t = x.shape[0]
     h, d = layer.num_heads, layer.head_dim
     mixed = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1)
-    conv = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).view(
-        3 * h * d, -1
-    )
-    window = x.new_zeros(b, 3 * h * d, conv.shape[1] - 1, dtype=torch.float32)
+    conv = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight])
+    conv = conv.view(3 * h * d, -1)
+    if start is None:
+        window = x.new_zeros(b, 3 * h * d, conv.shape[1] - 1, dtype=torch.float32)
+        states = x.new_zeros(b, h, d, d, dtype=torch.float32)
+    else:
+        window, states = start[0].expand(b, -1, -1), start[1].expand(b, -1, -1, -1)
     cu = torch.arange(b + 1, device=x.device, dtype=torch.int32) * length
-    mixed, _ = causal_conv_varlen(mixed, window, conv, cu, (length,) * b)
+    mixed, new_window = causal_conv_varlen(mixed, window, conv, cu, (length,) * b)
     gate = layer.g_b_proj(layer.g_a_proj(x)).view(t, h, d)
     g = kda_gate(layer.f_b_proj(layer.f_a_proj(x)).view(t, h, d), layer.A_log, layer.dt_bias)
     beta = torch.sigmoid(layer.b_proj(x)).float()
     q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
-    states = x.new_zeros(b, h, d, d, dtype=torch.float32)
     if kda == "fla":
-        o, _ = kda_varlen(q, k, v, g, beta, states, cu, (length,) * b, use_fla=True)
+        o, final = kda_varlen(q, k, v, g, beta, states.contiguous(), cu, (length,) * b, use_fla=True)
     else:  # [B*L, H, *] -> [L, B*H, *]: one chunked reference call for the whole batch
 
         def fold(z: Tensor) -> Tensor:
             return z.reshape(b, length, h, -1).transpose(0, 1).reshape(length, b * h, -1)
 
         qn = l2norm(q.float()) * d**-0.5
-        o, _ = kda_chunk_ref(
+        o, final = kda_chunk_ref(
             fold(qn), fold(l2norm(k.float())), fold(v.float()), fold(g),
             beta.reshape(b, length, h).transpose(0, 1).reshape(length, b * h),
-            states.reshape(b * h, d, d),
+            states.reshape(b * h, d, d), chunk=REF_CHUNK,
         )  # fmt: skip
         o = o.reshape(length, b, h, d).transpose(0, 1).reshape(t, h, d).to(q.dtype)
-    return layer.o_proj(layer.o_norm(o, gate).reshape(t, h * d))
+        final = final.view(b, h, d, d)
+    out = layer.o_proj(layer.o_norm(o, gate).reshape(t, h * d))
+    return out, (new_window[0], final[0])
 
 
-def _mla(layer: MLAttention, x: Tensor, b: int, length: int) -> Tensor:
+def _mla_rows(
+    layer: MLAttention, x: Tensor, b: int, length: int, start: tuple[Tensor, Tensor] | None
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """`b` rows of `length` tokens, each attending causally to itself after the shared keys and
+    values `start = (k [P, H, Dqk], v [P, H, Dv])` (none when None). Returns the output and row 0's
+    keys and values (with `start`'s in front)."""
     m = layer.m
     if m.use_rope:
         raise ValueError("the training forward covers NoPE MLA (Kimi-Linear's); this config uses rope")
@@ -81,11 +97,19 @@ def _mla(layer: MLAttention, x: Tensor, b: int, length: int) -> Tensor:
     k_nope, v = kv.split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)
     k_rope = k_rope.view(b, length, 1, m.qk_rope_head_dim).expand(b, length, m.num_heads, m.qk_rope_head_dim)
     k = torch.cat([k_nope, k_rope.to(k_nope.dtype)], dim=-1)
-    # causal over each whole sequence: `mla_prefill_attention`'s mask with context_len 0
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=layer.scale
+    p = 0 if start is None else start[0].shape[0]
+    if start is not None:
+        k = torch.cat([start[0].to(k.dtype).expand(b, -1, -1, -1), k], dim=1)
+        v = torch.cat([start[1].to(v.dtype).expand(b, -1, -1, -1), v], dim=1)
+    # `mla_prefill_attention`'s rule with context_len p: query i sees keys 0 .. p + i
+    mask = (
+        torch.arange(p + length, device=x.device)[None, :]
+        <= torch.arange(length, device=x.device)[:, None] + p
     )
-    return layer.o_proj(out.transpose(1, 2).reshape(t, -1))
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=layer.scale
+    )
+    return layer.o_proj(out.transpose(1, 2).reshape(t, -1)), (k[0], v[0])
 
 
 def _dense(mlp: DenseMLP, x: Tensor) -> Tensor:
@@ -106,35 +130,62 @@ def _moe(moe: SparseMoE, x: Tensor, loads: list[Tensor] | None) -> Tensor:
 
 
 def _layer(
-    layer: DecoderLayer, x: Tensor, b: int, length: int, kda: str, loads: list[Tensor] | None
-) -> Tensor:
+    layer: DecoderLayer,
+    x: Tensor,
+    b: int,
+    length: int,
+    kda: str,
+    loads: list[Tensor] | None,
+    start: tuple[Tensor, Tensor] | None,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     y = layer.input_layernorm(x)
     if isinstance(layer.self_attn, KimiDeltaAttention):
-        x = x + _kda(layer.self_attn, y, b, length, kda)
+        mixed, end = _kda_rows(layer.self_attn, y, b, length, kda, start)
     else:
-        x = x + _mla(layer.self_attn, y, b, length)
+        mixed, end = _mla_rows(layer.self_attn, y, b, length, start)
+    x = x + mixed
     y = layer.post_attention_layernorm(x)
     ffn = getattr(layer, layer._ffn_name)
-    return x + (_moe(ffn, y, loads) if isinstance(ffn, SparseMoE) else _dense(ffn, y))
+    return x + (_moe(ffn, y, loads) if isinstance(ffn, SparseMoE) else _dense(ffn, y)), end
 
 
-def train_logits(
-    model: nn.Module, input_ids: Tensor, *, kda: str = "ref", expert_loads: list[Tensor] | None = None
+def train_hidden(
+    model: nn.Module,
+    input_ids: Tensor,
+    *,
+    prefix: Tensor | None = None,
+    kda: str = "ref",
+    expert_loads: list[Tensor] | None = None,
 ) -> Tensor:
-    """input_ids `[B, L]` (each row one sequence from empty state) -> logits `[B, L, vocab]`.
+    """Final normalised hidden states `[B, L, hidden]` of rows `input_ids` `[B, L]`, each one
+    sequence `prefix + row` from empty state.
 
-    `expert_loads`, when given, receives each MoE layer's per-expert token counts (for the
-    router-bias balancing update). DSA configs are not covered: the demo trains the plain MLA model.
+    `prefix` `[P]` (optional): tokens every row starts with (the tools declaration), computed once
+    and continued by every row (KDA state and conv window, MLA keys and values), which is what the
+    engine's prefix cache does at serving time. `expert_loads`, when given, receives each MoE
+    layer's per-expert token counts (for the router-bias balancing update).
     """
     if kda not in KDA_MODES:
         raise ValueError(f"kda must be one of {KDA_MODES}, got {kda!r}")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, L], got {tuple(input_ids.shape)}")
+    if prefix is not None and (prefix.dim() != 1 or prefix.shape[0] == 0):
+        raise ValueError(f"prefix must be a non-empty [P], got {tuple(prefix.shape)}")
     lm = text_model(model)
     if lm.spec.dsa is not None:
         raise ValueError("the training forward does not cover the DSA indexer; train the MLA config")
     b, length = input_ids.shape
+    starts: list[tuple[Tensor, Tensor] | None] = [None] * len(lm.model.layers)
+    if prefix is not None:
+        xp = lm.model.embed_tokens(prefix)
+        for i, layer in enumerate(lm.model.layers):
+            xp, starts[i] = _layer(layer, xp, 1, prefix.shape[0], kda, None, None)
     x = lm.model.embed_tokens(input_ids.reshape(-1))
-    for layer in lm.model.layers:
-        x = _layer(layer, x, b, length, kda, expert_loads)
-    return lm.lm_head(lm.model.norm(x)).view(b, length, -1)
+    for i, layer in enumerate(lm.model.layers):
+        x, _ = _layer(layer, x, b, length, kda, expert_loads, starts[i])
+    return lm.model.norm(x).view(b, length, -1)
+
+
+def train_logits(model: nn.Module, input_ids: Tensor, **kwargs: object) -> Tensor:
+    """`train_hidden` through the LM head: logits `[B, L, vocab]`."""
+    return text_model(model).lm_head(train_hidden(model, input_ids, **kwargs))  # type: ignore[arg-type]

@@ -42,12 +42,24 @@ def test_train_forward_matches_engine_forward():
     assert rel < 1e-4, rel
 
 
+def test_train_forward_with_a_shared_prefix_matches_engine_forward():
+    model = build_model(parse_config(_small()), seed=4)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, 290, (37,), generator=gen)
+    rows = torch.randint(0, 290, (3, 21), generator=gen)
+    with torch.no_grad():
+        want = _engine_logits(model, torch.cat([prefix.expand(3, -1), rows], dim=1))[:, 37:]
+        got = train_logits(model, rows, prefix=prefix, kda="ref")
+    rel = (got - want).norm() / want.norm()
+    assert rel < 1e-4, rel
+
+
 def test_train_forward_gradients_reach_every_text_parameter():
     model = build_model(parse_config(_small()), seed=1)
     model.train()
     ids = torch.randint(0, 290, (2, 24), generator=torch.Generator().manual_seed(1))
     loads: list[torch.Tensor] = []
-    logits = train_logits(model, ids, kda="ref", expert_loads=loads)
+    logits = train_logits(model, ids, prefix=ids[0, :5], kda="ref", expert_loads=loads)
     torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
     ).backward()
@@ -63,6 +75,8 @@ def test_train_forward_rejects_bad_input():
     model = build_model(parse_config(_small()), seed=0)
     with pytest.raises(ValueError, match=r"\[B, L\]"):
         train_logits(model, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="prefix"):
+        train_logits(model, torch.zeros(1, 4, dtype=torch.long), prefix=torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="kda must be"):
         train_logits(model, torch.zeros(1, 4, dtype=torch.long), kda="triton")
     dsa = build_model(parse_config(dsa_variant(_small())), seed=0)
