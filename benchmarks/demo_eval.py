@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from inference.demo_model.evaluate import evaluate
+    from training.demo_model.evaluate import evaluate
     from inference.demo_model.spec import DEMO_DIR
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -41,10 +41,11 @@ def _imported_packages(package: str) -> set[str]:
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
-        ("inference", {"orchestrator", "workers", "tools"}),
-        ("tools", {"orchestrator", "workers", "inference"}),
-        ("preprocess", {"orchestrator", "workers", "tools", "inference"}),
-        ("workers", {"orchestrator", "inference"}),
+        ("inference", {"orchestrator", "workers", "tools", "training"}),
+        ("tools", {"orchestrator", "workers", "inference", "training"}),
+        ("preprocess", {"orchestrator", "workers", "tools", "inference", "training"}),
+        ("workers", {"orchestrator", "inference", "training"}),
+        ("orchestrator", {"training"}),
     ],
 )
 def test_dependencies_point_one_way(package, forbidden):

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from inference.demo_model.corpus import ToolBox, eval_tasks
-from inference.demo_model.evaluate import EXPECTED_TOOL
+from training.demo_model.corpus import ToolBox, eval_tasks
+from training.demo_model.evaluate import EXPECTED_TOOL
 from inference.demo_model.spec import DEMO_DIR
 
 pytestmark = pytest.mark.skipif(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from inference.config import KDA, MOE, load_config, parse_config
-from inference.demo_model.corpus import CATEGORIES, ToolBox, eval_tasks
-from inference.demo_model.evaluate import EXPECTED_TOOL, answer_ok, run_task
+from training.demo_model.corpus import CATEGORIES, ToolBox, eval_tasks
+from training.demo_model.evaluate import EXPECTED_TOOL, answer_ok, run_task
 from inference.demo_model.spec import DEMO_DIR, dsa_variant
 from inference.embedded import EMBEDDED_MODELS, RANDOM_MODEL_NAME, EmbeddedEngineClient
 from inference.loader import ChecksumError, verify_manifest
@@ -98,7 +98,7 @@ def test_held_out_tasks_are_answered_correctly(outcomes):
 
 
 def test_answer_check_matches_whole_numbers_only():
-    from inference.demo_model.corpus import Turn
+    from training.demo_model.corpus import Turn
 
     t = Turn("q", "x = 7006743.", ("7006743",))
     assert answer_ok("1234*5678 + 91 = 7006743.", t)

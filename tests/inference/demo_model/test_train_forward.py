@@ -7,8 +7,8 @@ import torch
 
 from inference.config import parse_config
 from inference.demo_model.spec import demo_config, dsa_variant
-from inference.demo_model.train import assistant_mask
-from inference.demo_model.train_forward import text_model, train_logits
+from training.demo_model.train import assistant_mask
+from training.demo_model.train_forward import text_model, train_logits
 from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
 from inference.model.factory import build_model
 from inference.model.forward_meta import ForwardMeta

@@ -7,7 +7,7 @@ import torch
 
 from inference.config import parse_config
 from inference.demo_model.spec import demo_config
-from inference.demo_model.train_forward import text_model, train_logits
+from training.demo_model.train_forward import text_model, train_logits
 from inference.model.factory import build_model
 
 

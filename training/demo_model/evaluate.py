@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference.demo_model.corpus import CATEGORIES, Task, ToolBox, Turn, eval_tasks
+from training.demo_model.corpus import CATEGORIES, Task, ToolBox, Turn, eval_tasks
 
 __all__ = ["EXPECTED_TOOL", "TaskOutcome", "answer_ok", "evaluate", "run_task", "summarise"]
 

@@ -1,6 +1,6 @@
 """Train the demo model: corpus -> tokenizer -> hybrid model -> safetensors + manifest + loss curve.
 
-    python -m inference.demo_model.train --out DIR [--device cuda] [--steps N] [--time-budget S]
+    python -m training.demo_model.train --out DIR [--device cuda] [--steps N] [--time-budget S]
 
 Everything that decides the result is in `TrainConfig` (committed defaults, written next to the
 weights as `train_config.json`): the corpus seeds and size, the tokenizer's vocabulary, the
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.demo_model.spec import TRAIN_SEED, demo_config
-from inference.demo_model.train_forward import text_model, train_hidden
+from training.demo_model.train_forward import text_model, train_hidden
 
 __all__ = ["TrainConfig", "assistant_mask", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
 
@@ -85,7 +85,7 @@ def _encode_range(args: tuple[str, int, int, int]) -> list[tuple[list[int], list
     tokenizer_path, seed0, start, stop = args
     torch.set_num_threads(1)
     from inference.chat import ChatTemplate
-    from inference.demo_model.corpus import ToolBox, make_task
+    from training.demo_model.corpus import ToolBox, make_task
     from inference.tokenizer import HFTokenizer
 
     tok = HFTokenizer(tokenizer_path)
@@ -214,8 +214,8 @@ def train(
         torch.set_num_threads(1)  # the CPU fallback: one core
     out.mkdir(parents=True, exist_ok=True)
     if not tokenizer.is_file():
-        from inference.demo_model.corpus import ToolBox, make_task
-        from inference.demo_model.tokenizer_train import collect_segments, train_tokenizer
+        from training.demo_model.corpus import ToolBox, make_task
+        from training.demo_model.tokenizer_train import collect_segments, train_tokenizer
 
         box = ToolBox()
         tasks = (make_task(box, cfg.corpus_seed + i) for i in range(cfg.tokenizer_samples))
@@ -321,7 +321,7 @@ def train(
     }
     save_sharded(state, out)
     try:
-        from inference.demo_model.plot import save_loss_curve
+        from training.demo_model.plot import save_loss_curve
 
         save_loss_curve([r["step"] for r in log], [r["loss"] for r in log], out / "loss_curve.png")
     except ImportError as exc:  # a bare GPU box without Pillow: plot from train_log.json later
