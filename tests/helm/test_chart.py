@@ -35,7 +35,7 @@ def test_default_render_has_every_component():
     assert {n for k, n in docs if k == "Deployment"} == {
         f"{PREFIX}-{c}" for c in ("api", "runner", "worker-preprocess", "worker-tools")
     }
-    assert container(_deploy(docs, "runner"))["args"] == ["runner"]
+    assert container(_deploy(docs, "runner"))["args"] == ["runner", "--metrics-port", "9090"]
     pre = container(_deploy(docs, "worker-preprocess"))
     assert pre["args"] == [
         "worker",
@@ -92,12 +92,11 @@ def test_every_container_runs_a_real_dayzero_command():
                 pytest.fail(f"{name}: {wname} runs {container(w)['args']}, which dayzero does not accept")
 
 
-def test_probes_on_every_workload_but_the_runner():
+def test_probes_on_every_workload():
     docs = render(PRODUCTION)
     for name, w in workloads(docs).items():
         c = container(w)
-        if name.endswith(("-runner",)) or w["kind"] == "Job":
-            # No health endpoint or command in the runner yet (see templates/runner.yaml).
+        if w["kind"] == "Job":
             assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(c), name
             continue
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -110,6 +109,9 @@ def test_probes_on_every_workload_but_the_runner():
         assert c["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
         assert c["args"][c["args"].index("--metrics-port") + 1] == "9090"
         assert c["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    runner = container(_deploy(docs, "runner"))
+    assert runner["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert runner["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     for comp in ("worker-preprocess", "worker-tools"):
         cmd = container(_deploy(docs, comp))["livenessProbe"]["exec"]["command"]
         assert cmd[:2] == ["sh", "-c"]

@@ -136,6 +136,7 @@ def rendered(pg_url, kafka_broker, tmp_path) -> dict:  # noqa: F811 (fixture)
             "storage": {"mountPath": str(tmp_path / "data")},
             "api": {"port": free_port()},
             "relay": {"metricsPort": free_port()},
+            "runner": {"metricsPort": free_port()},
             "ingest": {"metricsPort": free_port()},
             "inference": {
                 "enabled": True, "gpus": 0, "port": free_port(), "maxModelLen": 4096,
@@ -202,8 +203,7 @@ def test_install_probes_and_first_task(pods):
     for comp, pod in pods.items():
         assert pod.proc.poll() is None, f"{comp} exited\n{pod.tail()}"
         for kind in ("readinessProbe", "livenessProbe"):
-            if comp != "runner":  # no probes yet (templates/runner.yaml)
-                assert _probe(pod.container, kind, pod.env), (comp, kind, pod.tail())
+            assert _probe(pod.container, kind, pod.env), (comp, kind, pod.tail())
     # The worker probe is about this worker: another node name (a pod whose worker died while a
     # sibling lives) fails it.
     tools = pods["worker-tools"]
