@@ -120,8 +120,12 @@ class ChatTemplate:
             calls = m.get("tool_calls") if role == "assistant" else None
             if calls:
                 out.append(self.sp(SECTION_BEGIN))
-                for c in calls:
-                    fn = c.get("function") or {}
+                for j, c in enumerate(calls):
+                    fn = c.get("function") if isinstance(c, Mapping) else None
+                    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                        raise ValueError(
+                            f"messages[{i}].tool_calls[{j}] needs a 'function' object with a string 'name'"
+                        )
                     call_id = c.get("id") or f"functions.{fn.get('name', '')}:{num_calls}"
                     out.append(self.sp(CALL_BEGIN))
                     self._text(out, str(call_id))

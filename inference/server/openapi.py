@@ -111,9 +111,9 @@ CHAT_REQUEST = {
     "required": ["messages"],
     "properties": {
         **_SAMPLING,
-        "messages": {"type": "array", "minItems": 1, "maxItems": 64, "items": _MESSAGE},
+        "messages": {"type": "array", "minItems": 1, "maxItems": 1024, "items": _MESSAGE},
         "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1},
-        "tools": {"type": ["array", "null"], "maxItems": 32, "items": _TOOL},
+        "tools": {"type": ["array", "null"], "maxItems": 128, "items": _TOOL},
         "tool_choice": {
             "oneOf": [
                 {"enum": ["none", "auto", "required"]},

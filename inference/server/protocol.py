@@ -14,9 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
+
 from inference.chat import ChatTemplate
 from inference.engine.engine import RequestOutput
 from inference.engine.request import SamplingParams, TokenLogprob
+from inference.server import openapi
 from inference.server.images import ImageEncoder
 from inference.tokenizer import Tokenizer
 from inference.toolparse import SECTION_BEGIN, ToolParser
@@ -121,6 +124,9 @@ def mm_inputs(p: PreparedChat) -> Any:
     return MMInputs(torch.cat(list(p.mm_payloads)), positions)
 
 
+_CHAT_SCHEMA = jsonschema.Draft202012Validator(openapi.CHAT_REQUEST)
+
+
 class OpenAIServing:
     """Turns OpenAI bodies into engine calls and engine outputs into OpenAI objects."""
 
@@ -160,6 +166,14 @@ class OpenAIServing:
     def prepare_chat(self, body: Any) -> PreparedChat:
         if not isinstance(body, Mapping):
             raise OpenAIError("the request body must be a JSON object")
+        # The documented request schema is the contract: what it refuses is refused here (400).
+        error = jsonschema.exceptions.best_match(_CHAT_SCHEMA.iter_errors(body))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "body"
+            raise OpenAIError(
+                f"{where}: {error.message}",
+                param=str(error.absolute_path[0]) if error.absolute_path else None,
+            )
         self.check_model(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

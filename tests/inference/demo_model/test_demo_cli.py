@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from inference.demo_model.spec import DEMO_DIR
 from training.demo_model.corpus import ToolBox, eval_tasks
 from training.demo_model.evaluate import EXPECTED_TOOL
-from inference.demo_model.spec import DEMO_DIR
 
 pytestmark = pytest.mark.skipif(
     not (DEMO_DIR / "checksums.sha256.json").is_file(), reason="demo checkpoint not trained yet"

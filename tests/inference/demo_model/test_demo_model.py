@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from inference.config import KDA, MOE, load_config, parse_config
-from training.demo_model.corpus import CATEGORIES, ToolBox, eval_tasks
-from training.demo_model.evaluate import EXPECTED_TOOL, answer_ok, run_task
 from inference.demo_model.spec import DEMO_DIR, dsa_variant
 from inference.embedded import EMBEDDED_MODELS, RANDOM_MODEL_NAME, EmbeddedEngineClient
 from inference.loader import ChecksumError, verify_manifest
 from inference.model.factory import build_model
+from training.demo_model.corpus import CATEGORIES, ToolBox, eval_tasks
+from training.demo_model.evaluate import EXPECTED_TOOL, answer_ok, run_task
 
 pytestmark = pytest.mark.skipif(
     not (DEMO_DIR / "checksums.sha256.json").is_file(), reason="demo checkpoint not trained yet"

@@ -7,11 +7,11 @@ import torch
 
 from inference.config import parse_config
 from inference.demo_model.spec import demo_config, dsa_variant
-from training.demo_model.train import assistant_mask
-from training.demo_model.train_forward import text_model, train_logits
 from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
 from inference.model.factory import build_model
 from inference.model.forward_meta import ForwardMeta
+from training.demo_model.train import assistant_mask
+from training.demo_model.train_forward import text_model, train_logits
 
 
 def _small(vocab: int = 300) -> dict:

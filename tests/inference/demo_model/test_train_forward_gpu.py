@@ -7,8 +7,8 @@ import torch
 
 from inference.config import parse_config
 from inference.demo_model.spec import demo_config
-from training.demo_model.train_forward import text_model, train_logits
 from inference.model.factory import build_model
+from training.demo_model.train_forward import text_model, train_logits
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -85,7 +85,9 @@ def server_schema() -> Iterator[schemathesis.BaseSchema]:
     srv = BackgroundServer(
         build_engine(engine_config=cfg),
         model_name="tiny",
-        limits=ServerLimits(api_key=KEY, max_body_bytes=64 * 1024),
+        limits=ServerLimits(
+            api_key=KEY, max_body_bytes=4 * 1024 * 1024
+        ),  # above any generated body: limits are test_hostile's
     )
     with srv:
         with httpx.Client(base_url=srv.url, timeout=120, headers=AUTH) as client:

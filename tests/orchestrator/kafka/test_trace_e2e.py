@@ -107,6 +107,7 @@ def procs(tmp_path, otlp, db, kafka_broker, kafka_settings) -> Iterator[Processe
         "DAYZERO_KAFKA_EVENTS_TOPIC": ks.events_topic,
         "DAYZERO_KAFKA_RESULTS_TOPIC": ks.results_topic,
         "DAYZERO_KAFKA_GROUP_ID": ks.group_id,
+        "DAYZERO_KAFKA_TENANTS": ks.tenants_csv,
         "DAYZERO_KAFKA_SESSION_TIMEOUT_MS": "4000",
         "DAYZERO_KAFKA_HEARTBEAT_INTERVAL_MS": "1000",
         "CELERY_BROKER_URL": broker,
