@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.demo_model.evaluate import evaluate
     from inference.demo_model.spec import DEMO_DIR
+    from training.demo_model.evaluate import evaluate
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", type=Path, default=DEMO_DIR)

@@ -85,8 +85,8 @@ def _encode_range(args: tuple[str, int, int, int]) -> list[tuple[list[int], list
     tokenizer_path, seed0, start, stop = args
     torch.set_num_threads(1)
     from inference.chat import ChatTemplate
-    from training.demo_model.corpus import ToolBox, make_task
     from inference.tokenizer import HFTokenizer
+    from training.demo_model.corpus import ToolBox, make_task
 
     tok = HFTokenizer(tokenizer_path)
     template = ChatTemplate(tok)
