@@ -1,16 +1,19 @@
-"""Shared fixtures: real PostgreSQL (a fresh database per test) and SQLite, migrated by Alembic."""
+"""Shared fixtures: real PostgreSQL (a fresh database per test) and SQLite, migrated by Alembic.
+
+The database modules are imported inside the fixtures, so the GPU machine (which has torch and
+triton but not the service dependencies) can run `python -m pytest -m gpu tests/inference`."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-from sqlalchemy import Engine
 
-from orchestrator.db import migrate  # imports no triton
-from orchestrator.db.engine import make_engine
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 def _cuda_available() -> bool:
@@ -38,6 +41,8 @@ def _pg_url(dbname: str) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database; dropped afterwards. Fails (never skips) without a server."""
+    from orchestrator.db.engine import make_engine
+
     name = f"dz_test_{uuid.uuid4().hex[:10]}"
     admin = make_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -62,6 +67,9 @@ def db_url(request) -> str:
 
 @pytest.fixture
 def db(db_url) -> Iterator[Engine]:
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+
     engine = make_engine(db_url)
     migrate.upgrade(engine)
     yield engine
