@@ -47,10 +47,6 @@ def test_run_shows_the_tool_call_its_result_and_the_answer_live(tmp_path):
     assert " = " in proc.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the CPU-fallback checkpoint copies long numbers wrongly (issue 14's accuracy is not met yet)",
-)
 def test_run_answers_the_demo_question_correctly(tmp_path):
     proc = _run(tmp_path, "What is 1234*5678 + 91?")
     assert proc.stdout.strip().splitlines()[-1] == "1234*5678 + 91 = 7006743."
