@@ -92,7 +92,11 @@ def analyze(
             f"{s.mtp.num_layers} MTP layer(s) in the checkpoint ({head['mtp'] / 1e9:.2f}B), not served"
         )
     if s.mla is not None and s.mla.rope_scaling is not None:
-        notes.append("YaRN rope scaling: read here, refused by the model code (not implemented)")
+        y = dict(s.mla.rope_scaling)
+        notes.append(
+            f"YaRN rope scaling x{y['factor']} of {y['original_max_position_embeddings']} trained positions "
+            "(served: angles and softmax temperature in the MLA layer)"
+        )
     if s.quantization:
         notes.append(f"checkpoint weights stored as {s.quantization}")
     return Analysis(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inference.config.fields import fixed, get, positive
+from inference.config.fields import fixed, get, keys, positive
 from inference.config.spec import DENSE, MOE, ConfigError, DSASpec, MLASpec, MoESpec, MTPSpec
 
 __all__ = [
@@ -23,6 +23,12 @@ __all__ = [
 ]
 
 DSA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
+# What transformers' `_compute_yarn_parameters` reads (and the type selector); anything else would
+# be a YaRN variant we might misread.
+_YARN_KEYS = keys(
+    "type rope_type factor original_max_position_embeddings beta_fast beta_slow mscale mscale_all_dim "
+    "attention_factor truncate rope_theta"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +54,8 @@ DEEPSEEK_MOE = MoENames(
 
 def rope(cfg: dict[str, Any], default_theta: float) -> tuple[float, tuple[tuple[str, object], ...] | None]:
     """(theta, scaling items or None) from `rope_theta` + `rope_scaling` or transformers-5
-    `rope_parameters`. Only YaRN scaling is known (DeepSeek-V3, Kimi-K2); others are refused."""
+    `rope_parameters`. Only YaRN scaling is known (DeepSeek-V3, Kimi-K2); others are refused.
+    The MLA layer computes it (`inference.model.rope`)."""
     params = get(cfg, "rope_parameters", dict, default=None)
     if params is not None:
         theta = float(params.get("rope_theta", default_theta))
@@ -66,6 +73,15 @@ def rope(cfg: dict[str, Any], default_theta: float) -> tuple[float, tuple[tuple[
     for key in ("factor", "original_max_position_embeddings"):
         if not isinstance(scaling.get(key), int | float) or isinstance(scaling.get(key), bool):
             raise ConfigError(f"{field}.{key}", "YaRN needs a number here")
+    for key in scaling:
+        if key not in _YARN_KEYS:
+            raise ConfigError(
+                f"{field}.{key}", f"unknown YaRN parameter (known: {', '.join(sorted(_YARN_KEYS))})"
+            )
+    if float(scaling["factor"]) < 1:
+        raise ConfigError(
+            f"{field}.factor", f"YaRN stretches the context: must be >= 1, got {scaling['factor']}"
+        )
     items = tuple(sorted((k, v) for k, v in scaling.items() if k not in ("rope_theta",)))
     return theta, items
 

@@ -62,7 +62,8 @@ class MLASpec:
     """Multi-head latent attention geometry. `use_rope=False` is Kimi-Linear's NoPE variant.
 
     `rope_scaling` keeps the published scaling dict as sorted items (YaRN for the 128K DeepSeek
-    and Kimi-K2 checkpoints): it changes no shape, so analysis reads it; the model refuses it.
+    and Kimi-K2 checkpoints): it changes no shape; the MLA layer turns it into its rotary angles
+    and softmax scale (`inference.model.rope.RotaryAngles`).
     """
 
     num_heads: int

@@ -5,7 +5,7 @@ Every layer is `MLAttention` (q_lora, interleaved rope on the shared key, and th
 indexer when the config has one); FFNs are `DenseMLP` for the first `first_k_dense_replace`
 layers, then `SparseMoE` with sigmoid, bias-corrected grouped top-k routing. Nothing here is a
 new operator: the `dayzero analyze --diff` of kimi_linear -> deepseek_v32 lists only DSA (which
-the shared MLA layer already has) and YaRN (refused, see `text_models.check_servable`).
+the shared MLA layer already has) and YaRN (`inference.model.rope`, in the MLA layer).
 
 What differs from `KimiLinearForCausalLM` is the checkpoint layout alone: MoE layers live under
 `mlp` (not `block_sparse_moe`) with experts `mlp.experts.N.{gate,up,down}_proj`. The published

@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from inference.config import ModelSpec
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
-from inference.model.layers import RMSNorm, rope_cos_sin, rope_half_split, rope_interleaved
+from inference.model.layers import RMSNorm, rope_half_split, rope_interleaved
 from inference.model.ops.mla import dsa_topk_paged, mla_decode_paged, mla_prefill_varlen
+from inference.model.rope import RotaryAngles
 
 __all__ = ["DSAIndexer", "MLAttention"]
 
@@ -80,7 +81,9 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * m.v_head_dim, hidden, bias=False)
         self.indexer = DSAIndexer(spec) if spec.dsa is not None else None
-        self.scale = m.qk_head_dim**-0.5
+        # YaRN (rope_scaling) changes the angles and the softmax temperature; plain rope neither
+        self.rope = RotaryAngles.for_mla(m) if m.use_rope and m.qk_rope_head_dim else None
+        self.scale = m.qk_head_dim**-0.5 * (self.rope.softmax_factor if self.rope is not None else 1.0)
 
     def _queries(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         m = self.m
@@ -97,8 +100,8 @@ class MLAttention(nn.Module):
         c, k_rope = ckv.split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         c = self.kv_a_layernorm(c)
         cos = sin = None
-        if m.use_rope and m.qk_rope_head_dim:
-            cos, sin = rope_cos_sin(meta.positions.to(x.device), m.qk_rope_head_dim, m.rope_theta)
+        if self.rope is not None:
+            cos, sin = self.rope.cos_sin(meta.positions.to(x.device))
             q = torch.cat(
                 [q[..., : m.qk_nope_head_dim], rope_interleaved(q[..., m.qk_nope_head_dim :], cos, sin)], -1
             )

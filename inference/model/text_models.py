@@ -32,8 +32,6 @@ def check_servable(spec: ModelSpec) -> None:
             f"no model code for model_type {spec.model_type!r} (served: {', '.join(sorted(_CLASSES))}); "
             "`dayzero analyze` reads it and `--diff` lists the operators to build"
         )
-    if spec.mla is not None and spec.mla.rope_scaling is not None:
-        raise NotServableError("rope_scaling (YaRN) is not implemented by the MLA layer; remove it to serve")
     if spec.gdn is not None and spec.gdn.k_head_dim != spec.gdn.v_head_dim:
         raise NotServableError(
             "gated DeltaNet states live in square [K, K] state slots: needs linear_key_head_dim == linear_value_head_dim"

@@ -219,6 +219,18 @@ FAMILY_BAD = [
     ("deepseek_v3_671b.json", "scoring_func", "softmax", "scoring_func"),
     ("deepseek_v3_671b.json", "rope_scaling", {"type": "dynamic", "factor": 2}, "rope_scaling"),
     ("deepseek_v3_671b.json", "rope_scaling", {"type": "yarn"}, "rope_scaling.factor"),
+    (
+        "deepseek_v3_671b.json",
+        "rope_scaling",
+        {"type": "yarn", "factor": 4, "original_max_position_embeddings": 8, "ntk_alpha": 2},
+        "rope_scaling.ntk_alpha",
+    ),
+    (
+        "deepseek_v3_671b.json",
+        "rope_scaling",
+        {"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8},
+        "rope_scaling.factor",
+    ),
     ("deepseek_v3_671b.json", "n_group", 7, "n_group"),
     ("deepseek_v3_671b.json", "rope_interleave", False, "rope_interleave"),
     ("deepseek_v3_671b.json", "mlp_layer_types", ["sparse"] * 61, "mlp_layer_types"),

@@ -10,7 +10,6 @@ import torch
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
 from inference.model.deepseek_v32 import DeepseekForCausalLM, mtp_prefixes
-from inference.model.text_models import NotServableError
 from tests.inference.model.deepseek_hf_mapping import hf_config, published_to_hf, tiny_deepseek_v32_config
 from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
@@ -75,14 +74,6 @@ def test_checkpoint_with_mtp_layers_loads(tmp_path, models):
     loaded = build_model(spec, load_format="safetensors", path=tmp_path)
     for name, t in loaded.state_dict().items():
         assert torch.equal(t, state[name]), name
-
-
-def test_what_the_model_code_refuses():
-    with_yarn = tiny_deepseek_v32_config(
-        rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}
-    )
-    with pytest.raises(NotServableError, match="YaRN"):
-        build_model(parse_config(with_yarn))
 
 
 def test_kimi_k25_wrapper_serves_the_deepseek_text_model():
