@@ -18,11 +18,15 @@ import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+
+if TYPE_CHECKING:
+    from inference.config import QuantSpec
 
 __all__ = [
     "INDEX_FILE",
@@ -161,11 +165,14 @@ def load_weights(
     progress: bool = False,
     ignore_unexpected: tuple[str, ...] = ("rotary_emb.inv_freq",),
     ignore_prefixes: tuple[str, ...] = (),
+    quantization: QuantSpec | None = None,
 ) -> None:
     """Fill `model`'s parameters and buffers from the checkpoint in `folder` (strict).
 
     Tensors whose names end with `ignore_unexpected` or start with `ignore_prefixes` (layers the
     checkpoint ships but the model does not build, e.g. DeepSeek's MTP layers) are skipped.
+    `quantization` (the config's `quantization_config`): FP8 / INT4 weights are dequantized to the
+    parameter's dtype (`inference.quantized_weights`).
 
     Raises `ChecksumError` (before reading any tensor) when the manifest disagrees, and
     `WeightLoadError` for missing, unexpected or mis-shaped tensors.
@@ -178,8 +185,13 @@ def load_weights(
     tied = {n for n, p in model.named_parameters(remove_duplicate=False) if n not in targets}
     seen: set[str] = set()
     shards = _shard_map(root)
+    # --- quantized-checkpoint hook: per shard, the weights it fills, read dequantized ---
+    from inference.quantized_weights import QuantizedCheckpoint  # here: it imports this module
+
+    quantized = QuantizedCheckpoint(quantization, root, shards)
     for fname, names in _progress(shards.items(), len(shards), progress):
-        with safe_open(str(root / fname), framework="pt") as f:
+        with safe_open(str(root / fname), framework="pt") as shard:
+            f, names = quantized.view(shard, fname, names)
             for name in names:
                 if name not in targets:
                     if name in tied or name.endswith(ignore_unexpected) or name.startswith(ignore_prefixes):

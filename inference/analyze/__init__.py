@@ -14,6 +14,7 @@ from typing import Any
 from inference.analyze.operators import Op, operators
 from inference.analyze.params import cache_bytes, parameter_counts
 from inference.analyze.plan import HEADROOM, WEIGHT_BYTES, GiB, ParallelPlan, gpu_counts, plan_parallel
+from inference.analyze.weights import WeightBytes, weight_bytes
 from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Diff",
     "Op",
     "ParallelPlan",
+    "WeightBytes",
     "analyze",
     "cache_bytes",
     "diff",
@@ -32,6 +34,7 @@ __all__ = [
     "parameter_counts",
     "plan_parallel",
     "to_json",
+    "weight_bytes",
 ]
 
 
@@ -46,6 +49,7 @@ class Analysis:
     params_by_component: dict[str, int]
     weight_dtype: str
     weight_bytes: dict[str, float]
+    stored: WeightBytes  # the checkpoint's bytes on disk and this runtime's after load
     kv_bytes_per_token: int
     state_bytes_per_sequence: int
     context: int
@@ -71,9 +75,10 @@ def analyze(
 ) -> Analysis:
     """Analyse `s` and plan the fewest GPUs (up to `gpus`, default 1024) that hold it with 20% headroom.
 
-    `weight_dtype` defaults to the checkpoint's own format (fp8 / int4 when it is quantized, else bf16).
+    `weight_dtype` (the plan's bytes per weight) defaults to bf16: what this runtime holds, since it
+    dequantizes FP8 / INT4 checkpoints at load; `fp8` / `int4` plan a runtime that keeps them.
     """
-    weight_dtype = weight_dtype or s.quantization or "bf16"
+    weight_dtype = weight_dtype or "bf16"
     if weight_dtype not in WEIGHT_BYTES:
         raise ValueError(f"weight dtype must be one of {sorted(WEIGHT_BYTES)}, got {weight_dtype!r}")
     for name, value in (("gpus", gpus), ("context", context), ("sequences", sequences)):
@@ -97,8 +102,14 @@ def analyze(
             f"YaRN rope scaling x{y['factor']} of {y['original_max_position_embeddings']} trained positions "
             "(served: angles and softmax temperature in the MLA layer)"
         )
-    if s.quantization:
-        notes.append(f"checkpoint weights stored as {s.quantization}")
+    stored = weight_bytes(s)
+    if s.quantization is not None:
+        q = s.quantization
+        layout = f"{q.block[0]}x{q.block[1]} tiles" if q.method == "fp8" else f"groups of {q.group_size}"
+        notes.append(
+            f"checkpoint stores {_fmt_n(stored.quantized_params)} weights as {q.method} ({layout}); "
+            f"dequantized to bf16 at load: {_fmt_b(stored.disk)} on disk -> {_fmt_b(stored.memory)} in memory"
+        )
     return Analysis(
         model_type=_display_name(s),
         layers={kind: s.layer_kinds.count(kind) for kind in (KDA, MLA, GDN, GQA)}
@@ -112,6 +123,7 @@ def analyze(
         params_by_component=comp,
         weight_dtype=weight_dtype,
         weight_bytes={k: head["total"] * v for k, v in WEIGHT_BYTES.items()},
+        stored=stored,
         kv_bytes_per_token=kv_tok,
         state_bytes_per_sequence=state_seq,
         context=context,
@@ -188,7 +200,13 @@ def format_analysis(a: Analysis) -> str:
         f"active per token {_fmt_n(p['active'])} (non-embedding {_fmt_n(p['active_non_embedding'])})"
     )
     lines.append("  by component: " + ", ".join(f"{k} {_fmt_n(v)}" for k, v in a.params_by_component.items()))
-    lines.append("weights: " + ", ".join(f"{k} {_fmt_b(v)}" for k, v in a.weight_bytes.items()))
+    lines.append(
+        f"weights on disk: {_fmt_b(a.stored.disk)} ({a.stored.stored_as}); in memory after load: "
+        f"{_fmt_b(a.stored.memory)} (bf16)"
+    )
+    lines.append(
+        "weights at each precision: " + ", ".join(f"{k} {_fmt_b(v)}" for k, v in a.weight_bytes.items())
+    )
     lines.append(f"KV per token: {a.kv_bytes_per_token} B (bf16{', MLA latent' if a.layers[MLA] else ''}"
                  f"{' + indexer keys' if a.layers['dsa'] else ''}{', GQA K+V' if a.layers[GQA] else ''})")  # fmt: skip
     lines.append(

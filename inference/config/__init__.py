@@ -38,6 +38,7 @@ from inference.config.spec import (
     ModelSpec,
     MoESpec,
     MTPSpec,
+    QuantSpec,
     VisionSpec,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "MTPSpec",
     "MoESpec",
     "ModelSpec",
+    "QuantSpec",
     "VisionSpec",
     "load_config",
     "parse_config",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.config.fields import fixed, get, keys, positive
-from inference.config.spec import DENSE, MOE, ConfigError, DSASpec, MLASpec, MoESpec, MTPSpec
+from inference.config.spec import DENSE, MOE, ConfigError, DSASpec, MLASpec, MoESpec, MTPSpec, QuantSpec
 
 __all__ = [
     "DEEPSEEK_MOE",
@@ -186,24 +186,69 @@ def mtp_spec(cfg: dict[str, Any]) -> MTPSpec | None:
     return MTPSpec(n) if n else None
 
 
-def quantization(cfg: dict[str, Any], prefix: str = "") -> str | None:
-    """The checkpoint's stored weight format: "fp8" (DeepSeek block FP8), "int4" (compressed-tensors
-    INT4, the Kimi-K2-Thinking / K2.5 release), or None (plain `torch_dtype`)."""
+def _fp8(q: dict[str, Any], field: str) -> QuantSpec:
+    """DeepSeek-V3 block FP8 (`quant_method: fp8`, also Qwen3-Next-FP8's layout)."""
+    fixed(q, "fmt", ("e4m3",), field + ".")
+    fixed(q, "scale_fmt", ("ue8m0",), field + ".")  # V3.1: power-of-two scales, stored as plain floats
+    # static activation scales would have the served model quantize activations too; dequantized
+    # weights alone compute a different function
+    fixed(q, "activation_scheme", ("dynamic",), field + ".")
+    block = q.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ConfigError(
+            field + ".weight_block_size", f"expected [rows, cols] of the FP8 scale tiles, got {block!r}"
+        )
+    ignore = q.get("modules_to_not_convert") or []
+    return QuantSpec("fp8", 8, block=(block[0], block[1]), ignore=tuple(map(str, ignore)))
+
+
+def _int4(q: dict[str, Any], field: str) -> QuantSpec:
+    """compressed-tensors W4A16 `pack-quantized` (Kimi-K2-Thinking, K2.5: routed experts only)."""
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise ConfigError(field + ".config_groups", "expected exactly one quantization group")
+    ((name, group),) = groups.items()
+    g = f"{field}.config_groups.{name}"
+    w = group.get("weights") if isinstance(group, dict) else None
+    if not isinstance(w, dict):
+        raise ConfigError(g + ".weights", "missing")
+    fmt = group.get("format") or q.get("format")
+    if fmt != "pack-quantized":
+        raise ConfigError(field + ".format", f"only 'pack-quantized' is read, got {fmt!r}")
+    want = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "dynamic": False}
+    for key, value in want.items():
+        if w.get(key, value) != value:
+            raise ConfigError(f"{g}.weights.{key}", f"only {value!r} is supported, got {w.get(key)!r}")
+    if w.get("actorder"):
+        raise ConfigError(f"{g}.weights.actorder", "activation-ordered groups (g_idx) are not supported")
+    size = w.get("group_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ConfigError(f"{g}.weights.group_size", f"expected a positive int, got {size!r}")
+    if group.get("input_activations") or group.get("output_activations"):
+        raise ConfigError(g + ".input_activations", "quantized activations are not supported (W4A16 only)")
+    if "Linear" not in (group.get("targets") or []):
+        raise ConfigError(
+            g + ".targets", f"expected 'Linear' among the targets, got {group.get('targets')!r}"
+        )
+    fixed(q, "quantization_status", ("compressed",), field + ".")  # anything else is not packed on disk
+    if q.get("kv_cache_scheme") or q.get("sparsity_config"):
+        raise ConfigError(field, "kv_cache_scheme / sparsity_config are not supported")
+    return QuantSpec("int4", 4, group_size=size, ignore=tuple(map(str, q.get("ignore") or [])))
+
+
+def quantization(cfg: dict[str, Any], prefix: str = "") -> QuantSpec | None:
+    """The checkpoint's stored weight format: DeepSeek block FP8, compressed-tensors INT4 (the
+    Kimi-K2-Thinking / K2.5 release), or None (plain `torch_dtype`). The loader dequantizes both
+    to the serving dtype (`inference.quantized_weights`)."""
+    field = prefix + "quantization_config"
     q = get(cfg, "quantization_config", dict, prefix, default=None)
     if q is None:
         return None
     method = q.get("quant_method")
     if method == "fp8":
-        return "fp8"
+        return _fp8(q, field)
     if method == "compressed-tensors":
-        bits = {
-            g.get("weights", {}).get("num_bits")
-            for g in q.get("config_groups", {}).values()
-            if isinstance(g, dict)
-        }
-        if bits == {4}:
-            return "int4"
-        raise ConfigError(
-            prefix + "quantization_config", f"compressed-tensors with weight bits {sorted(bits)}"
-        )
-    raise ConfigError(prefix + "quantization_config.quant_method", f"unknown weight format {method!r}")
+        return _int4(q, field)
+    raise ConfigError(
+        field + ".quant_method", f"unknown weight format {method!r} (known: fp8, compressed-tensors)"
+    )

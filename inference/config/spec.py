@@ -25,6 +25,7 @@ __all__ = [
     "MTPSpec",
     "MoESpec",
     "ModelSpec",
+    "QuantSpec",
     "VisionSpec",
 ]
 
@@ -171,6 +172,28 @@ class MTPSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class QuantSpec:
+    """How the checkpoint stores its quantized weights (`quantization_config`).
+
+    * `fp8`: DeepSeek block FP8: `weight` float8_e4m3fn and `weight_scale_inv` fp32, one scale per
+      `block` (rows, cols) tile (the last tiles may be partial);
+    * `int4`: compressed-tensors `pack-quantized`: `weight_packed` int32 (8 values of 4 bits per
+      int32, offset by 8), `weight_scale` per `group_size` consecutive input columns, `weight_shape`;
+      symmetric (no zero point).
+
+    `ignore` lists the module-name patterns stored unquantized (compressed-tensors `ignore`, FP8
+    `modules_to_not_convert`; `re:` marks a regex): the analysis reads it, the loader goes by the
+    tensors the checkpoint holds. `bits` per stored weight value.
+    """
+
+    method: str  # "fp8" | "int4"
+    bits: int
+    block: tuple[int, int] | None = None
+    group_size: int | None = None
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class VisionSpec:
     """MoonViT tower and its 2-layer projector into the text hidden size."""
 
@@ -222,7 +245,7 @@ class ModelSpec:
     gdn: GDNSpec | None = None
     gqa: GQASpec | None = None
     mtp: MTPSpec | None = None
-    quantization: str | None = None  # checkpoint weight format ("fp8", "int4"), None = torch_dtype
+    quantization: QuantSpec | None = None  # stored weight format; None = plain torch_dtype
     wrapper_type: str | None = None
 
     @property

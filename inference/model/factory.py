@@ -97,8 +97,9 @@ def build_model(
         from inference.loader import load_weights
 
         load_weights(
-            model, path, verify=verify_checksums, progress=progress, ignore_prefixes=ignored_prefixes(spec)
-        )
+            model, path, verify=verify_checksums, progress=progress, ignore_prefixes=ignored_prefixes(spec),
+            quantization=spec.quantization,
+        )  # fmt: skip
     return model.eval()
 
 

@@ -197,9 +197,13 @@ def test_family_cache_bytes():
 
 def test_family_plans_take_the_fewest_gpus():
     v3 = load_config(CONFIGS / "deepseek_v3_671b.json")
-    a = analyze(v3, gpu_mem_gib=141.0, context=32768)  # fp8, as the checkpoint ships
+    # fp8 GEMMs would keep the checkpoint's bytes: 8 GPUs
+    a = analyze(v3, gpu_mem_gib=141.0, context=32768, weight_dtype="fp8")
     assert a.weight_dtype == "fp8" and a.plan.fits and a.plan.gpus == 8 and (a.plan.tp, a.plan.pp) == (8, 1)
     assert a.plan.weight_bytes_per_gpu + a.plan.kv_bytes_per_gpu <= 0.8 * 141 * 1024**3
+    # this runtime dequantizes at load (the default plan): 1.25 TiB of bf16 needs 16
+    served = analyze(v3, gpu_mem_gib=141.0, context=32768)
+    assert served.weight_dtype == "bf16" and served.plan.fits and served.plan.gpus == 16
     bf16 = analyze(v3, gpu_mem_gib=141.0, context=32768, weight_dtype="bf16", gpus=8)
     assert not bf16.plan.fits  # 1.25 TiB of bf16 weights do not fit 8 x 112.8 GiB usable
     qn = analyze(load_config(CONFIGS / "qwen3_next_80b_a3b.json"), gpus=8, gpu_mem_gib=141.0)

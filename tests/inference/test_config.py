@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.config import DENSE, KDA, MLA, MOE, ConfigError, load_config, parse_config
+from inference.config import DENSE, KDA, MLA, MOE, ConfigError, QuantSpec, load_config, parse_config
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "inference" / "configs" / "kimi_linear_48b_a3b.json"
 
@@ -165,7 +165,8 @@ def test_deepseek_v3_reader():
     assert dict(m.rope_scaling)["factor"] == 40 and dict(m.rope_scaling)["type"] == "yarn"
     assert (e.num_experts, e.top_k, e.num_groups, e.topk_groups, e.num_shared_experts) == (256, 8, 8, 4, 1)
     assert e.scoring == "sigmoid" and e.renormalize and e.routed_scaling_factor == 2.5
-    assert spec.mtp.num_layers == 1 and spec.quantization == "fp8" and spec.dsa is None
+    assert spec.mtp.num_layers == 1 and spec.dsa is None
+    assert spec.quantization == QuantSpec("fp8", 8, block=(128, 128))
 
 
 def test_deepseek_v32_reader_adds_the_indexer():
@@ -185,7 +186,10 @@ def test_kimi_k2_and_k25_readers():
     assert k2.model_type == "kimi_k2" and k2.moe.num_experts == 384 and k2.moe.num_groups == 1
     assert k2.mla.num_heads == 64 and k2.mlp_kinds.count(DENSE) == 1 and k2.vocab_size == 163840
     k25 = parse_config(_load("kimi_k25.json"))
-    assert k25.wrapper_type == "kimi_k25" and k25.model_type == "kimi_k2" and k25.quantization == "int4"
+    assert (
+        k25.wrapper_type == "kimi_k25" and k25.model_type == "kimi_k2" and k25.quantization.method == "int4"
+    )
+    assert k25.quantization.group_size == 32 and "re:.*self_attn.*" in k25.quantization.ignore
     assert k25.vision.num_layers == 27 and k25.vision.merged_dim == 4608 and k25.image_token_id == 163605
     assert replace(k25.mla, rope_scaling=k2.mla.rope_scaling) == k2.mla  # same text model, 256K YaRN
 
@@ -235,6 +239,34 @@ FAMILY_BAD = [
     ("deepseek_v3_671b.json", "rope_interleave", False, "rope_interleave"),
     ("deepseek_v3_671b.json", "mlp_layer_types", ["sparse"] * 61, "mlp_layer_types"),
     ("deepseek_v3_671b.json", "quantization_config", {"quant_method": "gptq"}, "quant_method"),
+    ("deepseek_v3_671b.json", "quantization_config.activation_scheme", "static", "activation_scheme"),
+    ("deepseek_v3_671b.json", "quantization_config.weight_block_size", [128], "weight_block_size"),
+    ("deepseek_v3_671b.json", "quantization_config.fmt", "e5m2", "fmt"),
+    ("kimi_k25.json", "text_config.quantization_config.format", "int-quantized", "format"),
+    (
+        "kimi_k25.json",
+        "text_config.quantization_config.config_groups.group_0.weights.symmetric",
+        False,
+        "symmetric",
+    ),
+    (
+        "kimi_k25.json",
+        "text_config.quantization_config.config_groups.group_0.weights.num_bits",
+        8,
+        "num_bits",
+    ),
+    (
+        "kimi_k25.json",
+        "text_config.quantization_config.config_groups.group_0.weights.group_size",
+        0,
+        "group_size",
+    ),
+    (
+        "kimi_k25.json",
+        "text_config.quantization_config.config_groups.group_0.input_activations",
+        {"num_bits": 8},
+        "input_activations",
+    ),
     ("deepseek_v32_exp.json", "q_lora_rank", None, "q_lora_rank"),
     ("kimi_k2_instruct.json", "num_key_value_heads", 8, "num_key_value_heads"),
     ("qwen3_next_80b_a3b.json", "linear_num_value_heads", 24, "linear_num_value_heads"),
