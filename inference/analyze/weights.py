@@ -10,7 +10,7 @@ loader reads; a test checks the list against the built model):
   in bf16), never the LM head; `modules_to_not_convert` (substring match, as transformers reads it)
   adds exclusions. Per `block` tile one fp32 scale.
 * INT4 (compressed-tensors): every `Linear` not matched by `ignore` (`re:` entries are regexes
-  matched from the start of the name, others exact names, as compressed-tensors matches them);
+  matched from the start of the name, others exact names, also under a wrapper prefix);
   the DeepSeek/Kimi router is not an `nn.Linear` there, so never quantized. Per row
   `ceil(cols / 8)` int32 words, `ceil(cols / group)` bf16 scales and an int64 `weight_shape` [2].
 
@@ -138,8 +138,13 @@ def linear_weights(s: ModelSpec) -> list[Linear]:
 
 
 def _ignored(name: str, patterns: tuple[str, ...]) -> bool:
+    """compressed-tensors `ignore`: `re:` regexes matched from the start, else the exact name; a
+    plain entry also matches under a wrapper prefix (K2.5's `lm_head` is `language_model.lm_head`)."""
     return any(
-        re.match(pat[3:], name) is not None if pat.startswith("re:") else pat == name for pat in patterns
+        re.match(pat[3:], name) is not None
+        if pat.startswith("re:")
+        else name == pat or name.endswith("." + pat)
+        for pat in patterns
     )
 
 

@@ -276,3 +276,27 @@ def test_cli_on_every_bundled_config(name, capsys):
         data["plan"]["fits"]
         and data["params"]["total"] == parameter_counts(load_config(CONFIGS / name))[0]["total"]
     )
+
+
+def test_quantized_checkpoint_bytes_on_disk_and_in_memory():
+    """The published formats' bytes: FP8 for every DeepSeek-V3 decoder linear but the routers (one
+    fp32 scale per 128x128 tile), INT4 for the 60 x 384 routed experts of K2.5 (per row 4 bytes per
+    8 values + a bf16 scale per 32 + the 2 x int64 shape); the rest bf16. Loaded: all bf16."""
+    from inference.analyze import weight_bytes
+
+    k25 = load_config(CONFIGS / "kimi_k25.json")
+    b = weight_bytes(k25)
+    experts = 60 * 384 * 3
+    assert b.quantized_params == experts * 7168 * 2048  # lm_head, attention, shared, dense: ignored
+    per_expert_matrix = {  # (rows, cols) of gate/up and of down
+        (2048, 7168): 2048 * (4 * 7168 // 8 + 2 * 7168 // 32) + 16,
+        (7168, 2048): 7168 * (4 * 2048 // 8 + 2 * 2048 // 32) + 16,
+    }
+    stored = 60 * 384 * (2 * per_expert_matrix[(2048, 7168)] + per_expert_matrix[(7168, 2048)])
+    total = parameter_counts(k25)[0]["total"]
+    assert b.disk == stored + (total - b.quantized_params) * 2
+    assert b.memory == total * 2 and b.stored_as == "int4 + bfloat16"
+    v3 = weight_bytes(load_config(CONFIGS / "deepseek_v3_671b.json"))
+    assert 0.5 < v3.disk / v3.memory < 0.51  # fp8 + fp32 tile scales + bf16 embeddings / norms
+    a = analyze(k25, gpu_mem_gib=141.0)
+    assert any("int4 (groups of 32)" in n for n in a.notes)
