@@ -88,6 +88,7 @@ def reference(arch: str, cfg: dict[str, Any], device: str):
     """transformers' model of `cfg` on `device` (eager attention, fp32, pure-PyTorch linear attention)."""
     blocker = _HideFla()
     sys.meta_path.insert(0, blocker)
+    loaded = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "fla" or k.startswith("fla.")}
     try:
         import transformers
 
@@ -101,6 +102,7 @@ def reference(arch: str, cfg: dict[str, Any], device: str):
             config_cls, model_cls = transformers.DeepseekV32Config, mod.DeepseekV32ForCausalLM
     finally:
         sys.meta_path.remove(blocker)
+        sys.modules.update(loaded)  # our model keeps the fla it already imported
     hc = config_cls(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
     hc._attn_implementation = "eager"
     with torch.device(device):
