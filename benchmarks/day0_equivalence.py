@@ -199,28 +199,48 @@ def run_arch(arch: str, args, bar, task) -> dict[str, Any]:
             "decode": errors(o[args.prompt :], r[args.prompt :]),
         }
 
-    runs: dict[str, Ours] = {}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    def attempt(key: str, fn) -> Any:
+        """Record a failure under `key` and go on: the other figures still count."""
+        try:
+            return fn()
+        except Exception as exc:
+            res[key] = f"failed: {exc!r}"
+            return None
+        finally:
+            bar.advance(task)
+
+    def ours(dtype: torch.dtype) -> Ours:
         model = build_model(spec, seed=0, dtype=dtype, device=dev)
         with torch.no_grad():
             for key, t in model.state_dict().items():
                 t.copy_(master.state_dict()[key])
-        runs[name] = Ours(model, spec, dtype, dev, args.prompt + args.decode + args.greedy + 8)
-        res[f"ours_{name}_vs_ref_fp32"] = split(teacher_forced(runs[name], ids, args.prompt), want)
-        bar.advance(task)
-    ref_tokens = greedy_ref(ref, ids[: args.prompt], args.greedy, dev)
-    for name, run in runs.items():  # a fresh cache each: the teacher-forced one holds other tokens
-        again = Ours(run.model, spec, run.dtype, dev, args.prompt + args.greedy + 8)
-        got = greedy_ours(again, ids[: args.prompt], args.greedy)
-        res[f"greedy_ours_{name}_vs_ref_fp32"] = agreement(got, ref_tokens)
-    bar.advance(task)
-    ref.to(torch.bfloat16)
-    want_bf16 = ref(ids[None].to(dev), use_cache=False).logits[0].float().cpu()
-    res["ref_bf16_vs_ref_fp32_baseline"] = split(want_bf16, want)
-    bar.advance(task)
-    del ref, runs
-    if dev == "cuda":
-        torch.cuda.empty_cache()
+        return Ours(model, spec, dtype, dev, args.prompt + args.decode + 8)
+
+    runs: dict[str, Ours] = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        key = f"ours_{name}_vs_ref_fp32"
+
+        def one(name=name, dtype=dtype, key=key):
+            runs[name] = ours(dtype)
+            res[key] = split(teacher_forced(runs[name], ids, args.prompt), want)
+
+        attempt(key, one)
+
+    def greedy() -> None:
+        ref_tokens = greedy_ref(ref, ids[: args.prompt], args.greedy, dev)
+        for name, run in runs.items():  # a fresh cache each: the teacher-forced one holds other tokens
+            again = Ours(run.model, spec, run.dtype, dev, args.prompt + args.greedy + 8)
+            got = greedy_ours(again, ids[: args.prompt], args.greedy)
+            res[f"greedy_ours_{name}_vs_ref_fp32"] = agreement(got, ref_tokens)
+
+    attempt("greedy", greedy)
+
+    def baseline() -> None:
+        ref.to(torch.bfloat16)
+        want_bf16 = ref(ids[None].to(dev), use_cache=False).logits[0].float().cpu()
+        res["ref_bf16_vs_ref_fp32_baseline"] = split(want_bf16, want)
+
+    attempt("ref_bf16_vs_ref_fp32_baseline", baseline)
     return res
 
 
@@ -297,6 +317,8 @@ def main() -> int:
                 res[arch] = run_arch(arch, args, bar, task)
             except Exception as exc:  # record and go on: the other architecture still counts
                 res[arch] = f"failed: {exc!r}"
+            if args.device == "cuda":
+                torch.cuda.empty_cache()  # the finished architecture's models are garbage now
             (out_dir / "day0_equivalence.json").write_text(json.dumps(res, indent=2))
     res["total_wall_s"] = time.perf_counter() - t_start
     text = json.dumps(res, indent=2)
