@@ -163,6 +163,7 @@ def diff(a: ModelSpec, b: ModelSpec, *, context: int = 131072) -> Diff:
         "params_total": (ha["total"], hb["total"]),
         "params_active": (ha["active"], hb["active"]),
         "weight_bytes_bf16": (ha["total"] * 2, hb["total"] * 2),
+        "weight_bytes_on_disk": (weight_bytes(a).disk, weight_bytes(b).disk),
         "kv_bytes_per_token": (kva, kvb),
         "state_bytes_per_sequence": (sta, stb),
         f"memory_per_sequence_at_{context}": (kva * context + sta, kvb * context + stb),

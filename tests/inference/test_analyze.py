@@ -236,6 +236,11 @@ def test_diff_lists_what_b_needs():
     kv = d.memory["kv_bytes_per_token"]
     assert (kv["a"], kv["b"], kv["delta"]) == (8064, 85888, 85888 - 8064)
     assert d.memory["state_bytes_per_sequence"]["b"] == 0
+    on_disk = d.memory["weight_bytes_on_disk"]  # Kimi-Linear ships bf16, V3.2 fp8
+    assert (
+        on_disk["a"] == d.memory["weight_bytes_bf16"]["a"]
+        and on_disk["b"] < 0.51 * d.memory["weight_bytes_bf16"]["b"]
+    )
     assert d.memory["memory_per_sequence_at_1000"]["delta"] == (85888 - 8064) * 1000 - cache_bytes(kimi)[1]
     assert diff(v32, v32).new_operators == [] and diff(v32, v32).new_shapes == []
 
