@@ -188,7 +188,7 @@ def load_weights(
     # --- quantized-checkpoint hook: per shard, the weights it fills, read dequantized ---
     from inference.quantized_weights import QuantizedCheckpoint  # here: it imports this module
 
-    quantized = QuantizedCheckpoint(quantization, root, shards)
+    quantized = QuantizedCheckpoint(quantization, root, shards, next(model.parameters()).device)
     for fname, names in _progress(shards.items(), len(shards), progress):
         with safe_open(str(root / fname), framework="pt") as shard:
             f, names = quantized.view(shard, fname, names)

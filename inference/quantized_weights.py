@@ -17,7 +17,8 @@ The checkpoint itself says which tensors are quantized (a weight with its compan
 config gives the tile / group size, which the companion shapes cannot pin down when a dimension
 is not a multiple of it. The loader's one hook is `QuantizedCheckpoint.view`: per shard, the
 names of the weights it fills and a handle whose `get_tensor` returns them dequantized (fp32;
-the loader casts to the parameter's dtype). Companions in another shard are read from there.
+the loader casts to the parameter's dtype), computed on the model's device. Companions in another
+shard are read from there.
 
 Why dequantize at load: the engine's GEMMs, the fused MoE and the CUDA graphs all run on the
 serving dtype; quantized GEMMs are a kernel project of their own, not a loading step.
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor
 
@@ -65,8 +67,12 @@ def dequantize_fp8_block(weight: Tensor, scale_inv: Tensor, block: tuple[int, in
         raise ValueError(
             f"scale grid {tuple(scale_inv.shape)} != {want} for {rows}x{cols} in {br}x{bc} tiles"
         )
-    scale = scale_inv.float().repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
-    return weight.float() * scale
+    # tiles as a [R, br, C, bc] view times the [R, 1, C, 1] scales: no full-size scale tensor
+    x = weight.float()
+    if (want[0] * br, want[1] * bc) != (rows, cols):
+        x = F.pad(x, (0, want[1] * bc - cols, 0, want[0] * br - rows))
+    x = x.view(want[0], br, want[1], bc) * scale_inv.to(x.device, torch.float32)[:, None, :, None]
+    return x.view(want[0] * br, want[1] * bc)[:rows, :cols]
 
 
 def unpack_int4(packed: Tensor, cols: int) -> Tensor:
@@ -84,8 +90,12 @@ def dequantize_int4_packed(packed: Tensor, scale: Tensor, shape: tuple[int, int]
         )
     if tuple(scale.shape) != (rows, math.ceil(cols / group_size)):
         raise ValueError(f"weight_scale {tuple(scale.shape)} != groups of {group_size} over {rows}x{cols}")
-    s = scale.float().repeat_interleave(group_size, 1)[:, :cols]
-    return unpack_int4(packed, cols).float() * s
+    groups = scale.shape[1]
+    x = unpack_int4(packed, cols).float()
+    if groups * group_size != cols:  # a partial last group: pad to whole groups, sliced off below
+        x = F.pad(x, (0, groups * group_size - cols))
+    x = x.view(rows, groups, group_size) * scale.to(x.device, torch.float32)[:, :, None]
+    return x.view(rows, groups * group_size)[:, :cols]
 
 
 class _DequantizingFile:
@@ -99,9 +109,9 @@ class _DequantizingFile:
         if where is None:
             raise WeightLoadError(f"quantized weight needs '{name}', which the checkpoint does not hold")
         if where == self.fname:
-            return self.f.get_tensor(name)
+            return self.f.get_tensor(name).to(self.owner.device)
         with safe_open(str(self.owner.root / where), framework="pt") as other:  # companion in another shard
-            return other.get_tensor(name)
+            return other.get_tensor(name).to(self.owner.device)
 
     def get_tensor(self, name: str) -> Tensor:
         q, base = self.owner.quant, name.removesuffix("weight")
@@ -116,6 +126,7 @@ class _DequantizingFile:
             if q.method == "fp8" and base + FP8_SCALE in self.owner.where:
                 if weight.dtype != torch.float8_e4m3fn:
                     raise ValueError(f"has a {FP8_SCALE} but is stored as {weight.dtype}, not float8_e4m3fn")
+                weight = weight.to(self.owner.device)  # a GPU dequantizes ~100x faster than one core
                 return dequantize_fp8_block(weight, self._piece(base + FP8_SCALE), q.block)
         except ValueError as exc:
             raise WeightLoadError(f"quantized tensor '{name}' in {self.fname}: {exc}") from exc
@@ -127,8 +138,14 @@ class _DequantizingFile:
 class QuantizedCheckpoint:
     """What the loader asks per shard; `quant=None` only checks that nothing is quantized."""
 
-    def __init__(self, quant: QuantSpec | None, root: Path, shards: dict[str, list[str]]) -> None:
-        self.quant, self.root = quant, root
+    def __init__(
+        self,
+        quant: QuantSpec | None,
+        root: Path,
+        shards: dict[str, list[str]],
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.quant, self.root, self.device = quant, root, torch.device(device)  # dequantize where it runs
         self.where = {name: fname for fname, names in shards.items() for name in names}
 
     def view(self, f: _TensorFile, fname: str, names: Iterable[str]) -> tuple[_TensorFile, list[str]]:

@@ -318,3 +318,13 @@ def test_linear_inventory_of_the_other_families(name):
         if t.dim() == 2 and n.startswith(root) and not n.endswith(("embed_tokens.weight", "A_log"))
     }
     assert {w.name: (w.rows, w.cols) for w in linear_weights(spec)} == built
+
+
+@pytest.mark.gpu
+def test_dequantized_on_the_gpu_equals_the_reference(tmp_path):
+    """Loading onto CUDA dequantizes there (the pieces move first): the same fp32 values."""
+    for kind in ("fp8", "int4"):
+        _, spec, dequant = _write(kind, tmp_path / kind)
+        model = build_model(spec, load_format="safetensors", path=tmp_path / kind, device="cuda")
+        for name, t in model.state_dict().items():
+            assert t.is_cuda and torch.equal(t.cpu(), dequant[name]), (kind, name)
