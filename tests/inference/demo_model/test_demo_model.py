@@ -87,11 +87,6 @@ def test_held_out_tasks_pick_the_right_tool_with_valid_calls(outcomes):
         assert o.valid_calls == o.calls, (o.category, o.problems)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14's accuracy target is not met by the CPU-fallback checkpoint (75.1% task success on "
-    "the 301-task eval; see benchmarks/demo_eval.py); remove this mark once a retrained model passes",
-)
 def test_held_out_tasks_are_answered_correctly(outcomes):
     for o in outcomes:
         assert o.success, (o.category, o.answers, o.problems)
