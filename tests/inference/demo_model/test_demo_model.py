@@ -99,3 +99,11 @@ def test_answer_check_matches_whole_numbers_only():
     assert answer_ok("1234*5678 + 91 = 7006743.", t)
     assert not answer_ok("= 17006743.", t) and not answer_ok("= 7006743.5", t) and not answer_ok(None, t)
     assert answer_ok("Hello!", Turn("hi", "Hello!")) and not answer_ok("Hello", Turn("hi", "Hello!"))
+
+
+def test_parallel_eval_keeps_task_order():
+    from training.demo_model.evaluate import evaluate
+
+    summary, outcomes = evaluate(DEMO_DIR, 1, workers=2)
+    assert [o.category for o in outcomes] == list(CATEGORIES)
+    assert summary["overall"]["tasks"] == len(CATEGORIES)
