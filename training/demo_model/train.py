@@ -1,7 +1,7 @@
 """Train the demo model: corpus -> tokenizer -> hybrid model -> safetensors + manifest + loss curve.
 
     python -m training.demo_model.train --out DIR [--device cuda] [--steps N] [--time-budget S]
-    python -m training.demo_model.train --out DIR --wall-budget 420     # the H200 run (defaults)
+    python -m training.demo_model.train --out DIR --wall-budget 390 --corpus FILE   # the H200 run
     python -m training.demo_model.train --out DIR --device cpu --tokens-per-batch 2048 --ref-chunk 8
 
 Everything that decides the result is in `TrainConfig` (committed defaults, written next to the
@@ -17,9 +17,10 @@ The learning-rate schedule runs on `progress = max(step / steps, elapsed / time_
 that is slower than planned still warms down fully before its time budget ends. `--wall-budget S`
 sets the time budget to what is left of S seconds after the corpus is built (less a margin for
 saving), so the whole command ends within S. With the time budget the limit, the number of steps
-(and so the weights) depends on the machine's speed; `train_log.json` records the steps reached,
-and `--steps N --time-budget 1e9` replays a recorded run's schedule step for step (same seeds,
-same batches; GPU reductions may still differ in the last bits between runs).
+(and so the weights) depends on the machine's speed; `train_log.json` records the steps reached
+and the learning rate every 10 steps. `--steps N --time-budget 1e9` runs N steps on a schedule by
+step alone (the same seeds and batches; it matches a timed run's schedule only as far as its steps
+took equal time, and GPU reductions may differ in the last bits between runs).
 
 Every conversation starts with the same tokens (the tools declaration and the user header): the
 training forward computes that prefix once per batch and continues each row from its state, as the
