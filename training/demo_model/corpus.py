@@ -31,13 +31,13 @@ from inference.demo_model.spec import EVAL_SEED, TRAIN_SEED  # noqa: F401 (TRAIN
 CATEGORIES: tuple[str, ...] = ("calc", "calc_multi", "calc_word", "search", "image_info", "plain", "followup")
 # training mix (weights), chosen so the hardest categories get the most samples
 CATEGORY_WEIGHTS: dict[str, float] = {
-    "calc": 0.18,
-    "calc_multi": 0.17,
-    "calc_word": 0.17,
-    "search": 0.18,
-    "image_info": 0.1,
-    "plain": 0.08,
-    "followup": 0.12,
+    "calc": 0.15,
+    "calc_multi": 0.18,
+    "calc_word": 0.12,
+    "search": 0.22,
+    "image_info": 0.12,
+    "plain": 0.07,
+    "followup": 0.14,
 }
 
 GREETING = (
@@ -251,12 +251,12 @@ def _calc_multi(c: _Conv, rng: random.Random) -> list[Turn]:
     c.user(q)
     expr = e1.format(a=a, b=b)
     r = _shown(c.call("calculator", {"expression": expr}))
-    said = [f"{expr} = {r}"]
     for (_, e2), x in zip(steps, cs, strict=True):
         expr = e2.format(r=r, c=x)
         r = _shown(c.call("calculator", {"expression": expr}))
-        said.append(f"{expr} = {r}")
-    text = ", and ".join(said) + f". The answer is {r}."
+    # the calls show the steps; the answer copies the last result (a recap of every step was
+    # where the small model slipped)
+    text = f"The answer is {r}."
     c.answer(text)
     return [Turn(q, text, (r,))]
 
@@ -308,13 +308,16 @@ def _calc_word(c: _Conv, rng: random.Random) -> list[Turn]:
 
 
 _SYL = ("ka", "lo", "mi", "ra", "ve", "to", "sen", "dor", "il", "an", "bru", "qua", "zel", "fin", "or", "tas")
+# (attribute, sentence, value kind): the passage states each fact in the very sentence the answer
+# is, so answering is copying one sentence of the tool result verbatim (a copy a small model learns;
+# "Its capital is X." in the passage, answered as "The capital of E is X.", was not learnt)
 _ATTRS = (
-    ("capital", "Its capital is {v}.", "The capital of {e} is {v}.", "word"),
-    ("population", "The population of {e} is {v}.", "The population of {e} is {v}.", "int"),
-    ("founded", "{e} was founded in {v}.", "{e} was founded in {v}.", "year"),
-    ("export", "Its main export is {v}.", "The main export of {e} is {v}.", "good"),
-    ("river", "The longest river of {e} is the {v}.", "The longest river of {e} is the {v}.", "word"),
-    ("currency", "The currency of {e} is the {v}.", "The currency of {e} is the {v}.", "word"),
+    ("capital", "The capital of {e} is {v}.", "word"),
+    ("population", "The population of {e} is {v}.", "int"),
+    ("founded", "{e} was founded in {v}.", "year"),
+    ("export", "The main export of {e} is {v}.", "good"),
+    ("river", "The longest river of {e} is the {v}.", "word"),
+    ("currency", "The currency of {e} is the {v}.", "word"),
 )
 _ATTR_Q = {
     "capital": ("What is the capital of {e}?", "capital of {e}"),
@@ -362,9 +365,9 @@ def _fact_value(rng: random.Random, kind: str) -> str:
 
 def _document(rng: random.Random, entity: str) -> tuple[str, dict[str, str]]:
     attrs = rng.sample(_ATTRS, k=rng.randint(3, 4))
-    facts = {name: _fact_value(rng, kind) for name, _, _, kind in attrs}
+    facts = {name: _fact_value(rng, kind) for name, _, kind in attrs}
     text = f"{entity} is a country. " + " ".join(
-        sent.format(e=entity, v=facts[name]) for name, sent, _, _ in attrs
+        sent.format(e=entity, v=facts[name]) for name, sent, _ in attrs
     )
     return text, facts
 
@@ -388,7 +391,7 @@ def _search(c: _Conv, rng: random.Random) -> list[Turn]:
     result = c.call("search_documents", {"query": query_t.format(e=e)})
     del result  # the answer is in the top snippet (documents are shorter than a snippet)
     v = answers[e][1][name]
-    answer_t = next(a for n, _, a, _ in _ATTRS if n == name)
+    answer_t = next(a for n, a, _ in _ATTRS if n == name)
     text = answer_t.format(e=e, v=v)
     c.answer(text)
     return [Turn(q, text, (v,))]
@@ -418,11 +421,14 @@ def _image_info(c: _Conv, rng: random.Random) -> list[Turn]:
     c.user(q)
     info = c.call("image_info", {"attachment_id": att_id})
     w, h, f = info["width"], info["height"], info["format"]
-    text, needles = {
-        "size": (f"Image {att_id} is {w}x{h} pixels ({f}).", (f"{w}x{h}",)),
-        "width": (f"Image {att_id} is {w} pixels wide.", (f"{w} pixels wide",)),
-        "height": (f"Image {att_id} is {h} pixels tall.", (f"{h} pixels tall",)),
-        "format": (f"Image {att_id} is a {f} image ({w}x{h} pixels).", (f" {f} ",)),
+    # one answer for every question kind, holding all three facts: the model only copies numbers
+    # from the tool result (choosing among four templates by the question was often got wrong)
+    text = f"It is a {f} image, {w} pixels wide and {h} pixels tall."
+    needles = {
+        "size": (f"{w} pixels wide", f"{h} pixels tall"),
+        "width": (f"{w} pixels wide",),
+        "height": (f"{h} pixels tall",),
+        "format": (f"a {f} image",),
     }[kind]
     c.answer(text)
     return [Turn(q, text, needles)]

@@ -137,14 +137,27 @@ def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
     return {"overall": agg(outcomes), "per_category": {c: v for c, v in per.items() if v["tasks"]}}
 
 
-def _worker(args: tuple[str, int, int, int]) -> list[dict[str, Any]]:
-    model_dir, per_category, rank, world = args
+def _client(model_dir: str, device: str, dtype: str) -> Any:
+    """The embedded client on the CPU in fp32 (what `dayzero run` uses), or the same engine
+    configuration on another device / in another dtype (an accuracy check of that path)."""
+    from inference.embedded import EMBEDDED_ENGINE_CONFIG, EmbeddedEngineClient
+
+    if device == "cpu" and dtype == "float32":
+        return EmbeddedEngineClient.from_model_dir(model_dir)
+    from inference.engine.factory import build_engine
+
+    engine = build_engine(
+        model_dir=model_dir, engine_config=EMBEDDED_ENGINE_CONFIG, device=device, dtype=dtype
+    )
+    return EmbeddedEngineClient(engine, model_name=Path(model_dir).name)
+
+
+def _worker(args: tuple[str, int, int, int, str, str]) -> list[dict[str, Any]]:
+    model_dir, per_category, rank, world, device, dtype = args
     import torch
 
-    from inference.embedded import EmbeddedEngineClient
-
     torch.set_num_threads(1)
-    client = EmbeddedEngineClient.from_model_dir(model_dir)
+    client = _client(model_dir, device, dtype)
     box = ToolBox()
     try:
         tasks = eval_tasks(box, per_category)[rank::world]
@@ -154,16 +167,20 @@ def _worker(args: tuple[str, int, int, int]) -> list[dict[str, Any]]:
 
 
 def evaluate(
-    model_dir: str | Path, per_category: int, workers: int = 1
+    model_dir: str | Path, per_category: int, workers: int = 1, *, device: str = "cpu", dtype: str = "float32"
 ) -> tuple[dict[str, Any], list[TaskOutcome]]:
-    """Evaluate `per_category` held-out tasks of every category; returns (summary, outcomes)."""
-    jobs = [(str(model_dir), per_category, r, workers) for r in range(workers)]
+    """Evaluate `per_category` held-out tasks of every category; returns (summary, outcomes).
+    Outcomes are in task order (`eval_tasks`), whatever the number of workers."""
+    jobs = [(str(model_dir), per_category, r, workers, device, dtype) for r in range(workers)]
     if workers <= 1:
         rows = _worker(jobs[0])
     else:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(workers) as pool:
-            rows = [x for part in pool.map(_worker, jobs) for x in part]
+            parts = pool.map(_worker, jobs)
+        rows = [None] * sum(len(p) for p in parts)
+        for r, part in enumerate(parts):  # worker r ran tasks r, r + workers, ...
+            rows[r::workers] = part
     outcomes = [TaskOutcome(**r) for r in rows]
     return summarise(outcomes), outcomes

@@ -5,9 +5,13 @@ call ids, arguments, the tools JSON), so the BPE is trained on exactly those pie
 rendering corpus conversations through `ChatTemplate` with a recording tokenizer.
 
 Pre-tokenization: every digit is its own piece (a number is copied digit by digit from the question
-into the tool call and from the tool result into the answer, which a small model learns easily),
-and no whitespace split otherwise (the constant tools declaration and the answer templates become
-few tokens, which keeps training sequences short).
+into the tool call and from the tool result into the answer, which a small model learns easily);
+every capitalised word is its own piece, so a made-up name (`Quador`) becomes the same tokens
+wherever it stands (in the question, the search query, the passage, the answer) and copying it is
+copying tokens; and no whitespace split otherwise (the constant tools declaration and the answer
+templates become few tokens, which keeps training sequences short). Without the name rule, BPE
+merged names with their neighbours (`. Ra` + `il is the `), so one name had different tokens in
+the question and in the passage, and the model made names up instead of copying them.
 """
 
 from __future__ import annotations
@@ -58,11 +62,12 @@ def collect_segments(conversations: Iterable[tuple[list[dict], list[dict]]]) -> 
 
 def train_tokenizer(pieces: Iterable[str], vocab_size: int, out: str | Path) -> Path:
     """Train and save `tokenizer.json`; returns its path. Special tokens get the first ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex("[A-Z][a-z]+"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]

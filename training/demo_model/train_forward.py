@@ -30,7 +30,8 @@ __all__ = ["KDA_MODES", "text_model", "train_hidden", "train_logits"]
 
 KDA_MODES = ("fla", "ref")
 # The reference's cost per token grows with the chunk (its decay tensor is [H, C, C, K]); small
-# chunks are several times cheaper on a CPU.
+# chunks are several times cheaper on a CPU. On a GPU the loop over chunks (a dozen small kernels
+# per chunk and layer) is what costs, so larger chunks are faster there (`ref_chunk`).
 REF_CHUNK = 8
 
 
@@ -40,7 +41,13 @@ def text_model(model: nn.Module) -> KimiLinearForCausalLM:
 
 
 def _kda_rows(
-    layer: KimiDeltaAttention, x: Tensor, b: int, length: int, kda: str, start: tuple[Tensor, Tensor] | None
+    layer: KimiDeltaAttention,
+    x: Tensor,
+    b: int,
+    length: int,
+    kda: str,
+    start: tuple[Tensor, Tensor] | None,
+    ref_chunk: int = REF_CHUNK,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """`b` rows of `length` tokens, each continuing `start = (conv window [C, W], state [H, K, V])`
     (empty when None). Returns the output and the final (window, state) of row 0."""
@@ -71,7 +78,7 @@ def _kda_rows(
         o, final = kda_chunk_ref(
             fold(qn), fold(l2norm(k.float())), fold(v.float()), fold(g),
             beta.reshape(b, length, h).transpose(0, 1).reshape(length, b * h),
-            states.reshape(b * h, d, d), chunk=REF_CHUNK,
+            states.reshape(b * h, d, d), chunk=ref_chunk,
         )  # fmt: skip
         o = o.reshape(length, b, h, d).transpose(0, 1).reshape(t, h, d).to(q.dtype)
         final = final.view(b, h, d, d)
@@ -116,14 +123,31 @@ def _dense(mlp: DenseMLP, x: Tensor) -> Tensor:
     return mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
+def _experts_dense(x: Tensor, weights: Tensor, ids: Tensor, moe: SparseMoE) -> Tensor:
+    """Every expert on every token, combined with the routing weights (zero for unchosen experts):
+    the reference's sum, without its per-expert loop and host sync. On a GPU this tiny model's
+    16x extra arithmetic is free and the kernel launches it saves are not."""
+    w1 = torch.stack([e.w1.weight for e in moe.experts])  # [E, I, H]
+    w3 = torch.stack([e.w3.weight for e in moe.experts])
+    w2 = torch.stack([e.w2.weight for e in moe.experts])  # [E, H, I]
+    h = F.silu(torch.einsum("th,eih->eti", x, w1)) * torch.einsum("th,eih->eti", x, w3)
+    y = torch.einsum("eti,ehi->eth", h, w2)
+    combine = x.new_zeros(x.shape[0], w1.shape[0], dtype=weights.dtype).scatter_add(1, ids, weights)
+    return torch.einsum("eth,te->th", y, combine.to(y.dtype)).to(x.dtype)
+
+
 def _moe(moe: SparseMoE, x: Tensor, loads: list[Tensor] | None) -> Tensor:
     weights, ids = moe.gate(x)
     if loads is not None:
         loads.append(torch.bincount(ids.flatten(), minlength=moe.spec.num_experts))
-    out = moe_experts_reference(
-        x, weights, ids,
-        [e.w1.weight for e in moe.experts], [e.w2.weight for e in moe.experts], [e.w3.weight for e in moe.experts],
-    )  # fmt: skip
+    if x.is_cuda:
+        out = _experts_dense(x, weights, ids, moe)
+    else:
+        out = moe_experts_reference(
+            x, weights, ids,
+            [e.w1.weight for e in moe.experts], [e.w2.weight for e in moe.experts],
+            [e.w3.weight for e in moe.experts],
+        )  # fmt: skip
     if moe.shared_experts is not None:
         out = out + _dense(moe.shared_experts, x)
     return out
@@ -137,10 +161,11 @@ def _layer(
     kda: str,
     loads: list[Tensor] | None,
     start: tuple[Tensor, Tensor] | None,
+    ref_chunk: int = REF_CHUNK,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     y = layer.input_layernorm(x)
     if isinstance(layer.self_attn, KimiDeltaAttention):
-        mixed, end = _kda_rows(layer.self_attn, y, b, length, kda, start)
+        mixed, end = _kda_rows(layer.self_attn, y, b, length, kda, start, ref_chunk)
     else:
         mixed, end = _mla_rows(layer.self_attn, y, b, length, start)
     x = x + mixed
@@ -156,6 +181,7 @@ def train_hidden(
     prefix: Tensor | None = None,
     kda: str = "ref",
     expert_loads: list[Tensor] | None = None,
+    ref_chunk: int = REF_CHUNK,
 ) -> Tensor:
     """Final normalised hidden states `[B, L, hidden]` of rows `input_ids` `[B, L]`, each one
     sequence `prefix + row` from empty state.
@@ -163,7 +189,8 @@ def train_hidden(
     `prefix` `[P]` (optional): tokens every row starts with (the tools declaration), computed once
     and continued by every row (KDA state and conv window, MLA keys and values), which is what the
     engine's prefix cache does at serving time. `expert_loads`, when given, receives each MoE
-    layer's per-expert token counts (for the router-bias balancing update).
+    layer's per-expert token counts (for the router-bias balancing update). `ref_chunk`: the
+    chunk length of the `kda="ref"` path (the result does not depend on it beyond rounding).
     """
     if kda not in KDA_MODES:
         raise ValueError(f"kda must be one of {KDA_MODES}, got {kda!r}")
@@ -179,10 +206,10 @@ def train_hidden(
     if prefix is not None:
         xp = lm.model.embed_tokens(prefix)
         for i, layer in enumerate(lm.model.layers):
-            xp, starts[i] = _layer(layer, xp, 1, prefix.shape[0], kda, None, None)
+            xp, starts[i] = _layer(layer, xp, 1, prefix.shape[0], kda, None, None, ref_chunk)
     x = lm.model.embed_tokens(input_ids.reshape(-1))
     for i, layer in enumerate(lm.model.layers):
-        x, _ = _layer(layer, x, b, length, kda, expert_loads, starts[i])
+        x, _ = _layer(layer, x, b, length, kda, expert_loads, starts[i], ref_chunk)
     return lm.model.norm(x).view(b, length, -1)
 
 

@@ -90,3 +90,20 @@ def test_assistant_mask_covers_assistant_bodies_only():
     ids = [9, 7, M, 5, E, A, 8, M, 4, 4, E, 9, 7, M, 6, E, A, 8, M, 4, E]
     want = [False] * 8 + [True, True, True] + [False] * 8 + [True, True]
     assert assistant_mask(ids, A, M, E) == want
+
+
+def test_dense_expert_combine_equals_the_per_expert_reference():
+    from inference.model.moe import SparseMoE
+    from inference.model.ops.moe import moe_experts_reference
+    from training.demo_model.train_forward import _experts_dense
+
+    model = build_model(parse_config(_small()), seed=5)
+    moe = next(m for m in model.modules() if isinstance(m, SparseMoE))
+    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        weights, ids = moe.gate(x)
+        want = moe_experts_reference(
+            x, weights, ids, *([getattr(e, w).weight for e in moe.experts] for w in ("w1", "w2", "w3"))
+        )
+        got = _experts_dense(x, weights, ids, moe)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
