@@ -38,9 +38,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference.kernels.dsa.fast import dsa_topk_paged_fast  # noqa: E402
+from inference.kernels.dsa.fast import dsa_topk_paged_fast, radix_topk  # noqa: E402
 from inference.kernels.dsa.reference import dsa_topk_paged_reference  # noqa: E402
-from inference.kernels.mla_decode.fast import _tuned_split_kernel, mla_decode_paged_fast  # noqa: E402
+from inference.kernels.mla_decode.fast import TILES, default_num_splits, mla_decode_paged_fast, pick_tile  # noqa: E402
 from inference.kernels.mla_decode.reference import mla_decode_paged_reference  # noqa: E402
 from inference.kernels.mla_prefill.fast import (  # noqa: E402
     _tuned_prefill_kernel,
@@ -51,12 +51,17 @@ from inference.model.cache_tensors import quantize_rows_fp8  # noqa: E402
 
 H, R, P, DN, DV = 16, 512, 64, 128, 128
 RESULTS: dict[str, Any] = {}
+# --warm-only: call every variant once and time nothing (fills the Triton cache, e.g. in a process
+# beside the GPU tests, so that the timed run that follows compiles nothing)
+WARM_ONLY = False
 
 
 def bench(fn, reps: int = 20) -> float:
     """Median seconds of `fn()` after one warm-up call, CUDA events around each call."""
     fn()
     torch.cuda.synchronize()
+    if WARM_ONLY:
+        return 1.0
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,6 +79,8 @@ def bench_graph(fn, reps: int = 20) -> float:
     decode graphs run it), with L2 flushed by a 256 MiB write before each replay."""
     fn()  # compile + autotune outside the capture
     torch.cuda.synchronize()
+    if WARM_ONLY:
+        return 1.0
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
@@ -99,7 +106,7 @@ def record(name: str, fn, *args) -> None:
         RESULTS[name] = {"error": repr(exc), "trace": traceback.format_exc()[-2000:]}
     RESULTS.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
     print(f"[{name}] {json.dumps(RESULTS[name], default=str)[:3000]}", flush=True)
-    if out := os.environ.get("OUT"):
+    if (out := os.environ.get("OUT")) and not WARM_ONLY:
         Path(out, "kernels_bench.json").write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
@@ -127,18 +134,24 @@ def _pool(batch: int, ctx: int, page: int, fp8: bool, seed: int = 0):
     return q_lat, q_rope, pool, scales, tables, lens
 
 
+def _latent_bytes(batch: int, ctx: int, fp8: bool) -> int:
+    return batch * ctx * ((R + P) * (1 if fp8 else 2) + (4 if fp8 else 0))
+
+
 def decode(copy_gbps: float) -> list[dict[str, Any]]:
     rows = []
-    shapes = [(1, 8192, 64), (1, 32768, 64), (1, 131072, 64), (32, 8192, 64), (32, 16384, 64),
+    shapes = [(1, 8192, 64), (1, 131072, 64), (32, 8192, 64), (32, 16384, 64),
               (32, 131072, 64), (64, 8192, 64), (128, 8192, 64), (256, 8192, 64), (32, 8192, 16)]  # fmt: skip
     for batch, ctx, page in shapes:
         for fp8 in (False, True):
             q_lat, q_rope, pool, scales, tables, lens = _pool(batch, ctx, page, fp8)
             kw = dict(kv_lora_rank=R, scale=192**-0.5, kv_scales=scales)
             t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw))  # noqa: B023
-            latent_bytes = batch * ctx * ((R + P) * (1 if fp8 else 2) + (4 if fp8 else 0))
+            latent_bytes = _latent_bytes(batch, ctx, fp8)
+            splits = default_num_splits(batch, tables.shape[1] * page, pool.device)
             row = {
                 "batch": batch, "ctx": ctx, "page": page, "cache": "fp8" if fp8 else "bf16",
+                "splits": splits, "tile": pick_tile(pool, batch * splits),
                 "us": round(t * 1e6, 1), "latent_GBps": round(latent_bytes / t / 1e9, 1),
                 "pct_of_copy_bw": round(100 * latent_bytes / t / 1e9 / copy_gbps, 1),
             }  # fmt: skip
@@ -147,7 +160,43 @@ def decode(copy_gbps: float) -> list[dict[str, Any]]:
                 row["reference_us"] = round(t_ref * 1e6, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    RESULTS["decode_best_config"] = str(getattr(_tuned_split_kernel, "best_config", None))
+    return rows
+
+
+def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
+    """The decode kernel's tile (BLOCK_N, warps, stages) and split count at the shapes that miss
+    80% of copy bandwidth: what the `TILES` / `default_num_splits` heuristics should pick."""
+    rows = []
+    tiles = sorted(
+        set(TILES.values()) | {(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2), (64, 4, 3), (64, 8, 3)}
+    )
+    cases = [(32, 8192, False, (4, 8, 16)), (1, 131072, False, (64, 128, 256)), (64, 8192, False, (4, 8)),
+             (32, 8192, True, (4, 8)), (32, 16384, False, (8, 16))]  # fmt: skip
+    for batch, ctx, fp8, split_opts in cases:
+        q_lat, q_rope, pool, scales, tables, lens = _pool(batch, ctx, 64, fp8)
+        opts = [(t, sp, None) for t in tiles for sp in split_opts]
+        if fp8:  # both fp8 modes, and 128-row tiles (an fp8 tile holds half the bytes)
+            opts = [(t, sp, deq) for t, sp, _ in opts for deq in (False, True)]
+            opts += [
+                (t, sp, deq) for t in ((128, 4, 2), (128, 8, 2)) for sp in split_opts for deq in (False, True)
+            ]
+        for tile, sp, deq in opts:
+            kw = dict(
+                kv_lora_rank=R, scale=192**-0.5, kv_scales=scales, num_splits=sp, tile=tile, fp8_dequant=deq
+            )
+            row = {"batch": batch, "ctx": ctx, "cache": "fp8" if fp8 else "bf16", "tile": tile, "splits": sp}
+            if fp8:
+                row["fp8_dequant"] = deq
+            try:
+                t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
+            except Exception as exc:  # a tile that does not fit shared memory
+                rows.append({**row, "error": repr(exc)[:200]})
+                continue
+            row["us"] = round(t * 1e6, 1)
+            row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, fp8) / t / 1e9 / copy_gbps, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -244,6 +293,9 @@ def dsa() -> dict[str, Any]:
     )
     scores = torch.randn(batch, ctx, device="cuda")
     res["torch_topk_only_graph_us"] = round(1e6 * bench_graph(lambda: scores.topk(k, dim=-1)), 1)
+    res["radix_topk_only_graph_us"] = round(1e6 * bench_graph(lambda: radix_topk(scores, lens, k)), 1)
+    res["index_key_bytes"] = batch * ctx * d * 2
+    # scoring alone = indexer + top-k minus the top-k's time; its bandwidth on the index keys
     res["sparse_attention_graph_us"] = round(
         1e6
         * bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, indices=idx, **kw)),
@@ -262,6 +314,17 @@ def dsa() -> dict[str, Any]:
         1e6 * bench(lambda: dsa_topk_paged_reference(iq, iw, ipool, tables, lens, topk=k), reps=3), 1
     )
     res["speedup_vs_dense"] = round(res["dense_decode_graph_us"] / res["dsa_step_graph_us"], 2)
+    for tile in ((128, 8, 3), (64, 4, 4), (256, 8, 2)):  # the scoring kernel's other tiles
+        try:
+            t = bench_graph(lambda: dsa_topk_paged_fast(iq, iw, ipool, tables, lens, topk=k, score_tile=tile))  # noqa: B023
+            res[f"indexer_topk_graph_us_tile{'x'.join(map(str, tile))}"] = round(1e6 * t, 1)
+        except Exception as exc:
+            res[f"indexer_topk_tile{'x'.join(map(str, tile))}_error"] = repr(exc)[:200]
+    score_us = res["indexer_topk_graph_us"] - res["radix_topk_only_graph_us"]
+    res["scoring_est_us"] = round(score_us, 1)
+    res["scoring_est_GBps"] = (
+        round(res["index_key_bytes"] / (score_us * 1e-6) / 1e9, 1) if score_us > 0 else None
+    )
     # prefill-side indexer: an 8K-query chunk over 128K keys, scored in bounded row blocks
     lq = 8192
     rows_t = torch.zeros(lq, dtype=torch.long, device="cuda")
@@ -335,8 +398,12 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,prefill,chunking,layer_prefill,dsa")
-    want = ap.parse_args().sections.split(",")
+    ap.add_argument("--sections", default="copy,decode,sweep,prefill,chunking,layer_prefill,dsa")
+    ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
+    args = ap.parse_args()
+    want = args.sections.split(",")
+    global WARM_ONLY
+    WARM_ONLY = args.warm_only
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["torch"] = torch.__version__
     import triton
@@ -346,6 +413,8 @@ def main() -> None:
     gbps = RESULTS["copy_bandwidth"].get("GBps", 4000.0)
     if "decode" in want:
         record("decode", decode, gbps)
+    if "sweep" in want:
+        record("decode_sweep", decode_sweep, gbps)
     if "prefill" in want:
         record("prefill", prefill)
     if "chunking" in want:

@@ -58,7 +58,9 @@ def test_reference_matches_naive_rows(dtype):
     "dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn], ids=["f32", "bf16", "fp8"]
 )
 @pytest.mark.parametrize("page", [16, 64], ids=["page16", "page64"])
-@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+# 1: the split kernel writes the output (no merge); 3; 20: more splits than the merge loads at once,
+# most of them empty (lengths <= 100 over 32-key tiles)
+@pytest.mark.parametrize("splits", [1, 3, 20], ids=["1split", "3splits", "20splits"])
 def test_kernel_matches_reference_ragged(fast, device, dtype, page, splits):
     q_lat, q_rope, pool, scales, tables, lens = _case([1, 33, 100, 64], page, dtype, device, seed=page)
     kw = dict(kv_lora_rank=R, scale=0.25, kv_scales=scales, num_splits=splits)
@@ -66,6 +68,11 @@ def test_kernel_matches_reference_ragged(fast, device, dtype, page, splits):
     want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
     tol = 2e-5 if device.type == "cpu" else TOL[dtype]  # the interpreter computes in fp32
     assert_rel(got, want, tol, f"decode ragged page={page} splits={splits} {dtype}")
+    if dtype == torch.float8_e4m3fn:  # the other fp8 mode: tiles dequantised before the dots
+        got = fast.mla_decode.mla_decode_paged_fast(
+            q_lat, q_rope, pool, tables, lens, **kw, fp8_dequant=not fast.mla_decode.FP8_DEQUANT_TILES
+        )
+        assert_rel(got, want, tol, f"decode ragged page={page} splits={splits} {dtype} other fp8 mode")
 
 
 def test_kernel_with_indices_and_table_rows(fast, device):
@@ -145,11 +152,23 @@ def test_gpu_kernel_matches_reference(fast, lens, page, dtype):
     )
     kw = dict(kv_lora_rank=512, scale=192**-0.5, kv_scales=scales)
     got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
+    got_alt = None
+    if dtype == torch.float8_e4m3fn:  # both fp8 modes
+        got_alt = fast.mla_decode.mla_decode_paged_fast(
+            q_lat, q_rope, pool, tables, seq_lens, **kw, fp8_dequant=not fast.mla_decode.FP8_DEQUANT_TILES
+        )
     want = torch.cat([
         mla_decode_paged_reference(q_lat[i : i + 8], q_rope[i : i + 8], pool, tables[i : i + 8], seq_lens[i : i + 8], **kw)
         for i in range(0, len(lens), 8)
     ])  # fmt: skip
     assert_rel(got, want, TOL[dtype], f"gpu decode {len(lens)}x{max(lens)} page={page} {dtype}")
+    if got_alt is not None:
+        assert_rel(
+            got_alt,
+            want,
+            TOL[dtype],
+            f"gpu decode {len(lens)}x{max(lens)} page={page} {dtype} other fp8 mode",
+        )
 
 
 @pytest.mark.gpu
