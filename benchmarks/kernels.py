@@ -174,19 +174,12 @@ def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
              (32, 8192, True, (4, 8)), (32, 16384, False, (8, 16))]  # fmt: skip
     for batch, ctx, fp8, split_opts in cases:
         q_lat, q_rope, pool, scales, tables, lens = _pool(batch, ctx, 64, fp8)
-        opts = [(t, sp, None) for t in tiles for sp in split_opts]
-        if fp8:  # both fp8 modes, and 128-row tiles (an fp8 tile holds half the bytes)
-            opts = [(t, sp, deq) for t, sp, _ in opts for deq in (False, True)]
-            opts += [
-                (t, sp, deq) for t in ((128, 4, 2), (128, 8, 2)) for sp in split_opts for deq in (False, True)
-            ]
-        for tile, sp, deq in opts:
-            kw = dict(
-                kv_lora_rank=R, scale=192**-0.5, kv_scales=scales, num_splits=sp, tile=tile, fp8_dequant=deq
-            )
+        opts = [(t, sp) for t in tiles for sp in split_opts]
+        if fp8:  # 128-row tiles too (an fp8 tile holds half the bytes)
+            opts += [(t, sp) for t in ((128, 4, 2), (128, 8, 2)) for sp in split_opts]
+        for tile, sp in opts:
+            kw = dict(kv_lora_rank=R, scale=192**-0.5, kv_scales=scales, num_splits=sp, tile=tile)
             row = {"batch": batch, "ctx": ctx, "cache": "fp8" if fp8 else "bf16", "tile": tile, "splits": sp}
-            if fp8:
-                row["fp8_dequant"] = deq
             try:
                 t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
             except Exception as exc:  # a tile that does not fit shared memory

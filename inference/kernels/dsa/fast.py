@@ -114,25 +114,24 @@ def _topk_kernel(
         real = bins < 256
         prefix = tl.zeros([1], tl.int64)  # the high digits chosen so far
         want = k  # keys still to take among those matching `prefix`
-        for p in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * p
+        for p in tl.static_range(4):  # digit p: key bits 24 - 8p .. 31 - 8p
             hist = tl.zeros([512], tl.int32)
             for start in range(0, n, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 m = offs < n
                 key = _ordered_key(tl.load(srow + offs, mask=m, other=0.0))
-                match = m & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-                digit = tl.where(match, (key >> shift) & 255, 256).to(tl.int32)
+                match = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+                digit = tl.where(match, (key >> (24 - 8 * p)) & 255, 256).to(tl.int32)
                 hist += tl.histogram(digit, 512)
             hist = tl.where(real, hist, 0)
             above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # keys with a larger digit
             # the digit of the k-th largest: the largest d with (count >= d) >= want
             d = tl.max(tl.where(real & (above + hist >= want), bins, -1), 0)
             want -= tl.sum(tl.where(bins == d, above, 0), 0)
-            prefix = prefix | (d.to(tl.int64) << shift)
+            prefix = prefix | (d.to(tl.int64) << (24 - 8 * p))
         # the threshold key is `prefix`; take every larger key and the first `want` equal ones
-        written = 0
-        eq_seen = 0
+        written = n * 0  # int32 tensors (a literal 0 or `k`, specialised to 1, would be constexprs)
+        eq_seen = n * 0
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             m = offs < n

@@ -63,7 +63,7 @@ def _split_kernel(
     s_qn, s_qh, s_rn, s_rh, s_bt, s_idx, s_on, s_os, s_oh, s_ln, s_ls,
     H: tl.constexpr, H_PAD: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
     P: tl.constexpr, P_PAD: tl.constexpr, ROW: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, DEQ: tl.constexpr, HAS_IDX: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_IDX: tl.constexpr,
     HAS_TROW: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     n = tl.program_id(0)
@@ -89,12 +89,12 @@ def _split_kernel(
     rmask = offs_r < R
     pmask = offs_p < P
     # fp8 latents widen exactly to fp16 (one cvt per pair on sm89+; e4m3 values fit fp16), so the
-    # fp8 path computes in fp16 with the row scales applied to scores and probabilities; or, with
-    # `DEQ`, each tile is dequantised (times its row scales) into bf16 once and the bf16 math runs
-    # unchanged; bf16 latents stay bf16; fp32 (and the interpreter) use fp32 dots
+    # fp8 path computes in fp16 with the row scales applied to scores and probabilities (measured
+    # on the H200: dequantising each tile into bf16 first ran 1.2-2.5x slower); bf16 latents stay
+    # bf16; fp32 (and the interpreter) use fp32 dots
     if IEEE:
         cdt = tl.float32
-    elif HAS_SCALE and not DEQ:
+    elif HAS_SCALE:
         cdt = tl.float16
     else:
         cdt = tl.bfloat16
@@ -127,10 +127,7 @@ def _split_kernel(
         c = tl.load(
             pool_ptr + row[:, None] * ROW + offs_r[None, :], mask=valid[:, None] & rmask[None, :], other=0.0
         )
-        if DEQ:
-            c = (c.to(tl.float32) * kv_scale[:, None]).to(cdt)
-        else:
-            c = c.to(cdt)
+        c = c.to(cdt)
         if IEEE:
             s = tl.dot(q, tl.trans(c), input_precision="ieee")
         else:
@@ -139,16 +136,12 @@ def _split_kernel(
             kr = tl.load(
                 pool_ptr + row[:, None] * ROW + R + offs_p[None, :],
                 mask=valid[:, None] & pmask[None, :], other=0.0,
-            )  # fmt: skip
-            if DEQ:
-                kr = (kr.to(tl.float32) * kv_scale[:, None]).to(cdt)
-            else:
-                kr = kr.to(cdt)
+            ).to(cdt)  # fmt: skip
             if IEEE:
                 s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
             else:
                 s += tl.dot(qr, tl.trans(kr))
-        if HAS_SCALE and not DEQ:
+        if HAS_SCALE:
             s = s * kv_scale[None, :]
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -156,7 +149,7 @@ def _split_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if HAS_SCALE and not DEQ:
+        if HAS_SCALE:
             p = p * kv_scale[None, :]
         if IEEE:
             pv = tl.dot(p, c, input_precision="ieee")
@@ -209,22 +202,20 @@ def _merge_kernel(
 # Tiles (BLOCK_N, num_warps, num_stages), one decision by shape class instead of an autotuner: an
 # autotuner keyed on launch sizes re-tuned mid-serving (~1 s per new key), and one tuned inside
 # a decode-graph capture benchmarks the capture's padding rows (one key each), not real lengths.
-# A bf16 tile of 64 rows of 512 + 64 latents is 72 KB: two stages fit an SM's shared memory once.
-# `benchmarks/kernels.py` sweeps the alternatives (`tile=`) on the H200.
+# Chosen from the H200 sweep of benchmarks/kernels.py (2026-12-01, CUDA-graph replay, L2 flushed,
+# bf16 latents 512 + 64, block 64; % of copy bandwidth at the default splits): SMs full, b32 x 8K
+# (64, 4, 3) 68.1% vs (64, 8, 3) 66.2%, (32, 4, 2) 64.4%, (64, 4, 2) 53.9%; b32 x 16K 77.6% vs
+# 71.5-71.9% (next best); b64 x 8K 78.2% vs 72.2%. SMs not full, b1 x 128K at 128 splits:
+# (64, 8, 2) 86.7 us vs 93.1-111.3 us. fp8 b32 x 8K: (64, 4, 2) 133.2 us, the best of 14 tiles.
 TILES = {
     # (dtype class, SMs full) -> tile
-    ("bf16", True): (64, 4, 2),
-    ("bf16", False): (64, 8, 3),
+    ("bf16", True): (64, 4, 3),
+    ("bf16", False): (64, 8, 2),
     ("fp8", True): (64, 4, 2),
     ("fp8", False): (64, 8, 3),
     ("fp32", True): (32, 4, 2),
     ("fp32", False): (32, 4, 2),
 }
-
-
-# fp8 latents: dequantise each tile into bf16 (True) or compute in fp16 with the scales applied to
-# scores and probabilities (False); see the kernel's comment
-FP8_DEQUANT_TILES = False
 
 
 def pick_tile(pool: Tensor, programs: int) -> tuple[int, int, int]:
@@ -251,10 +242,9 @@ def mla_decode_paged_fast(
     table_rows: Tensor | None = None,
     num_splits: int | None = None,
     tile: tuple[int, int, int] | None = None,
-    fp8_dequant: bool | None = None,
 ) -> Tensor:
     """Same contract as `mla_decode_paged_reference` (shapes there); returns `[N, H, R]` fp32.
-    `tile` overrides `pick_tile`, `fp8_dequant` `FP8_DEQUANT_TILES` (benchmark sweeps)."""
+    `tile` overrides `pick_tile` (benchmark sweeps)."""
     n, h, r = q_latent.shape
     p = pool.shape[-1] - r
     if q_rope.shape[-1] != p:
@@ -299,7 +289,6 @@ def mla_decode_paged_fast(
     meta = dict(
         H=h, H_PAD=_pad(h), R=r, R_PAD=_pad(r), P=p, P_PAD=_pad(max(p, 1)), ROW=r + p, PAGE=page,
         HAS_SCALE=kv_scales is not None, HAS_IDX=indices is not None,
-        DEQ=kv_scales is not None and (FP8_DEQUANT_TILES if fp8_dequant is None else fp8_dequant),
         HAS_TROW=table_rows is not None, IEEE=ieee,
     )  # fmt: skip
     block_n, warps, stages = tile or pick_tile(pool, n * splits)
