@@ -533,8 +533,9 @@ def main() -> None:
     t0 = time.perf_counter()
     # fp32 init then a cast (the decay parameters stay fp32), as the exactness_fp32 model is built
     model = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
+    only_fp32 = want <= {"exactness_fp32"}  # then the fp32 build is the model (no second build)
     for name, p in model.named_parameters():
-        if not name.endswith(("A_log", "dt_bias")):
+        if not only_fp32 and not name.endswith(("A_log", "dt_bias")):
             p.data = p.data.to(dtype)
     RESULTS["config"] = cfg
     RESULTS["params_total"] = sum(p.numel() for p in model.parameters())
@@ -590,8 +591,11 @@ def main() -> None:
                 model, spec, dtype, device, b, ctx_long, 32
             )
     if "exactness_fp32" in want:
-        del model
-        fp32 = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
+        if only_fp32:
+            fp32 = model
+        else:
+            del model
+            fp32 = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
         section("exactness_fp32", out_dir)(exactness)(fp32, spec, torch.float32, device, n_tok)
     summary = {}
     for b in batches:
