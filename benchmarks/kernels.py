@@ -20,6 +20,15 @@ TFLOP/s, Triton / cuDNN split / SDPA lower-right): over 32K 404 / 548 / 141, ove
 step, b32 x 128K, top-2048, graph replay: indexer + top-k 498 us (torch.topk alone 119 us),
 sparse attention 49 us, step 543 us vs dense decode 1,245 us (2.3x); the PyTorch indexer 8.5 ms.
 Prefill indexer, 8K queries over 128K keys: 99 ms (172 TFLOP/s bf16).
+
+Run of 2026-12-01 afternoon (same machine kind; copy 4,288 GB/s; decode now has fixed tiles, no
+autotuner): the tile/split sweep (`sweep`) at b32 x 8K: (64, 4, 3) with 8 splits 103.4 us
+(68.1%), 16 splits 109.1, 4 splits 137.2; (32, 4, 2) 109.4; (64, 4, 2) 130.6 (53.9%, what the
+first fixed table picked: 130.1 us in `decode`, and 62.4-62.7% at b256 x 8K / b32 x 128K, where
+the autotuned kernel had reached 86.7 / 89.7%). b32 x 16K: (64, 4, 3) 181.6 us (77.6%); b64 x 8K:
+(64, 4, 3), 4 splits 180.1 us (78.2%); b1 x 128K: (64, 8, 2), 128 splits 86.7 us (40.6%), 256
+splits 87.8-115.2 by tile. FP8 at b32 x 8K: best (64, 4, 2) 133.2 us (26.6% of copy bandwidth on
+its bytes: as slow as bf16 in time), tiles dequantised to bf16 first 175.7-334.7 us.
 """
 
 from __future__ import annotations
@@ -187,6 +196,31 @@ def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
                 continue
             row["us"] = round(t * 1e6, 1)
             row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, fp8) / t / 1e9 / copy_gbps, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def decode_deep(copy_gbps: float) -> list[dict[str, Any]]:
+    """Deeper pipelines at the default splits: Triton single-buffers the latent tile at 2-4 stages
+    (~94 KB of shared memory, `benchmarks/kernels_compile_check.py`); 5 stages double-buffer it
+    (64 rows: 169 KB, one program per SM; 32 rows: 94 KB, two). Baseline: the `TILES` pick."""
+    rows = []
+    for batch, ctx in ((32, 8192), (32, 16384), (128, 8192), (32, 131072), (1, 131072)):
+        q_lat, q_rope, pool, _, tables, lens = _pool(batch, ctx, 64, False)
+        splits = default_num_splits(batch, tables.shape[1] * 64, pool.device)
+        base = pick_tile(pool, batch * splits)
+        for tile in (base, (64, 4, 5), (64, 8, 5), (32, 4, 5), (32, 8, 5)):
+            kw = dict(kv_lora_rank=R, scale=192**-0.5, num_splits=splits, tile=tile)
+            row = {"batch": batch, "ctx": ctx, "tile": tile, "splits": splits, "baseline": tile == base}
+            try:
+                t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
+            except Exception as exc:
+                rows.append({**row, "error": repr(exc)[:200]})
+                continue
+            row["us"] = round(t * 1e6, 1)
+            row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, False) / t / 1e9 / copy_gbps, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
@@ -391,7 +425,7 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,sweep,prefill,chunking,layer_prefill,dsa")
+    ap.add_argument("--sections", default="copy,decode,sweep,deep,prefill,chunking,layer_prefill,dsa")
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
     want = args.sections.split(",")
@@ -408,6 +442,8 @@ def main() -> None:
         record("decode", decode, gbps)
     if "sweep" in want:
         record("decode_sweep", decode_sweep, gbps)
+    if "deep" in want:
+        record("decode_deep", decode_deep, gbps)
     if "prefill" in want:
         record("prefill", prefill)
     if "chunking" in want:
