@@ -28,7 +28,13 @@ first fixed table picked: 130.1 us in `decode`, and 62.4-62.7% at b256 x 8K / b3
 the autotuned kernel had reached 86.7 / 89.7%). b32 x 16K: (64, 4, 3) 181.6 us (77.6%); b64 x 8K:
 (64, 4, 3), 4 splits 180.1 us (78.2%); b1 x 128K: (64, 8, 2), 128 splits 86.7 us (40.6%), 256
 splits 87.8-115.2 by tile. FP8 at b32 x 8K: best (64, 4, 2) 133.2 us (26.6% of copy bandwidth on
-its bytes: as slow as bf16 in time), tiles dequantised to bf16 first 175.7-334.7 us.
+its bytes: as slow as bf16 in time), tiles dequantised to bf16 first 175.7-334.7 us. `deep`
+(second call, beside an fp32 engine run): the TILES pick vs 5-stage tiles: b32 x 8K 106.7 us
+(66.5%) vs 104.3-128.7; b32 x 16K 180.8 (78.4%) vs 187.1-235.9; b128 x 8K 335.7 (84.5%) vs
+352.4-452.8; b32 x 128K 1,270.7 (89.3%) vs 1,342.8-1,743.0; b1 x 128K 89.0 vs (64, 8, 5) 78.1 us
+(45.4%, now the pick). DSA (same call): torch.topk 118.6 us; an exact Triton radix select (four
+8-bit `tl.histogram` passes per row, one program per row) 936.3 us, so not kept; scoring ~390 us
+(2.75 TB/s on the 1.07 GB of bf16 index keys); sparse attention 65.1 us; dense 1,246.7 us.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference.kernels.dsa.fast import dsa_topk_paged_fast, radix_topk  # noqa: E402
+from inference.kernels.dsa.fast import dsa_topk_paged_fast  # noqa: E402
 from inference.kernels.dsa.reference import dsa_topk_paged_reference  # noqa: E402
 from inference.kernels.mla_decode.fast import TILES, default_num_splits, mla_decode_paged_fast, pick_tile  # noqa: E402
 from inference.kernels.mla_decode.reference import mla_decode_paged_reference  # noqa: E402
@@ -320,7 +326,6 @@ def dsa() -> dict[str, Any]:
     )
     scores = torch.randn(batch, ctx, device="cuda")
     res["torch_topk_only_graph_us"] = round(1e6 * bench_graph(lambda: scores.topk(k, dim=-1)), 1)
-    res["radix_topk_only_graph_us"] = round(1e6 * bench_graph(lambda: radix_topk(scores, lens, k)), 1)
     res["index_key_bytes"] = batch * ctx * d * 2
     # scoring alone = indexer + top-k minus the top-k's time; its bandwidth on the index keys
     res["sparse_attention_graph_us"] = round(
@@ -341,13 +346,7 @@ def dsa() -> dict[str, Any]:
         1e6 * bench(lambda: dsa_topk_paged_reference(iq, iw, ipool, tables, lens, topk=k), reps=3), 1
     )
     res["speedup_vs_dense"] = round(res["dense_decode_graph_us"] / res["dsa_step_graph_us"], 2)
-    for tile in ((128, 8, 3), (64, 4, 4), (256, 8, 2)):  # the scoring kernel's other tiles
-        try:
-            t = bench_graph(lambda: dsa_topk_paged_fast(iq, iw, ipool, tables, lens, topk=k, score_tile=tile))  # noqa: B023
-            res[f"indexer_topk_graph_us_tile{'x'.join(map(str, tile))}"] = round(1e6 * t, 1)
-        except Exception as exc:
-            res[f"indexer_topk_tile{'x'.join(map(str, tile))}_error"] = repr(exc)[:200]
-    score_us = res["indexer_topk_graph_us"] - res["radix_topk_only_graph_us"]
+    score_us = res["indexer_topk_graph_us"] - res["torch_topk_only_graph_us"]
     res["scoring_est_us"] = round(score_us, 1)
     res["scoring_est_GBps"] = (
         round(res["index_key_bytes"] / (score_us * 1e-6) / 1e9, 1) if score_us > 0 else None

@@ -108,21 +108,14 @@ def main() -> None:
             compile_one(
                 f"decode {key} {tile}", dec._split_kernel, sig, const, div16, num_warps=w, num_stages=st
             )
-    bn, w, st = dsa.SCORE_TILE
     sig = {"q_ptr": "*bf16", "w_ptr": "*fp32", "pool_ptr": "*bf16", "bt_ptr": "*i32", "lens_ptr": "*i32",
            "trow_ptr": "*i32", "out_ptr": "*fp32"} | dict.fromkeys(
-        ["row0", "max_keys", "keys_per_prog", "scale", "s_qt", "s_qh", "s_wt", "s_bt", "s_ot"], "i32")  # fmt: skip
+        ["row0", "max_keys", "scale", "s_qt", "s_qh", "s_wt", "s_bt", "s_ot"], "i32")  # fmt: skip
     sig["scale"] = "fp32"
-    const = dict(
-        HI=64, HI_PAD=64, D=128, D_PAD=128, PAGE=64, BLOCK_N=bn, HAS_TROW=False, IEEE=False, STAGES=st
-    )
+    const = dict(HI=64, HI_PAD=64, D=128, D_PAD=128, PAGE=64, BLOCK_N=128, HAS_TROW=False, IEEE=False)
     compile_one(
-        "dsa score", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr"}, num_warps=w
+        "dsa score", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr"}, num_warps=4
     )
-    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*i64"} | dict.fromkeys(
-        ["row0", "max_keys", "k", "s_st", "s_ot"], "i32"
-    )
-    compile_one("dsa radix top-k", dsa._topk_kernel, sig, {"BLOCK": 2048}, {"s_ptr", "out_ptr"}, num_warps=8)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from inference.model.cache_tensors import quantize_rows_fp8
-from tests.inference.kernels.conftest import ERRORS
+from tests.inference.kernels.conftest import ERRORS, write_error_table
 
 
 def max_abs_err(ours: Tensor, ref: Tensor) -> float:
@@ -29,6 +29,7 @@ def assert_rel(ours: Tensor, ref: Tensor, tol: float, what: str) -> None:
     err = rel_err(ours, ref)
     ERRORS.append({"case": what, "max_abs_err": max_abs_err(ours, ref), "rel_err": err, "tol": tol,
                    "passed": err <= tol})  # fmt: skip
+    write_error_table()
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
 
 
