@@ -208,7 +208,11 @@ def _merge_kernel(
 # 71.5-71.9% (next best); b64 x 8K 78.2% vs 72.2%; b128 x 8K 84.5%, b32 x 128K 89.3% (5-stage
 # tiles 62.6-84.5%). SMs not full, b1 x 128K at 128 splits: (64, 8, 5) 78.1 us (double-buffered
 # tile: 5 stages) vs (64, 8, 2) 86.7-89.0 us, others 83.8-111.3 us. fp8 b32 x 8K: (64, 4, 2)
-# 133.2 us, the best of 14 tiles (fp8 stays as slow as bf16 in time: not understood yet).
+# 133.2 us, the best of 14 tiles (fp8 stays as slow as bf16 in time). Why, from Triton 3.6's
+# output for sm_90 (benchmarks/kernels_compile_check.py): the fp8 tile's load is not pipelined
+# (the fp8 -> fp16 convert between load and dot stops the pipeliner: plain global loads, then
+# ~360 scalar shared-memory loads instead of ldmatrix), and tl.dot takes no fp16 x fp8 mix. A fix
+# needs the dequantise after the shared-memory stage (a CUDA kernel) or fp8 MMAs on fp8 queries.
 TILES = {
     # (dtype class, SMs full) -> tile
     ("bf16", True): (64, 4, 3),
