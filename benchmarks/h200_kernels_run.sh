@@ -35,7 +35,7 @@ stamp "phase 1: tests + compile-only benchmark passes"
 py_test decode tests/inference/kernels/test_mla_decode.py &
 py_test prefill tests/inference/kernels/test_mla_prefill.py &
 py_test dsa_layer tests/inference/kernels/test_dsa.py tests/inference/kernels/test_mla_layer_gpu.py \
-  tests/inference/kernels/test_fp8_cache.py &
+  tests/inference/kernels/test_fp8_cache.py tests/inference/kernels/test_engine_with_kernels.py &
 OUT=$W/warm timeout "$P1" python3 benchmarks/kernels.py --warm-only --sections decode,deep,dsa \
   >"$W/kwarm.log" 2>&1 &
 OUT=$W/warm timeout "$P1" python3 benchmarks/engine.py --sections decode --skip-hf >"$W/ewarm.log" 2>&1 &
