@@ -20,6 +20,21 @@ TFLOP/s, Triton / cuDNN split / SDPA lower-right): over 32K 404 / 548 / 141, ove
 step, b32 x 128K, top-2048, graph replay: indexer + top-k 498 us (torch.topk alone 119 us),
 sparse attention 49 us, step 543 us vs dense decode 1,245 us (2.3x); the PyTorch indexer 8.5 ms.
 Prefill indexer, 8K queries over 128K keys: 99 ms (172 TFLOP/s bf16).
+
+Run of 2026-12-01 afternoon (same machine kind; copy 4,288 GB/s; decode now has fixed tiles, no
+autotuner): the tile/split sweep (`sweep`) at b32 x 8K: (64, 4, 3) with 8 splits 103.4 us
+(68.1%), 16 splits 109.1, 4 splits 137.2; (32, 4, 2) 109.4; (64, 4, 2) 130.6 (53.9%, what the
+first fixed table picked: 130.1 us in `decode`, and 62.4-62.7% at b256 x 8K / b32 x 128K, where
+the autotuned kernel had reached 86.7 / 89.7%). b32 x 16K: (64, 4, 3) 181.6 us (77.6%); b64 x 8K:
+(64, 4, 3), 4 splits 180.1 us (78.2%); b1 x 128K: (64, 8, 2), 128 splits 86.7 us (40.6%), 256
+splits 87.8-115.2 by tile. FP8 at b32 x 8K: best (64, 4, 2) 133.2 us (26.6% of copy bandwidth on
+its bytes: as slow as bf16 in time), tiles dequantised to bf16 first 175.7-334.7 us. `deep`
+(second call, beside an fp32 engine run): the TILES pick vs 5-stage tiles: b32 x 8K 106.7 us
+(66.5%) vs 104.3-128.7; b32 x 16K 180.8 (78.4%) vs 187.1-235.9; b128 x 8K 335.7 (84.5%) vs
+352.4-452.8; b32 x 128K 1,270.7 (89.3%) vs 1,342.8-1,743.0; b1 x 128K 89.0 vs (64, 8, 5) 78.1 us
+(45.4%, now the pick). DSA (same call): torch.topk 118.6 us; an exact Triton radix select (four
+8-bit `tl.histogram` passes per row, one program per row) 936.3 us, so not kept; scoring ~390 us
+(2.75 TB/s on the 1.07 GB of bf16 index keys); sparse attention 65.1 us; dense 1,246.7 us.
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from inference.kernels.dsa.fast import dsa_topk_paged_fast  # noqa: E402
 from inference.kernels.dsa.reference import dsa_topk_paged_reference  # noqa: E402
-from inference.kernels.mla_decode.fast import _tuned_split_kernel, mla_decode_paged_fast  # noqa: E402
+from inference.kernels.mla_decode.fast import TILES, default_num_splits, mla_decode_paged_fast, pick_tile  # noqa: E402
 from inference.kernels.mla_decode.reference import mla_decode_paged_reference  # noqa: E402
 from inference.kernels.mla_prefill.fast import (  # noqa: E402
     _tuned_prefill_kernel,
@@ -51,12 +66,17 @@ from inference.model.cache_tensors import quantize_rows_fp8  # noqa: E402
 
 H, R, P, DN, DV = 16, 512, 64, 128, 128
 RESULTS: dict[str, Any] = {}
+# --warm-only: call every variant once and time nothing (fills the Triton cache, e.g. in a process
+# beside the GPU tests, so that the timed run that follows compiles nothing)
+WARM_ONLY = False
 
 
 def bench(fn, reps: int = 20) -> float:
     """Median seconds of `fn()` after one warm-up call, CUDA events around each call."""
     fn()
     torch.cuda.synchronize()
+    if WARM_ONLY:
+        return 1.0
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,6 +94,8 @@ def bench_graph(fn, reps: int = 20) -> float:
     decode graphs run it), with L2 flushed by a 256 MiB write before each replay."""
     fn()  # compile + autotune outside the capture
     torch.cuda.synchronize()
+    if WARM_ONLY:
+        return 1.0
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
@@ -99,7 +121,7 @@ def record(name: str, fn, *args) -> None:
         RESULTS[name] = {"error": repr(exc), "trace": traceback.format_exc()[-2000:]}
     RESULTS.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
     print(f"[{name}] {json.dumps(RESULTS[name], default=str)[:3000]}", flush=True)
-    if out := os.environ.get("OUT"):
+    if (out := os.environ.get("OUT")) and not WARM_ONLY:
         Path(out, "kernels_bench.json").write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
@@ -127,18 +149,24 @@ def _pool(batch: int, ctx: int, page: int, fp8: bool, seed: int = 0):
     return q_lat, q_rope, pool, scales, tables, lens
 
 
+def _latent_bytes(batch: int, ctx: int, fp8: bool) -> int:
+    return batch * ctx * ((R + P) * (1 if fp8 else 2) + (4 if fp8 else 0))
+
+
 def decode(copy_gbps: float) -> list[dict[str, Any]]:
     rows = []
-    shapes = [(1, 8192, 64), (1, 32768, 64), (1, 131072, 64), (32, 8192, 64), (32, 16384, 64),
+    shapes = [(1, 8192, 64), (1, 131072, 64), (32, 8192, 64), (32, 16384, 64),
               (32, 131072, 64), (64, 8192, 64), (128, 8192, 64), (256, 8192, 64), (32, 8192, 16)]  # fmt: skip
     for batch, ctx, page in shapes:
         for fp8 in (False, True):
             q_lat, q_rope, pool, scales, tables, lens = _pool(batch, ctx, page, fp8)
             kw = dict(kv_lora_rank=R, scale=192**-0.5, kv_scales=scales)
             t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw))  # noqa: B023
-            latent_bytes = batch * ctx * ((R + P) * (1 if fp8 else 2) + (4 if fp8 else 0))
+            latent_bytes = _latent_bytes(batch, ctx, fp8)
+            splits = default_num_splits(batch, tables.shape[1] * page, pool.device)
             row = {
                 "batch": batch, "ctx": ctx, "page": page, "cache": "fp8" if fp8 else "bf16",
+                "splits": splits, "tile": pick_tile(pool, batch * splits),
                 "us": round(t * 1e6, 1), "latent_GBps": round(latent_bytes / t / 1e9, 1),
                 "pct_of_copy_bw": round(100 * latent_bytes / t / 1e9 / copy_gbps, 1),
             }  # fmt: skip
@@ -147,7 +175,61 @@ def decode(copy_gbps: float) -> list[dict[str, Any]]:
                 row["reference_us"] = round(t_ref * 1e6, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    RESULTS["decode_best_config"] = str(getattr(_tuned_split_kernel, "best_config", None))
+    return rows
+
+
+def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
+    """The decode kernel's tile (BLOCK_N, warps, stages) and split count at the shapes that miss
+    80% of copy bandwidth: what the `TILES` / `default_num_splits` heuristics should pick."""
+    rows = []
+    tiles = sorted(
+        set(TILES.values()) | {(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2), (64, 4, 3), (64, 8, 3)}
+    )
+    cases = [(32, 8192, False, (4, 8, 16)), (1, 131072, False, (64, 128, 256)), (64, 8192, False, (4, 8)),
+             (32, 8192, True, (4, 8)), (32, 16384, False, (8, 16))]  # fmt: skip
+    for batch, ctx, fp8, split_opts in cases:
+        q_lat, q_rope, pool, scales, tables, lens = _pool(batch, ctx, 64, fp8)
+        opts = [(t, sp) for t in tiles for sp in split_opts]
+        if fp8:  # 128-row tiles too (an fp8 tile holds half the bytes)
+            opts += [(t, sp) for t in ((128, 4, 2), (128, 8, 2)) for sp in split_opts]
+        for tile, sp in opts:
+            kw = dict(kv_lora_rank=R, scale=192**-0.5, kv_scales=scales, num_splits=sp, tile=tile)
+            row = {"batch": batch, "ctx": ctx, "cache": "fp8" if fp8 else "bf16", "tile": tile, "splits": sp}
+            try:
+                t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
+            except Exception as exc:  # a tile that does not fit shared memory
+                rows.append({**row, "error": repr(exc)[:200]})
+                continue
+            row["us"] = round(t * 1e6, 1)
+            row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, fp8) / t / 1e9 / copy_gbps, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def decode_deep(copy_gbps: float) -> list[dict[str, Any]]:
+    """Deeper pipelines at the default splits: Triton single-buffers the latent tile at 2-4 stages
+    (~94 KB of shared memory, `benchmarks/kernels_compile_check.py`); 5 stages double-buffer it
+    (64 rows: 169 KB, one program per SM; 32 rows: 94 KB, two). Baseline: the `TILES` pick."""
+    rows = []
+    for batch, ctx in ((32, 8192), (32, 16384), (128, 8192), (32, 131072), (1, 131072)):
+        q_lat, q_rope, pool, _, tables, lens = _pool(batch, ctx, 64, False)
+        splits = default_num_splits(batch, tables.shape[1] * 64, pool.device)
+        base = pick_tile(pool, batch * splits)
+        for tile in (base, (64, 4, 5), (64, 8, 5), (32, 4, 5), (32, 8, 5)):
+            kw = dict(kv_lora_rank=R, scale=192**-0.5, num_splits=splits, tile=tile)
+            row = {"batch": batch, "ctx": ctx, "tile": tile, "splits": splits, "baseline": tile == base}
+            try:
+                t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
+            except Exception as exc:
+                rows.append({**row, "error": repr(exc)[:200]})
+                continue
+            row["us"] = round(t * 1e6, 1)
+            row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, False) / t / 1e9 / copy_gbps, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -244,6 +326,8 @@ def dsa() -> dict[str, Any]:
     )
     scores = torch.randn(batch, ctx, device="cuda")
     res["torch_topk_only_graph_us"] = round(1e6 * bench_graph(lambda: scores.topk(k, dim=-1)), 1)
+    res["index_key_bytes"] = batch * ctx * d * 2
+    # scoring alone = indexer + top-k minus the top-k's time; its bandwidth on the index keys
     res["sparse_attention_graph_us"] = round(
         1e6
         * bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, indices=idx, **kw)),
@@ -262,6 +346,11 @@ def dsa() -> dict[str, Any]:
         1e6 * bench(lambda: dsa_topk_paged_reference(iq, iw, ipool, tables, lens, topk=k), reps=3), 1
     )
     res["speedup_vs_dense"] = round(res["dense_decode_graph_us"] / res["dsa_step_graph_us"], 2)
+    score_us = res["indexer_topk_graph_us"] - res["torch_topk_only_graph_us"]
+    res["scoring_est_us"] = round(score_us, 1)
+    res["scoring_est_GBps"] = (
+        round(res["index_key_bytes"] / (score_us * 1e-6) / 1e9, 1) if score_us > 0 else None
+    )
     # prefill-side indexer: an 8K-query chunk over 128K keys, scored in bounded row blocks
     lq = 8192
     rows_t = torch.zeros(lq, dtype=torch.long, device="cuda")
@@ -335,8 +424,12 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,prefill,chunking,layer_prefill,dsa")
-    want = ap.parse_args().sections.split(",")
+    ap.add_argument("--sections", default="copy,decode,sweep,deep,prefill,chunking,layer_prefill,dsa")
+    ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
+    args = ap.parse_args()
+    want = args.sections.split(",")
+    global WARM_ONLY
+    WARM_ONLY = args.warm_only
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["torch"] = torch.__version__
     import triton
@@ -346,6 +439,10 @@ def main() -> None:
     gbps = RESULTS["copy_bandwidth"].get("GBps", 4000.0)
     if "decode" in want:
         record("decode", decode, gbps)
+    if "sweep" in want:
+        record("decode_sweep", decode_sweep, gbps)
+    if "deep" in want:
+        record("decode_deep", decode_deep, gbps)
     if "prefill" in want:
         record("prefill", prefill)
     if "chunking" in want:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["default_num_splits", "mla_decode_paged_fast"]
+__all__ = ["TILES", "default_num_splits", "mla_decode_paged_fast", "pick_tile"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
@@ -59,7 +59,7 @@ def rows_aligned(pool: Tensor) -> bool:
 @triton.jit
 def _split_kernel(
     q_ptr, qr_ptr, pool_ptr, kvs_ptr, bt_ptr, lens_ptr, idx_ptr, trow_ptr, o_ptr, lse_ptr,
-    qk_scale, num_idx, tune_rows,
+    qk_scale, num_idx,
     s_qn, s_qh, s_rn, s_rh, s_bt, s_idx, s_on, s_os, s_oh, s_ln, s_ls,
     H: tl.constexpr, H_PAD: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
     P: tl.constexpr, P_PAD: tl.constexpr, ROW: tl.constexpr, PAGE: tl.constexpr,
@@ -89,7 +89,9 @@ def _split_kernel(
     rmask = offs_r < R
     pmask = offs_p < P
     # fp8 latents widen exactly to fp16 (one cvt per pair on sm89+; e4m3 values fit fp16), so the
-    # fp8 path computes in fp16; bf16 latents stay bf16; fp32 (and the interpreter) use fp32 dots
+    # fp8 path computes in fp16 with the row scales applied to scores and probabilities (measured
+    # on the H200: dequantising each tile into bf16 first ran 1.2-2.5x slower); bf16 latents stay
+    # bf16; fp32 (and the interpreter) use fp32 dots
     if IEEE:
         cdt = tl.float32
     elif HAS_SCALE:
@@ -120,9 +122,12 @@ def _split_kernel(
             pos = offs
         blk = tl.load(bt_ptr + trow * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
         row = blk * PAGE + (pos % PAGE)
+        if HAS_SCALE:
+            kv_scale = tl.load(kvs_ptr + row, mask=valid, other=0.0)
         c = tl.load(
             pool_ptr + row[:, None] * ROW + offs_r[None, :], mask=valid[:, None] & rmask[None, :], other=0.0
-        ).to(cdt)
+        )
+        c = c.to(cdt)
         if IEEE:
             s = tl.dot(q, tl.trans(c), input_precision="ieee")
         else:
@@ -137,7 +142,6 @@ def _split_kernel(
             else:
                 s += tl.dot(qr, tl.trans(kr))
         if HAS_SCALE:
-            kv_scale = tl.load(kvs_ptr + row, mask=valid, other=0.0)
             s = s * kv_scale[None, :]
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -168,8 +172,10 @@ def _split_kernel(
 def _merge_kernel(
     o_ptr, lse_ptr, out_ptr, num_splits,
     s_on, s_os, s_oh, s_ln, s_ls, s_outn, s_outh,
-    R: tl.constexpr, R_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    R: tl.constexpr, R_PAD: tl.constexpr, S_PAD: tl.constexpr, S_BLOCK: tl.constexpr,
 ):  # fmt: skip
+    # `S_BLOCK` splits' partial outputs are loaded at once (independent loads in flight), not one
+    # split after another: a serial loop waited one memory latency per split
     n = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, S_PAD)
@@ -181,27 +187,47 @@ def _merge_kernel(
     total = tl.sum(tl.exp2(lse - m), 0)
     total = tl.where(total > 0.0, total, 1.0)
     acc = tl.zeros([R_PAD], tl.float32)
-    for sp in range(0, num_splits):
-        w = tl.exp2(tl.load(lse_ptr + n * s_ln + sp * s_ls + h) - m) / total
-        part = tl.load(o_ptr + n * s_on + sp * s_os + h * s_oh + offs_r, mask=rmask, other=0.0)
-        acc += w * part
-    tl.store(out_ptr + n * s_outn + h * s_outh + offs_r, acc, mask=rmask)
+    for s0 in range(0, num_splits, S_BLOCK):
+        offs_b = s0 + tl.arange(0, S_BLOCK)
+        bmask = offs_b < num_splits
+        w = tl.exp2(tl.load(lse_ptr + n * s_ln + offs_b * s_ls + h, mask=bmask, other=float("-inf")) - m)
+        part = tl.load(
+            o_ptr + n * s_on + offs_b[:, None] * s_os + h * s_oh + offs_r[None, :],
+            mask=bmask[:, None] & rmask[None, :], other=0.0,
+        )  # fmt: skip
+        acc += tl.sum(w[:, None] * part, 0)
+    tl.store(out_ptr + n * s_outn + h * s_outh + offs_r, acc / total, mask=rmask)
 
 
-def _configs() -> list[triton.Config]:
-    # the tiles the H200 runs picked (64 x 8 warps x 3 stages, 64 x 4 x 2) and their neighbours
-    return [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-        for bn, w, st in ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3))
-    ]
+# Tiles (BLOCK_N, num_warps, num_stages), one decision by shape class instead of an autotuner: an
+# autotuner keyed on launch sizes re-tuned mid-serving (~1 s per new key), and one tuned inside
+# a decode-graph capture benchmarks the capture's padding rows (one key each), not real lengths.
+# Chosen from the H200 sweep of benchmarks/kernels.py (2026-12-01, CUDA-graph replay, L2 flushed,
+# bf16 latents 512 + 64, block 64; % of copy bandwidth at the default splits): SMs full, b32 x 8K
+# (64, 4, 3) 68.1% vs (64, 8, 3) 66.2%, (32, 4, 2) 64.4%, (64, 4, 2) 53.9%; b32 x 16K 77.6% vs
+# 71.5-71.9% (next best); b64 x 8K 78.2% vs 72.2%; b128 x 8K 84.5%, b32 x 128K 89.3% (5-stage
+# tiles 62.6-84.5%). SMs not full, b1 x 128K at 128 splits: (64, 8, 5) 78.1 us (double-buffered
+# tile: 5 stages) vs (64, 8, 2) 86.7-89.0 us, others 83.8-111.3 us. fp8 b32 x 8K: (64, 4, 2)
+# 133.2 us, the best of 14 tiles (fp8 stays as slow as bf16 in time). Why, from Triton 3.6's
+# output for sm_90 (benchmarks/kernels_compile_check.py): the fp8 tile's load is not pipelined
+# (the fp8 -> fp16 convert between load and dot stops the pipeliner: plain global loads, then
+# ~360 scalar shared-memory loads instead of ldmatrix), and tl.dot takes no fp16 x fp8 mix. A fix
+# needs the dequantise after the shared-memory stage (a CUDA kernel) or fp8 MMAs on fp8 queries.
+TILES = {
+    # (dtype class, SMs full) -> tile
+    ("bf16", True): (64, 4, 3),
+    ("bf16", False): (64, 8, 5),
+    ("fp8", True): (64, 4, 2),
+    ("fp8", False): (64, 8, 3),
+    ("fp32", True): (32, 4, 2),
+    ("fp32", False): (32, 4, 2),
+}
 
 
-# `tune_rows` (0: fewer programs than SMs, 1: more) is in the key: the best tile depends on
-# whether the SMs are full. Only two values, so a server autotunes at most twice per cache
-# kind, during its first steps (a key per launch size re-tuned mid-serving: ~1 s per new key)
-_tuned_split_kernel = triton.autotune(
-    configs=_configs(), key=["tune_rows", "H_PAD", "R_PAD", "P_PAD", "PAGE", "HAS_SCALE", "HAS_IDX", "IEEE"]
-)(_split_kernel)
+def pick_tile(pool: Tensor, programs: int) -> tuple[int, int, int]:
+    """The tile for this pool dtype and launch size (shape-only: graph-safe)."""
+    kind = {torch.float8_e4m3fn: "fp8", torch.float32: "fp32"}.get(pool.dtype, "bf16")
+    return TILES[(kind, programs >= _sm_count_or_4(pool.device))]
 
 
 def _pad(x: int, least: int = 16) -> int:
@@ -221,8 +247,10 @@ def mla_decode_paged_fast(
     indices: Tensor | None = None,
     table_rows: Tensor | None = None,
     num_splits: int | None = None,
+    tile: tuple[int, int, int] | None = None,
 ) -> Tensor:
-    """Same contract as `mla_decode_paged_reference` (shapes there); returns `[N, H, R]` fp32."""
+    """Same contract as `mla_decode_paged_reference` (shapes there); returns `[N, H, R]` fp32.
+    `tile` overrides `pick_tile` (benchmark sweeps)."""
     n, h, r = q_latent.shape
     p = pool.shape[-1] - r
     if q_rope.shape[-1] != p:
@@ -241,11 +269,16 @@ def mla_decode_paged_fast(
     block_tables = block_tables.contiguous()
     max_keys = indices.shape[1] if indices is not None else block_tables.shape[1] * page
     splits = num_splits or default_num_splits(n, max_keys, pool.device)
-    o_part = torch.empty(n, splits, h, r, dtype=torch.float32, device=pool.device)
-    lse = torch.empty(n, splits, h, dtype=torch.float32, device=pool.device)
     out = torch.empty(n, h, r, dtype=torch.float32, device=pool.device)
     if n == 0:
         return out
+    # one split writes the output itself (no merge launch)
+    o_part = (
+        out.view(n, 1, h, r)
+        if splits == 1
+        else torch.empty(n, splits, h, r, dtype=torch.float32, device=pool.device)
+    )
+    lse = torch.empty(n, splits, h, dtype=torch.float32, device=pool.device)
     idx = indices.contiguous() if indices is not None else seq_lens
     trow = table_rows.contiguous() if table_rows is not None else seq_lens
     kvs = kv_scales.contiguous() if kv_scales is not None else pool
@@ -254,7 +287,7 @@ def mla_decode_paged_fast(
     ieee = pool.dtype == torch.float32 or _INTERPRET
     args = (
         q_latent, q_rope, pool, kvs, block_tables, seq_lens, idx, trow, o_part, lse,
-        scale * _LOG2E, indices.shape[1] if indices is not None else 0, int(n * splits >= _sm_count_or_4(pool.device)),
+        scale * _LOG2E, indices.shape[1] if indices is not None else 0,
         q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1),
         block_tables.stride(0), idx.stride(0) if indices is not None else 0,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
@@ -264,15 +297,15 @@ def mla_decode_paged_fast(
         HAS_SCALE=kv_scales is not None, HAS_IDX=indices is not None,
         HAS_TROW=table_rows is not None, IEEE=ieee,
     )  # fmt: skip
-    grid = (n, splits)
+    block_n, warps, stages = tile or pick_tile(pool, n * splits)
     if _INTERPRET:
-        _split_kernel[grid](*args, **meta, BLOCK_N=32)
-    else:
-        _tuned_split_kernel[grid](*args, **meta)
-    _merge_kernel[(n, h)](
-        o_part, lse, out, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1),
-        R=r, R_PAD=_pad(r), S_PAD=_pad(splits, 2),
-    )  # fmt: skip
+        block_n = 32
+    _split_kernel[(n, splits)](*args, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    if splits > 1:
+        _merge_kernel[(n, h)](
+            o_part, lse, out, splits,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            R=r, R_PAD=_pad(r), S_PAD=_pad(splits, 2), S_BLOCK=min(8, _pad(splits, 2)),
+        )  # fmt: skip
     return out

@@ -1,0 +1,122 @@
+"""Compile our Triton kernels for sm_90 on a machine without a GPU, with the GPU box's Triton
+version, and report what the compiler did: shared memory, registers and spills (ptxas -v), and
+whether the big tile loads were software-pipelined (cp.async) — at no device time.
+
+The device has triton 3.6; the CPU venv another version, so run this under a venv holding
+triton 3.6 with the project's venv (torch) appended to its path:
+
+    python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
+    /tmp/t36/bin/python benchmarks/kernels_compile_check.py --torch-site /work/venv/lib/python3.11/site-packages
+
+Pointers and strides are marked 16-divisible as the runtime specialises them: without that the
+analysis sees unaligned pointers and no load is vectorised or pipelined (a misleading result).
+It caught, before a GPU call, a frontend error Triton 3.8's interpreter accepts (an annotated
+constexpr reassigned in a `static_range` loop). Findings (2026-12-01): the decode kernel's
+latent tile is pipelined but single-buffered (~94 KB of shared memory at any num_stages: three
+72 KB bf16 tiles do not fit), and 4-warp tiles sit at 241-255 registers (spills with indices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--torch-site", default=None, help="site-packages with torch (appended to sys.path)")
+    args = ap.parse_args()
+    if args.torch_site:
+        sys.path.append(args.torch_site)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import inference.kernels.dsa.fast as dsa
+    import inference.kernels.mla_decode.fast as dec
+
+    target = GPUTarget("cuda", 90, 32)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    print(f"triton {triton.__version__}")
+
+    def compile_one(name, fn, sig, const, div16, **opts):
+        sig = {**sig, **dict.fromkeys(const, "constexpr")}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if a in div16}
+        k = triton.compile(
+            ASTSource(fn, signature=sig, constexprs=const, attrs=attrs), target=target, options=opts
+        )
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "k.ptx").write_text(k.asm["ptx"])
+            r = subprocess.run(
+                [ptxas, "-v", "--gpu-name=sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                capture_output=True,
+                text=True,
+            )
+        info = "; ".join(
+            ln.split("info    :")[-1].strip()
+            for ln in r.stderr.splitlines()
+            if "registers" in ln or "spill" in ln
+        )
+        ttg = k.asm["ttgir"]
+        print(
+            f"{name}: smem {k.metadata.shared} B, cp.async ops {ttg.count('async_copy_global_to_local')} | {info}"
+        )
+
+    ints = [
+        "qk_scale",
+        "num_idx",
+        "s_qn",
+        "s_qh",
+        "s_rn",
+        "s_rh",
+        "s_bt",
+        "s_idx",
+        "s_on",
+        "s_os",
+        "s_oh",
+        "s_ln",
+        "s_ls",
+    ]
+    ptrs = [
+        "q_ptr",
+        "qr_ptr",
+        "pool_ptr",
+        "kvs_ptr",
+        "bt_ptr",
+        "lens_ptr",
+        "idx_ptr",
+        "trow_ptr",
+        "o_ptr",
+        "lse_ptr",
+    ]
+    div16 = set(ptrs) | {"s_qn", "s_qh", "s_rn", "s_rh", "s_on", "s_os", "s_oh", "s_ln", "s_ls"}
+    for pool, scale in (("*bf16", False), ("*fp8e4nv", True)):
+        for key, tile in dec.TILES.items():
+            if (key[0] == "fp8") != scale or key[0] == "fp32":
+                continue
+            bn, w, st = tile
+            sig = dict.fromkeys(ptrs, "*fp32") | {"pool_ptr": pool, "bt_ptr": "*i32", "lens_ptr": "*i32",
+                                                  "idx_ptr": "*i64", "trow_ptr": "*i32"}  # fmt: skip
+            sig |= dict.fromkeys(ints, "i32") | {"qk_scale": "fp32"}
+            const = dict(H=16, H_PAD=16, R=512, R_PAD=512, P=64, P_PAD=64, ROW=576, PAGE=64, BLOCK_N=bn,
+                         HAS_SCALE=scale, HAS_IDX=False, HAS_TROW=False, IEEE=False)  # fmt: skip
+            compile_one(
+                f"decode {key} {tile}", dec._split_kernel, sig, const, div16, num_warps=w, num_stages=st
+            )
+    sig = {"q_ptr": "*bf16", "w_ptr": "*fp32", "pool_ptr": "*bf16", "bt_ptr": "*i32", "lens_ptr": "*i32",
+           "trow_ptr": "*i32", "out_ptr": "*fp32"} | dict.fromkeys(
+        ["row0", "max_keys", "scale", "s_qt", "s_qh", "s_wt", "s_bt", "s_ot"], "i32")  # fmt: skip
+    sig["scale"] = "fp32"
+    const = dict(HI=64, HI_PAD=64, D=128, D_PAD=128, PAGE=64, BLOCK_N=128, HAS_TROW=False, IEEE=False)
+    compile_one(
+        "dsa score", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr"}, num_warps=4
+    )
+
+
+if __name__ == "__main__":
+    main()
