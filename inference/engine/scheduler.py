@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from inference.cache.coordinator import CacheConfig, HybridCacheCoordinator, PrefixHit
+from inference.cache.tiers import TierOps
 from inference.engine.request import Request, RequestStatus, TokenLogprob
 
 
@@ -56,6 +57,8 @@ class SchedulerOutput:
     snapshots: list[tuple[int, int]] = field(default_factory=list)  # (live slot, checkpoint slot)
     snapshot_block_copies: list[tuple[int, int]] = field(default_factory=list)  # (block, checkpoint's)
     preempted: list[str] = field(default_factory=list)
+    # first of all: copies to and between the offload tiers, then promotions to start (tiers.py)
+    tier_ops: TierOps | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -71,9 +74,16 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache_config: CacheConfig,
+        *,
+        block_bytes: int = 1,
+        state_bytes: int = 1,
+    ) -> None:
         self.config = config
-        self.cache = HybridCacheCoordinator(cache_config)
+        self.cache = HybridCacheCoordinator(cache_config, block_bytes=block_bytes, state_bytes=state_bytes)
         self.B = cache_config.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -196,14 +206,18 @@ class Scheduler:
         if solo is not None and solo in self.waiting and self.waiting[0] is not solo:
             self.waiting.remove(solo)
             self.waiting.appendleft(solo)
+        w = 0  # waiting requests whose prefix is arriving from a tier are passed over, in order
         while (
-            self.waiting
+            w < len(self.waiting)
             and budget > 0
             and len(self.running) < self.config.max_num_seqs
             and not out.preempted
-            and (self.solo is None or self.waiting[0].request_id == self.solo)
+            and (self.solo is None or self.waiting[w].request_id == self.solo)
         ):
-            req = self.waiting[0]
+            req = self.waiting[w]
+            if not self.cache.prepare(req.request_id, req.token_ids, req.mm_spans):
+                w += 1
+                continue
             hit = self.cache.find_hit(req.request_id, req.token_ids, req.mm_spans)
             req.num_computed_tokens = hit.num_tokens
             n = self._num_new(req, budget)
@@ -211,7 +225,7 @@ class Scheduler:
             if alloc is None:
                 req.num_computed_tokens = 0
                 break
-            self.waiting.popleft()
+            del self.waiting[w]
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = hit.num_tokens
                 self.prompt_tokens_admitted += req.num_prompt_tokens
@@ -220,7 +234,16 @@ class Scheduler:
             self.running.append(req)
             self._emit(out, req, n, alloc, is_new=True)
             budget -= n
+        out.tier_ops = self.cache.take_tier_ops()
         return out
+
+    def transfers_done(self, transfer_ids: list[int]) -> None:
+        """The runner reports promotions finished: their requests may be admitted from now on."""
+        self.cache.transfers_done(transfer_ids)
+
+    @property
+    def num_transfers_in_flight(self) -> int:
+        return self.cache.num_transfers_in_flight
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.cache.free(req.request_id, "preempted")
@@ -326,4 +349,5 @@ class Scheduler:
             "prefix_hit_rate": self.cached_tokens_admitted / self.prompt_tokens_admitted
             if self.prompt_tokens_admitted
             else 0.0,
+            **c.tier_stats(),
         }
