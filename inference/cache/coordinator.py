@@ -58,7 +58,7 @@ class CacheConfig:
     num_state_slots: int = 64
     enable_prefix_caching: bool = True
     checkpoint_interval: int = 1024  # tokens; a multiple of block_size
-    tiers: TierConfig = TierConfig()  # host and disk tiers below the GPU pools (off by default)
+    tiers: TierConfig = field(default_factory=TierConfig)  # host and disk tiers below the GPU pools (off by default)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0 or self.num_state_slots <= 0:
@@ -309,6 +309,8 @@ class HybridCacheCoordinator:
         key, ident = self._ident(rc, token_ids, p, mm)
         self._flag_worth(rc, key, p)
         if self.states.has_checkpoint(key):
+            if priority == HIGH:  # e.g. an interval snapshot that is also a resume point
+                self.states.set_priority(key, HIGH)
             return None
         block = None
         if isinstance(ident, TailKey):

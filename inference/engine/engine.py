@@ -24,8 +24,8 @@ class EngineConfig:
     """The engine's whole configuration: the cache's and the scheduler's own configs, nested (each
     setting lives in the one config that uses it), plus what only the engine itself uses."""
 
-    cache: CacheConfig = CacheConfig()
-    scheduler: SchedulerConfig = SchedulerConfig(max_num_seqs=32)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_num_seqs=32))
     enable_cuda_graphs: bool = True  # pure-decode steps replay captured graphs (CUDA, capable models)
     kv_cache_dtype: str = "auto"
 
