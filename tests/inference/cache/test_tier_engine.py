@@ -6,7 +6,6 @@ its whole transcript reported as cached tokens. fp32; CPU here, the same on CUDA
 import random
 
 import pytest
-import torch
 
 from inference.cache.tiers import TierConfig
 from inference.engine.engine import EngineConfig
@@ -53,7 +52,13 @@ def run(kind, tmp_path, device="cpu"):
         outs2.append(r.output_token_ids)
         cached.append(r.num_cached_tokens)
     eng.scheduler.cache.check_invariants()
-    return outs1, outs2, cached, eng.stats(), [len(p) + len(o) - 1 for p, o in zip(firsts, outs1, strict=True)]
+    return (
+        outs1,
+        outs2,
+        cached,
+        eng.stats(),
+        [len(p) + len(o) - 1 for p, o in zip(firsts, outs1, strict=True)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,4 +100,4 @@ def test_gpu_offload_token_identical_fp32(kind, tmp_path):
     outs1, outs2, cached, stats, ends = run(kind, tmp_path, device="cuda")
     assert outs1 == ref[0] and outs2 == ref[1]
     assert cached == ends and sum(cached) > sum(ref[2])
-    assert torch.cuda.is_available()
+    assert stats[f"promoted_blocks_{kind}"] > 0

@@ -66,7 +66,8 @@ def test_greedy_outputs_identical(reference, cfg):
 
 
 def test_memory_pressure_preemption(reference):
-    cfg = BASE.evolve(num_blocks=40,
+    cfg = BASE.evolve(
+        num_blocks=40,
         max_model_len=40 * 8,  # the pool holds one sequence of max_model_len (the start-up plan's rule)
         enable_chunked_prefill=True,
         max_num_batched_tokens=64,
@@ -85,7 +86,8 @@ def test_multi_turn_replay_8x10():
     system = [rng.randrange(256) for _ in range(50)]
     users = [[[rng.randrange(256) for _ in range(rng.randrange(4, 14))] for _ in range(10)] for _ in range(8)]
     im_end = 259  # <|im_end|> of the byte tokenizer closes every reply in the transcript
-    cfg = BASE.evolve(enable_chunked_prefill=True, max_num_batched_tokens=4096, num_blocks=1024, num_state_slots=512
+    cfg = BASE.evolve(
+        enable_chunked_prefill=True, max_num_batched_tokens=4096, num_blocks=1024, num_state_slots=512
     )
     results = {}
     for cached in (True, False):
@@ -156,7 +158,9 @@ def test_padded_decode_graph_inputs_give_identical_outputs(reference, cfg):
     runner = eng.runner
     kv = next(iter(runner.cache.kv.values()))
     scratch_block, scratch_slot = kv.shape[0] - 1, runner.cache.num_slots - 1
-    assert scratch_block == BASE.cache.num_blocks and scratch_slot == BASE.cache.num_state_slots  # one spare each
+    assert (
+        scratch_block == BASE.cache.num_blocks and scratch_slot == BASE.cache.num_state_slots
+    )  # one spare each
     runner.graphs = _PaddedEager(
         runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),

@@ -80,7 +80,9 @@ def test_cuda_plan_measures_the_device_and_leaves_the_headroom():
     from inference.engine.engine import EngineConfig
     from inference.engine.request import SamplingParams
 
-    cfg = EngineConfig.of(block_size=64, max_model_len=1 << 20, max_num_batched_tokens=8192, num_state_slots=64)
+    cfg = EngineConfig.of(
+        block_size=64, max_model_len=1 << 20, max_num_batched_tokens=8192, num_state_slots=64
+    )
     eng = build_engine(engine_config=cfg, device="cuda", dtype="bfloat16", mem_fraction=0.8)
     plan = eng.memory_plan
     free, total = torch.cuda.mem_get_info()

@@ -4,7 +4,6 @@ The three cases of a serving workload, each through real HTTP: the same request 
 shared system prompt followed by different user messages, and the next agent turn re-sending the
 transcript. Each answer is compared with a server that has the prefix cache off (fp32, greedy)."""
 
-
 import httpx
 import pytest
 import torch
@@ -18,7 +17,8 @@ MODEL = "tiny"
 BLOCK = 16
 # The server's default interval: interval checkpoints alone would reuse a 3,077-token system
 # prompt only up to 3,072 - and a 1,829-token repeat not at all.
-CONFIG = EMBEDDED_ENGINE_CONFIG.evolve(block_size=BLOCK, checkpoint_interval=1024, max_model_len=8192, num_blocks=2048
+CONFIG = EMBEDDED_ENGINE_CONFIG.evolve(
+    block_size=BLOCK, checkpoint_interval=1024, max_model_len=8192, num_blocks=2048
 )
 
 

@@ -27,7 +27,9 @@ def servers(tmp_path_factory):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     disk = tmp_path_factory.mktemp("kv-disk")
-    tiered = build_engine(engine_config=CONFIG.evolve(tiers=TierConfig(disk_bytes=64 << 20, disk_url=str(disk))))
+    tiered = build_engine(
+        engine_config=CONFIG.evolve(tiers=TierConfig(disk_bytes=64 << 20, disk_url=str(disk)))
+    )
     plain = build_engine(engine_config=CONFIG)
     with (
         BackgroundServer(tiered, model_name=MODEL) as a,
