@@ -14,7 +14,8 @@ from inference.cache.coordinator import CacheConfig, MMSpan
 from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
 from inference.engine.scheduler import Scheduler, SchedulerConfig
-from inference.tokenizer import Tokenizer, make_detokenizer
+from inference.engine.stops import TextStops
+from inference.tokenizer import Tokenizer
 
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model dtype; fp8: MLA latents as e4m3 + scales
 
@@ -81,33 +82,6 @@ class RequestOutput:
     timing: RequestTiming | None = None  # on the final output only
 
 
-class _TextState:
-    """Detokenizes one request's output and applies stop strings (held back while partial)."""
-
-    def __init__(self, tokenizer: Tokenizer, req: Request) -> None:
-        self.detok = make_detokenizer(tokenizer, skip_special_tokens=req.sampling.skip_special_tokens)
-        self.stops = req.sampling.stop
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""
-        self.sent = 0
-        self.stopped: str | None = None
-
-    def push(self, ids: Sequence[int], final: bool) -> str:
-        self.text += self.detok.push(ids)
-        if final:
-            self.text += self.detok.flush()
-        if self.stops and self.stopped is None:
-            start = max(0, self.sent - self.hold)
-            hits = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
-            if hits:
-                i, s = min(hits)
-                self.text, self.stopped = self.text[:i], s
-                final = True
-        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent : end], end
-        return out
-
-
 class Engine:
     """Synchronous engine: `add_request`, then `step()` until `has_unfinished` is False."""
 
@@ -143,7 +117,7 @@ class Engine:
         )
         if (tiers := self.scheduler.cache.tiers) is not None:
             self.runner.attach_tiers(tiers.capacity, config.cache.tiers.disk_url)
-        self._text: dict[str, _TextState] = {}
+        self._text: dict[str, TextStops] = {}
         self._ids = itertools.count()
         self._in_step: list[str] = []  # the requests of the step being run
         self._suspects: dict[str, None] = {}  # requests of a failed step, to be run alone once each
@@ -178,7 +152,7 @@ class Engine:
             message_ends=tuple(message_ends),
         )
         self.scheduler.add(req)
-        self._text[rid] = _TextState(self.tokenizer, req)
+        self._text[rid] = TextStops(self.tokenizer, req)
         return rid
 
     def abort(self, request_ids: Sequence[str]) -> list[RequestOutput]:
@@ -276,16 +250,12 @@ class Engine:
             if req.first_token_time is None and new_ids:
                 req.first_token_time = now
             is_done = rid in finished
-            text_ids = new_ids
-            if is_done and req.status == RequestStatus.FINISHED_STOPPED and new_ids:
-                text_ids = new_ids[:-1]  # the stop/eos token itself is not text
-            ts = self._text[rid]
-            text = ts.push(text_ids, final=is_done)
-            if ts.stopped is not None and not is_done:
-                self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED, stop_reason=ts.stopped)
+            text, stop_now = self._text[rid].step(req, new_ids, is_done)
+            if stop_now:  # a stop string: the request ends here (stops.py decides)
+                self.scheduler.finish(
+                    rid, RequestStatus.FINISHED_STOPPED, stop_reason=self._text[rid].stopped
+                )
                 is_done = True
-            elif ts.stopped is not None:
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, ts.stopped
             lps = (
                 req.logprobs[len(req.logprobs) - len(new_ids) :] if req.sampling.logprobs is not None else []
             )

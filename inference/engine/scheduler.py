@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from inference.cache.coordinator import CacheConfig, HybridCacheCoordinator, PrefixHit
 from inference.cache.tiers import TierOps
 from inference.engine.request import Request, RequestStatus, TokenLogprob
+from inference.engine.stops import token_stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,24 +270,12 @@ class Scheduler:
             if s.sample:
                 tok = sampled[s.req_id]
                 req.append_output(tok, None if logprobs is None else logprobs.get(s.req_id))
-                status = self._check_stop(req, tok)
+                status = token_stop(req, tok, self.config.max_model_len)
                 if status is not None:
                     self.finish(req.request_id, status, stop_reason=req.stop_reason)
                     finished.append(req)
         self.cache.end_step()
         return finished
-
-    def _check_stop(self, req: Request, tok: int) -> RequestStatus | None:
-        sp = req.sampling
-        if req.num_output_tokens >= sp.min_tokens:
-            if not sp.ignore_eos and tok in req.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-            if tok in sp.stop_token_ids:
-                req.stop_reason = tok
-                return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def finish(
         self, req_id: str, status: RequestStatus, stop_reason: int | str | None = None
