@@ -58,7 +58,9 @@ class CacheConfig:
     num_state_slots: int = 64
     enable_prefix_caching: bool = True
     checkpoint_interval: int = 1024  # tokens; a multiple of block_size
-    tiers: TierConfig = field(default_factory=TierConfig)  # host and disk tiers below the GPU pools (off by default)
+    tiers: TierConfig = field(
+        default_factory=TierConfig
+    )  # host and disk tiers below the GPU pools (off by default)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0 or self.num_state_slots <= 0:

@@ -77,6 +77,7 @@ class TierStore:
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-read") if capacity.disk_bytes else None
         self._pending: list[_Pending] = []
+        self._writes: list[Future] = []  # disk writes and deletes queued on the worker thread
         self.bytes_loaded = {HOST: 0, DISK: 0}
         self.bytes_stored = {HOST: 0, DISK: 0}
 
@@ -85,8 +86,10 @@ class TierStore:
         return f"{self.root}/{'kv' if kind == BLOCK else 'state'}-{loc}.bin"
 
     def _write(self, kind: int, loc: int, rows: list[torch.Tensor]) -> None:
-        """One unit's group rows (CPU uint8) as one file."""
-        self.fs.pipe_file(self._path(kind, loc), b"".join(r.numpy().tobytes() for r in rows))
+        """One unit's group rows (CPU uint8) as one file. The bytes are copied now; the file is
+        written on the worker thread, whose FIFO order puts it before any later read or delete."""
+        data = b"".join(r.numpy().tobytes() for r in rows)
+        self._writes.append(self._pool.submit(self.fs.pipe_file, self._path(kind, loc), data))
         self.bytes_stored[DISK] += self.unit_bytes[kind]
 
     def _read(self, kind: int, locs: list[int]) -> list[torch.Tensor]:
@@ -124,7 +127,7 @@ class TierStore:
                 self._sync_host()
                 self._write(op.kind, op.dst, [h[op.src] for h in self.host[op.kind]])
             elif isinstance(op, Drop):
-                self.fs.rm_file(self._path(op.kind, op.loc))
+                self._writes.append(self._pool.submit(self.fs.rm_file, self._path(op.kind, op.loc)))
             i += 1
 
     def _sync_host(self) -> None:
@@ -208,6 +211,8 @@ class TierStore:
 
     def poll(self, wait: bool = False) -> list[int]:
         """Ids of the promotions whose data is on the GPU now (`wait`: block for at least one)."""
+        while self._writes and self._writes[0].done():
+            self._writes.pop(0).result()  # a failed disk write raises here, in the engine thread
         done, left = [], []
         for i, p in enumerate(self._pending):
             if wait and not done and i == 0:
@@ -236,7 +241,13 @@ class TierStore:
     def num_pending(self) -> int:
         return len(self._pending)
 
+    def flush(self) -> None:
+        """Wait for the queued disk writes and deletes."""
+        while self._writes:
+            self._writes.pop(0).result()
+
     def close(self) -> None:
+        """Finish queued disk work, then remove a temporary disk folder."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self._tmp is not None:

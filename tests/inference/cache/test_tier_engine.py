@@ -84,6 +84,7 @@ def test_conversation_evicted_to_disk_resumes_with_cached_tokens(tmp_path):
     first = conversations(1, seed=5)[0]
     (a,) = eng.generate([first], GREEDY)
     eng.generate(conversations(5, seed=6), GREEDY)  # pushes it off the GPU pools
+    eng.runner.tier_store.flush()
     assert list((tmp_path / "kv").iterdir())  # on disk now
     assert eng.scheduler.cache.find_hit("probe", first + a.output_token_ids + [1]).num_tokens == 0
     (b,) = eng.generate([first + a.output_token_ids + [1, 2, 3]], GREEDY)

@@ -55,6 +55,7 @@ def test_conversation_evicted_to_disk_resumes_with_cached_tokens(servers):
     for i in range(4):  # other conversations push it off the 768-token GPU pools
         for server in (tiered, plain):
             ask(server, [{"role": "user", "content": text(500, 10 + i)}])
+    tiered.engine.engine.runner.tier_store.flush()
     assert any(disk.iterdir())
     messages += [turn1["choices"][0]["message"], {"role": "user", "content": "and then?"}]
     turn2 = ask(tiered, messages)
