@@ -472,11 +472,13 @@ def main() -> None:
     ret_ctx = 1024 if quick else 128 * K
     RESULTS.update(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    quick=quick, config=model_config(quick, False))  # fmt: skip
-    plan = []
-    if "prefill_decode" in want:
-        plan += [("dense", n) for n in lengths] + [("dsa", n) for n in dsa_lengths]
-        plan += [("hf", n) for n in lengths if n <= args.hf_max]
-    plan += [(s, None) for s in want if s != "prefill_decode"]
+    plan = []  # in the order of --sections (the most wanted first: a time limit cuts the tail)
+    for s in want:
+        if s == "prefill_decode":
+            plan += [("dense", n) for n in lengths] + [("hf", n) for n in lengths if n <= args.hf_max]
+            plan += [("dsa", n) for n in dsa_lengths]
+        else:
+            plan.append((s, None))
     models: dict[bool, Any] = {}
 
     def get(dsa: bool):
