@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +43,7 @@ from inference.engine.engine import Engine, EngineConfig  # noqa: E402
 from inference.engine.factory import small_model_config  # noqa: E402
 from inference.engine.request import SamplingParams  # noqa: E402
 from inference.engine.tier_store import TierStore  # noqa: E402
-from inference.model.cache_tensors import HybridCacheSpec  # noqa: E402
+from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors  # noqa: E402
 from inference.model.factory import build_model  # noqa: E402
 from inference.tokenizer import ByteTokenizer  # noqa: E402
 
@@ -257,12 +258,15 @@ def pinned_h2d(device, nbytes: int) -> float:
     return nbytes / best / 1e9
 
 
-def promotion(model, spec, dtype, device, context: int) -> dict[str, Any]:
+def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
     """The tier store promoting a whole `context`-token conversation (its KV blocks) from the host
-    tier, timed from `start` to its event, vs one pinned copy of the same bytes."""
-    eng = make_engine(model, spec, dtype, device, **sized(context, 0))
+    tier into the benchmark config's cache tensors, timed from `start` to its event, vs one pinned
+    copy of the same bytes (no model needed: the copies are the same)."""
     n = context // 64
-    store = TierStore(eng.runner.cache, TierCapacity(host_blocks=n, host_states=0, disk_bytes=0))
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, dtype), n + 1, 64, 2, device, dtype
+    )
+    store = TierStore(cache, TierCapacity(host_blocks=n, host_states=0, disk_bytes=0))
     store.apply([Store(BLOCK, b, HOST, b) for b in range(n)])
     sync(device)
     best = float("inf")
@@ -285,7 +289,7 @@ def promotion(model, spec, dtype, device, context: int) -> dict[str, Any]:
         res["pinned_h2d_gb_per_s"] = round(pinned_h2d(device, nbytes), 2)
         res["fraction_of_h2d"] = round(res["promotion_gb_per_s"] / res["pinned_h2d_gb_per_s"], 3)
     store.close()
-    del eng, store
+    del cache, store
     free(device)
     return res
 
@@ -466,7 +470,9 @@ def main() -> None:
     png = args.plot or (str(Path(out).with_suffix(".png")) if out else None)
     K = 1024
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else ([1 * K, 2 * K] if quick else [32 * K, 128 * K, 512 * K, 1024 * K])  # fmt: skip
-    dsa_lengths = [int(x) for x in args.dsa_lengths.split(",")] if args.dsa_lengths else lengths
+    dsa_lengths = (
+        [int(x) for x in args.dsa_lengths.split(",") if x] if args.dsa_lengths is not None else lengths
+    )
     steps = 8 if quick else args.decode_steps
     turn_ctx = (256, 1024) if quick else (16 * K, 128 * K)
     ret_ctx = 1024 if quick else 128 * K
@@ -490,8 +496,10 @@ def main() -> None:
             prefill_decode(m, spec, dtype, device, min(lengths[0], 16 * K if not quick else 512), 4)
         return models[dsa]
 
+    # the bar on stderr; results printed to stdout as each section ends (never held by the bar)
+    bar_console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn()) as bar:  # fmt: skip
+                  TimeElapsedColumn(), console=bar_console, redirect_stdout=False, redirect_stderr=False) as bar:  # fmt: skip
         task = bar.add_task("long context", total=len(plan))
         for kind, n in plan:
             bar.update(task, description=f"{kind} {n or ''}".strip())
@@ -523,8 +531,8 @@ def main() -> None:
                     for mode in ("host", "disk"):
                         r[f"{mode}_vs_recompute"] = round(r[mode]["ttft_ms"] / r["recompute"]["ttft_ms"], 4)
             elif kind == "promotion":
-                m, spec = get(False)
-                RESULTS["promotion"] = run_section("promotion", promotion, m, spec, dtype, device, ret_ctx)
+                spec = parse_config(model_config(quick, False))
+                RESULTS["promotion"] = run_section("promotion", promotion, spec, dtype, device, ret_ctx)
             elif kind == "fp8":
                 m, spec = get(False)
                 c = ret_ctx
