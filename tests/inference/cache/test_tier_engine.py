@@ -42,7 +42,10 @@ def conversations(n=6, seed=0):
 
 
 def run(kind, tmp_path, device="cpu"):
-    eng = build_engine(engine_config=BASE.evolve(tiers=tiers(kind, tmp_path)), device=device)
+    # fixed_blocks: on CUDA the planner would otherwise size the pool from free memory (no eviction)
+    eng = build_engine(
+        engine_config=BASE.evolve(tiers=tiers(kind, tmp_path)), device=device, fixed_blocks=True
+    )
     firsts = conversations()
     outs1 = [r.output_token_ids for r in eng.generate(firsts, GREEDY)]
     seconds = [p + o + [i, 7, 8, 9, 10] for i, (p, o) in enumerate(zip(firsts, outs1, strict=True))]
