@@ -497,6 +497,10 @@ class HybridCacheCoordinator:
             return True
         return self.promoter.prepare(req_id, token_ids, mm)
 
+    def release_other_promotions(self, keep: str) -> bool:
+        """Give back the promotion holds of waiting requests other than `keep` (see promotion.py)."""
+        return self.promoter is not None and self.promoter.release_others(keep)
+
     def transfers_done(self, transfer_ids: Sequence[int]) -> None:
         """The runner finished these promotions: their blocks and checkpoints are usable now."""
         for t in transfer_ids:

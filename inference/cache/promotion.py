@@ -208,6 +208,15 @@ class Promoter:
         self.c.blocks.free(reversed(pr.held), [HIGH] * len(pr.held))
         self.c.states.unpin(pr.ck_key)
 
+    def release_others(self, keep: str) -> bool:
+        """Give back the holds of every landed promotion but `keep`'s (their requests plan again
+        later); True if any was released. Breaks the one deadlock holds can make: a request that
+        cannot be admitted because waiting requests behind it hold the blocks it needs."""
+        others = [rid for rid, pr in self.promotions.items() if rid != keep and pr.done]
+        for rid in others:
+            self.release(rid)
+        return bool(others)
+
     def take_transfers(self) -> list[Transfer]:
         out, self.transfers = self.transfers, []
         return out

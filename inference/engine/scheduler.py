@@ -225,6 +225,8 @@ class Scheduler:
             alloc = self.cache.allocate(req.request_id, hit, hit.num_tokens, n) if n else None
             if alloc is None:
                 req.num_computed_tokens = 0
+                if n and not self.running and self.cache.release_other_promotions(req.request_id):
+                    continue  # the blocks it needs were held for requests behind it: try again
                 break
             del self.waiting[w]
             if req.num_cached_tokens < 0:

@@ -197,3 +197,24 @@ def test_state_unit_kinds_move_together():
     ops = t.take_ops()
     assert {(o.kind, o.gpu) for o in ops} == {(STATE, 4), (BLOCK, 5)}
     assert len(t.ckpts[99].units) == 2 and 99 in t.tails[None]
+
+
+@pytest.mark.parametrize("tiers", ["host", "disk", "host+disk-tiny"])
+def test_many_returning_conversations_at_once(tiers):
+    """All second turns arrive together: promotions overlap, hold blocks for requests behind the
+    queue head and compete for a GPU pool that cannot hold them all; none may stall."""
+    sched = make(TIERS[tiers], num_blocks=30, max_seqs=3)
+    ex = SymbolicExecutor(sched, transfer_delay=3)
+    firsts = conversations(8, seed=9)
+    for i, p in enumerate(firsts):
+        sched.add(make_request(f"a{i}", p, SamplingParams(temperature=0, max_tokens=5)))
+    outs = {r.request_id: r.output_token_ids for r in ex.run()}
+    seconds = {f"b{i}": p + outs[f"a{i}"] + [i, 3] for i, p in enumerate(firsts)}
+    for rid, p in seconds.items():
+        sched.add(make_request(rid, p, SamplingParams(temperature=0, max_tokens=5)))
+    done = {r.request_id: r for r in ex.run(max_steps=5000)}
+    assert set(done) == set(seconds)  # nobody stalled
+    for rid, p in seconds.items():
+        assert done[rid].output_token_ids == reference_output(p, 5)
+    sched.cache.check_invariants()
+    assert sched.cache.num_request_blocks == 0 and sched.cache.num_transfers_in_flight == 0
