@@ -86,21 +86,12 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import torch
-
+def engine_config(args: argparse.Namespace):
+    """The `EngineConfig` the `serve` flags describe (no torch import)."""
     from inference.cache.tiers import TierConfig
     from inference.engine.engine import EngineConfig
-    from inference.engine.factory import build_engine
-    from inference.server.guard import ServerLimits
-    from inference.server.images import ImageSources
-    from inference.server.serve import run_server
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    cfg = EngineConfig.of(
+    return EngineConfig.of(
         block_size=args.block_size,
         num_blocks=args.num_blocks or 4096,
         num_state_slots=args.num_state_slots or 4 * args.max_num_seqs,
@@ -119,6 +110,21 @@ def _serve(args: argparse.Namespace) -> int:
             offload_min_tokens=args.kv_offload_min_tokens,
         ),
     )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from inference.engine.factory import build_engine
+    from inference.server.guard import ServerLimits
+    from inference.server.images import ImageSources
+    from inference.server.serve import run_server
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    cfg = engine_config(args)
     engine = build_engine(
         model_dir=args.model,
         config=args.dummy,
