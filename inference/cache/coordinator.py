@@ -497,6 +497,11 @@ class HybridCacheCoordinator:
             return True
         return self.promoter.prepare(req_id, token_ids, mm)
 
+    def abandon_transfers(self, transfer_ids: Sequence[int]) -> None:
+        """Promotions whose step failed before the runner started them: undo them."""
+        for t in transfer_ids:
+            self.promoter.abandon(t)
+
     def release_other_promotions(self, keep: str) -> bool:
         """Give back the promotion holds of waiting requests other than `keep` (see promotion.py)."""
         return self.promoter is not None and self.promoter.release_others(keep)

@@ -208,6 +208,27 @@ class Promoter:
         self.c.blocks.free(reversed(pr.held), [HIGH] * len(pr.held))
         self.c.states.unpin(pr.ck_key)
 
+    def abandon(self, transfer_id: int) -> None:
+        """The transfer never started (its step failed first): give its targets back; its request
+        plans again from what is left."""
+        c = self.c
+        pr = self.by_id.pop(transfer_id)
+        if self.promotions.get(pr.req_id) is pr:
+            del self.promotions[pr.req_id]
+        for e in pr.entries:
+            c.tiers.unpin(e)
+        targets = {g for g, _ in pr.promoted}
+        for _, k in pr.promoted:
+            self.inflight.discard(k.hash)
+        kept = [g for g in reversed(pr.held) if g not in targets]
+        c.blocks.free(kept, [HIGH] * len(kept))
+        c.blocks.free(sorted(targets))
+        if pr.ck_promoted:  # an unwritten reservation: unpinned, then dropped (with its block)
+            self.inflight.discard(pr.ck_key)
+        c.states.unpin(pr.ck_key)
+        if pr.ck_promoted:
+            c.states.drop_checkpoint(pr.ck_key)
+
     def release_others(self, keep: str) -> bool:
         """Give back the holds of every landed promotion but `keep`'s (their requests plan again
         later); True if any was released. Breaks the one deadlock holds can make: a request that

@@ -181,6 +181,9 @@ class Engine:
         batch = [rid for rid in self._in_step if rid in self.scheduler.requests]
         self._in_step = []
         sched = self.scheduler
+        if self.runner.unstarted:  # promotions the failed step never started: undo them
+            sched.cache.abandon_transfers(self.runner.unstarted)
+            self.runner.unstarted = []
         sched.cache.end_step()  # release the failed step's pins (a no-op if `update` ran)
         if not batch:
             failed = [*sched.requests]

@@ -105,3 +105,36 @@ def test_gpu_offload_token_identical_fp32(tmp_path):
         assert outs1 == ref[0] and outs2 == ref[1], kind
         assert cached == ends and sum(cached) > sum(ref[2]), kind
         assert stats[f"promoted_blocks_{kind}"] > 0, kind
+
+
+def test_a_step_failing_before_its_promotion_starts_undoes_it(tmp_path):
+    """The runner fails in the tier copies of the step that would start a promotion: the engine's
+    recovery undoes the promotion (no transfer is left that never runs) and drops the tier entries
+    that step may have left unwritten. A failure in a step that ran no request is the engine's own,
+    so the waiting request fails; sent again, it answers right."""
+    eng = build_engine(engine_config=BASE.evolve(tiers=tiers("host", tmp_path)), fixed_blocks=True)
+    first = conversations(1, seed=5)[0]
+    (a,) = eng.generate([first], GREEDY)
+    eng.generate(conversations(5, seed=6), GREEDY)
+    store, real = eng.runner.tier_store, eng.runner.tier_store.apply
+    failed = []
+
+    def apply(ops):
+        if eng.runner.unstarted and not failed:
+            failed.append(True)
+            raise RuntimeError("disk on fire")
+        real(ops)
+
+    store.apply = apply
+    back = first + a.output_token_ids + [1, 2, 3]
+    rid = eng.add_request(back, GREEDY)
+    with pytest.raises(RuntimeError):
+        while eng.has_unfinished:
+            eng.step()
+    assert failed and eng.recover_after_failed_step() == [rid]
+    assert eng.scheduler.num_transfers_in_flight == 0 and not eng.has_unfinished
+    eng.scheduler.cache.check_invariants()
+    assert eng.scheduler.cache.num_request_blocks == 0
+    (again,) = eng.generate([back], GREEDY)
+    (ref,) = build_engine(engine_config=BASE).generate([back], GREEDY)
+    assert again.output_token_ids == ref.output_token_ids
