@@ -439,7 +439,7 @@ class HybridCacheCoordinator:
         kept = (
             self._offloading
             and self.tiers is not None
-            and self._is_worth(h)
+            and (self._is_worth(h) or self.tiers.block(key) is not None)  # below already: refreshed
             and self.tiers.store_block(block_id, key, priority)
         )
         self._worth.discard(h)
@@ -461,7 +461,7 @@ class HybridCacheCoordinator:
             and not self._no_store
             and ck.ready
             and ck.priority == HIGH  # resume points; interval snapshots are not worth a tier slot
-            and self._is_worth(ck.key)
+            and (self._is_worth(ck.key) or self.tiers.ckpt(ck.key, ck.ident) is not None)
         ):
             self.tiers.store_ckpt(ck.key, ck.ident, ck.slot, block, ck.num_tokens, ck.priority)
         self._worth.discard(ck.key)

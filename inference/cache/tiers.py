@@ -287,8 +287,11 @@ class TierIndex:
         if e is not None:
             self._touch(e, priority)
             return True
-        if key.hash in self.blocks:
-            self._remove(self.blocks[key.hash])  # a hash collision: the newer contents win
+        old = self.blocks.get(key.hash)
+        if old is not None:  # a hash collision: the newer contents win, unless the old is being read
+            if old.pins:
+                return False
+            self._remove(old)
         placed = self._place([(BLOCK, gpu_block)])
         if placed is None:
             return False
