@@ -159,7 +159,10 @@ class HybridCacheCoordinator:
             self.promoter = Promoter(self)
         self._offloading = True  # off while a cold-cache reset forgets everything
         self._no_store = False  # set while dropping the checkpoints of a block that was not kept
-        self._worth: set[int] = set()  # hashes / checkpoint keys of long sequences (offload_min_tokens)
+        # blocks and checkpoints of long sequences (offload_min_tokens); two sets: a checkpoint at a
+        # block boundary has the key of the block that ends there
+        self._worth_blocks: set[int] = set()
+        self._worth_ckpts: set[int] = set()
 
     # -- keys ------------------------------------------------------------------------------
     def _keys(self, rc: _ReqCache, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> list[BlockKey]:
@@ -339,13 +342,13 @@ class HybridCacheCoordinator:
         if self.tiers is None or not self.config.tiers.offload_min_tokens:
             return
         if p >= self.config.tiers.offload_min_tokens:
-            self._worth.add(key)
+            self._worth_ckpts.add(key)
             n = p // self.B
-            self._worth.update(k.hash for k in rc.keys[rc.num_flagged : n])
+            self._worth_blocks.update(k.hash for k in rc.keys[rc.num_flagged : n])
             rc.num_flagged = max(rc.num_flagged, n)
 
-    def _is_worth(self, key: int) -> bool:
-        return not self.config.tiers.offload_min_tokens or key in self._worth
+    def _is_worth(self, key: int, worth: set[int]) -> bool:
+        return not self.config.tiers.offload_min_tokens or key in worth
 
     def plan_checkpoint(
         self,
@@ -439,10 +442,12 @@ class HybridCacheCoordinator:
         kept = (
             self._offloading
             and self.tiers is not None
-            and (self._is_worth(h) or self.tiers.block(key) is not None)  # below already: refreshed
+            and (
+                self._is_worth(h, self._worth_blocks) or self.tiers.block(key) is not None
+            )  # below: refreshed
             and self.tiers.store_block(block_id, key, priority)
         )
-        self._worth.discard(h)
+        self._worth_blocks.discard(h)
         # checkpoints at or just after this block leave the GPU with it (to the tiers if the
         # block was kept there, else they can never be used again): their slots come back
         self._no_store = not kept
@@ -461,10 +466,10 @@ class HybridCacheCoordinator:
             and not self._no_store
             and ck.ready
             and ck.priority == HIGH  # resume points; interval snapshots are not worth a tier slot
-            and (self._is_worth(ck.key) or self.tiers.ckpt(ck.key, ck.ident) is not None)
+            and (self._is_worth(ck.key, self._worth_ckpts) or self.tiers.ckpt(ck.key, ck.ident) is not None)
         ):
             self.tiers.store_ckpt(ck.key, ck.ident, ck.slot, block, ck.num_tokens, ck.priority)
-        self._worth.discard(ck.key)
+        self._worth_ckpts.discard(ck.key)
         if block is not None:
             self.blocks.free([block])
             tails = self._tails.get(ck.ident.parent)

@@ -218,3 +218,11 @@ def test_many_returning_conversations_at_once(tiers):
         assert done[rid].output_token_ids == reference_output(p, 5)
     sched.cache.check_invariants()
     assert sched.cache.num_request_blocks == 0 and sched.cache.num_transfers_in_flight == 0
+
+
+def test_offload_threshold_keeps_only_long_conversations():
+    sched, cached = replay(TierConfig(host_bytes=400, offload_min_tokens=48), 1)
+    _, cached_all = replay(TierConfig(host_bytes=400), 1)
+    _, cached_none = replay(TierConfig(), 1)
+    assert cached_none < cached < cached_all  # the short conversations were recomputed
+    assert sched.stats()["tier_stored_host"] > 0
