@@ -32,6 +32,8 @@ def tiers(kind: str, tmp_path) -> TierConfig:
         "host": TierConfig(host_bytes=4 * MiB),
         "disk": TierConfig(disk_bytes=16 * MiB, disk_url=str(tmp_path / "kv")),
         "host+disk": TierConfig(host_bytes=MiB // 32, disk_bytes=16 * MiB, disk_url=f"file://{tmp_path}/kv2"),
+        # any fsspec URL (object storage in production): fsspec's in-process memory file system
+        "memory-url": TierConfig(disk_bytes=16 * MiB, disk_url=f"memory://dayzero-kv/{tmp_path.name}"),
     }[kind]
 
 
@@ -69,12 +71,12 @@ def reference(tmp_path_factory):
     return run("none", tmp_path_factory.mktemp("none"))
 
 
-@pytest.mark.parametrize("kind", ["host", "disk", "host+disk"])
+@pytest.mark.parametrize("kind", ["host", "disk", "host+disk", "memory-url"])
 def test_greedy_identical_with_offload(reference, kind, tmp_path):
     outs1, outs2, cached, stats, ends = run(kind, tmp_path)
     assert outs1 == reference[0] and outs2 == reference[1]
     assert sum(cached) > sum(reference[2])  # without tiers most transcripts were evicted
-    tier = "disk" if kind == "disk" else "host"
+    tier = "host" if kind.startswith("host") else "disk"
     assert stats[f"promoted_blocks_{tier}"] > 0 and stats[f"promoted_ckpts_{tier}"] > 0
     # every returning conversation resumed from its end-of-generation checkpoint
     assert cached == ends, (cached, ends)
