@@ -94,7 +94,7 @@ def section(name: str, out_dir: str | None):
 
 
 def make_engine(model, spec, dtype, device, **kw) -> Engine:
-    cfg = EngineConfig(
+    cfg = EngineConfig.of(
         **{
             **dict(
                 block_size=64,

@@ -38,7 +38,7 @@ EMBEDDED_MODELS: dict[str, str] = {
 
 # The embedded default: a small model on a CPU. Prefix caching matters here as much as on a GPU:
 # each agent turn re-sends the transcript.
-EMBEDDED_ENGINE_CONFIG = EngineConfig(
+EMBEDDED_ENGINE_CONFIG = EngineConfig.of(
     block_size=16,
     num_blocks=4096,
     num_state_slots=256,
@@ -69,7 +69,7 @@ class EmbeddedEngineClient:
             engine.tokenizer,
             get_tool_parser(tool_parser),
             model_name,
-            engine.config.max_model_len,
+            engine.config.scheduler.max_model_len,
             image_handler=self.images,
             default_max_tokens=default_max_tokens,
         )

@@ -1,8 +1,10 @@
-"""KV block pool, recurrent-state slot pool and the exact hybrid prefix cache (no torch here)."""
+"""KV block pool, recurrent-state slot pool, the exact hybrid prefix cache and the offload tiers bookkeeping
+(no torch here)."""
 
 from inference.cache.block_pool import BlockKey, BlockPool
 from inference.cache.coordinator import Allocation, CacheConfig, HybridCacheCoordinator, MMSpan, PrefixHit
 from inference.cache.state_pool import Checkpoint, StatePool
+from inference.cache.tiers import TierConfig, TierIndex, TierOps
 
 __all__ = [
     "Allocation",
@@ -14,4 +16,7 @@ __all__ = [
     "MMSpan",
     "PrefixHit",
     "StatePool",
+    "TierConfig",
+    "TierIndex",
+    "TierOps",
 ]

@@ -51,7 +51,8 @@ class BlockPool:
         self._hash_to_block: dict[int, int] = {}
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives low ids first
         self._lru: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
-        self.on_evict: Callable[[int, int], None] | None = None  # (block_id, hash) listener
+        # (block_id, key, priority) listener, called before the block is handed out again
+        self.on_evict: Callable[[int, BlockKey, int], None] | None = None
         self.num_evictions = 0
 
     # -- queries ---------------------------------------------------------------------------
@@ -87,9 +88,9 @@ class BlockPool:
             if self._free:
                 block = self._free.pop()
             else:
-                lru = self._lru[LOW] if self._lru[LOW] else self._lru[HIGH]
-                block, _ = lru.popitem(last=False)
-                self._uncache(block)
+                prio = LOW if self._lru[LOW] else HIGH
+                block, _ = self._lru[prio].popitem(last=False)
+                self._uncache(block, prio)
                 self.num_evictions += 1
             self.ref_cnt[block] = 1
             out.append(block)
@@ -132,15 +133,14 @@ class BlockPool:
         self._hash_to_block[h] = block_id
         return block_id
 
-    def _uncache(self, block: int) -> None:
+    def _uncache(self, block: int, priority: int = LOW) -> None:
         key = self._key[block]
         if key is None:
             return
-        h = key.hash
-        del self._hash_to_block[h]
+        del self._hash_to_block[key.hash]
         self._key[block] = None
         if self.on_evict is not None:
-            self.on_evict(block, h)
+            self.on_evict(block, key, priority)
 
     def reset_cache(self) -> None:
         """Forget every cached-but-free block (for benchmarks: a cold cache)."""

@@ -46,7 +46,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from inference.cache.block_pool import HIGH, LOW, BlockKey, BlockPool
+from inference.cache.promotion import Promoter
 from inference.cache.state_pool import Checkpoint, StatePool
+from inference.cache.tiers import TierConfig, TierIndex, TierOps, tier_capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,9 @@ class CacheConfig:
     num_state_slots: int = 64
     enable_prefix_caching: bool = True
     checkpoint_interval: int = 1024  # tokens; a multiple of block_size
+    tiers: TierConfig = field(
+        default_factory=TierConfig
+    )  # host and disk tiers below the GPU pools (off by default)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0 or self.num_state_slots <= 0:
@@ -121,6 +126,7 @@ class _ReqCache:
     keys: list[BlockKey] = field(default_factory=list)  # keys of full blocks, computed lazily
     num_cached: int = 0  # leading blocks registered in the pool (by us or shared)
     pending: list[int] = field(default_factory=list)  # checkpoint keys reserved in this step
+    num_flagged: int = 0  # leading block keys marked worth offloading (offload_min_tokens)
 
 
 def _extra(mm: Sequence[MMSpan], lo: int, hi: int) -> tuple[Hashable, ...]:
@@ -130,7 +136,8 @@ def _extra(mm: Sequence[MMSpan], lo: int, hi: int) -> tuple[Hashable, ...]:
 class HybridCacheCoordinator:
     """Reconciles prefix hits across KV blocks and state checkpoints; owns block tables."""
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, *, block_bytes: int = 1, state_bytes: int = 1) -> None:
+        """`block_bytes` / `state_bytes`: one KV block's and one state slot's size (tier capacity)."""
         self.config = config
         self.B = config.block_size
         self.blocks = BlockPool(config.num_blocks, config.block_size)
@@ -142,6 +149,20 @@ class HybridCacheCoordinator:
         self._deferred_pins: list[int] = []  # pinned for the next step (deferred snapshots)
         self._tails: dict[int | None, dict[int, TailKey]] = {}  # parent hash -> in-block checkpoints
         self._ckpt_block: dict[int, int] = {}  # checkpoint key -> its private partial block
+        # Tiers below the GPU (see tiers.py / promotion.py): evicted entries worth keeping go
+        # there instead of being forgotten; a deeper hit found there is promoted before admission.
+        self.tiers: TierIndex | None = None
+        self.promoter: Promoter | None = None
+        if config.tiers.enabled and config.enable_prefix_caching:
+            cap = tier_capacity(config.tiers, block_bytes, state_bytes)
+            self.tiers = TierIndex(cap, block_bytes, state_bytes)
+            self.promoter = Promoter(self)
+        self._offloading = True  # off while a cold-cache reset forgets everything
+        self._no_store = False  # set while dropping the checkpoints of a block that was not kept
+        # blocks and checkpoints of long sequences (offload_min_tokens); two sets: a checkpoint at a
+        # block boundary has the key of the block that ends there
+        self._worth_blocks: set[int] = set()
+        self._worth_ckpts: set[int] = set()
 
     # -- keys ------------------------------------------------------------------------------
     def _keys(self, rc: _ReqCache, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> list[BlockKey]:
@@ -250,6 +271,8 @@ class HybridCacheCoordinator:
             if hit.partial_block is not None:
                 block_copy = (hit.partial_block, new[0])  # copy-on-write of the partial block
         rc.block_ids.extend(new)
+        if fresh and self.promoter is not None:
+            self.promoter.release(req_id)  # the hit holds the promoted prefix from now on
         return Allocation(tuple(new), rc.slot, copy_from, fresh and copy_from is None, block_copy)
 
     def _undo_hit(self, hit: PrefixHit) -> None:
@@ -289,7 +312,10 @@ class HybridCacheCoordinator:
     def _reserve(self, req_id: str, token_ids: Sequence[int], p: int, priority: int, mm) -> Snapshot | None:
         rc = self._reqs[req_id]
         key, ident = self._ident(rc, token_ids, p, mm)
+        self._flag_worth(rc, key, p)
         if self.states.has_checkpoint(key):
+            if priority == HIGH:  # e.g. an interval snapshot that is also a resume point
+                self.states.set_priority(key, HIGH)
             return None
         block = None
         if isinstance(ident, TailKey):
@@ -309,6 +335,20 @@ class HybridCacheCoordinator:
             copy = (rc.block_ids[p // self.B], block)
         rc.pending.append(key)
         return Snapshot(rc.slot, ck.slot, copy)
+
+    def _flag_worth(self, rc: _ReqCache, key: int, p: int) -> None:
+        """A checkpoint at p >= offload_min_tokens makes it and the blocks before it worth
+        offloading (a short prefix is cheaper to recompute than to keep below the GPU)."""
+        if self.tiers is None or not self.config.tiers.offload_min_tokens:
+            return
+        if p >= self.config.tiers.offload_min_tokens:
+            self._worth_ckpts.add(key)
+            n = p // self.B
+            self._worth_blocks.update(k.hash for k in rc.keys[rc.num_flagged : n])
+            rc.num_flagged = max(rc.num_flagged, n)
+
+    def _is_worth(self, key: int, worth: set[int]) -> bool:
+        return not self.config.tiers.offload_min_tokens or key in worth
 
     def plan_checkpoint(
         self,
@@ -376,6 +416,8 @@ class HybridCacheCoordinator:
     def free(self, req_id: str, reason: str) -> None:
         """Release a request's blocks and live slot. reason: 'finished' | 'preempted' | 'aborted'
         (phase-aware eviction: the first two keep their blocks in the HIGH LRU)."""
+        if self.promoter is not None:
+            self.promoter.release(req_id)
         rc = self._reqs.pop(req_id, None)
         if rc is None:
             return
@@ -389,18 +431,45 @@ class HybridCacheCoordinator:
 
     def forget(self, req_id: str) -> None:
         """Drop lazily computed keys of a request that never got blocks (e.g. rejected)."""
+        if self.promoter is not None:
+            self.promoter.release(req_id)
         rc = self._reqs.get(req_id)
         if rc is not None and rc.slot is None and not rc.block_ids:
             del self._reqs[req_id]
 
-    def _on_block_evicted(self, block_id: int, block_hash: int) -> None:
-        # checkpoints at or just after this block can never be used again: give their slots back
-        self.states.drop_checkpoint(block_hash)
-        for key in list(self._tails.get(block_hash, {})):
-            self.states.drop_checkpoint(key)
+    def _on_block_evicted(self, block_id: int, key: BlockKey, priority: int) -> None:
+        h = key.hash
+        kept = (
+            self._offloading
+            and self.tiers is not None
+            and (
+                self._is_worth(h, self._worth_blocks) or self.tiers.block(key) is not None
+            )  # below: refreshed
+            and self.tiers.store_block(block_id, key, priority)
+        )
+        self._worth_blocks.discard(h)
+        # checkpoints at or just after this block leave the GPU with it (to the tiers if the
+        # block was kept there, else they can never be used again): their slots come back
+        self._no_store = not kept
+        try:
+            self.states.drop_checkpoint(h)
+            for k in list(self._tails.get(h, {})):
+                self.states.drop_checkpoint(k)
+        finally:
+            self._no_store = False
 
     def _on_checkpoint_dropped(self, ck: Checkpoint) -> None:
         block = self._ckpt_block.pop(ck.key, None)
+        if (
+            self.tiers is not None
+            and self._offloading
+            and not self._no_store
+            and ck.ready
+            and ck.priority == HIGH  # resume points; interval snapshots are not worth a tier slot
+            and (self._is_worth(ck.key, self._worth_ckpts) or self.tiers.ckpt(ck.key, ck.ident) is not None)
+        ):
+            self.tiers.store_ckpt(ck.key, ck.ident, ck.slot, block, ck.num_tokens, ck.priority)
+        self._worth_ckpts.discard(ck.key)
         if block is not None:
             self.blocks.free([block])
             tails = self._tails.get(ck.ident.parent)
@@ -415,8 +484,53 @@ class HybridCacheCoordinator:
         return self.blocks.num_used - len(self._ckpt_block)
 
     def reset_prefix_cache(self) -> None:
-        self.states.reset_cache()
-        self.blocks.reset_cache()
+        """Forget every cached block and checkpoint, on the GPU and in the tiers (a cold cache)."""
+        self._offloading = False
+        try:
+            self.states.reset_cache()
+            self.blocks.reset_cache()
+        finally:
+            self._offloading = True
+        if self.tiers is not None:
+            self.tiers.clear()
+
+    # -- tiers -----------------------------------------------------------------------------
+    def prepare(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan] = ()) -> bool:
+        """Before admitting a waiting request: False while part of its prefix is on its way back
+        from a tier (a promotion is started here when the tiers hold a deeper hit than the GPU)."""
+        if self.promoter is None:
+            return True
+        return self.promoter.prepare(req_id, token_ids, mm)
+
+    def abandon_transfers(self, transfer_ids: Sequence[int]) -> None:
+        """Promotions whose step failed before the runner started them: undo them."""
+        for t in transfer_ids:
+            self.promoter.abandon(t)
+
+    def release_other_promotions(self, keep: str) -> bool:
+        """Give back the promotion holds of waiting requests other than `keep` (see promotion.py)."""
+        return self.promoter is not None and self.promoter.release_others(keep)
+
+    def transfers_done(self, transfer_ids: Sequence[int]) -> None:
+        """The runner finished these promotions: their blocks and checkpoints are usable now."""
+        for t in transfer_ids:
+            self.promoter.complete(t)
+
+    def take_tier_ops(self) -> TierOps | None:
+        """The copies the runner must make at the start of the next step (None: nothing)."""
+        if self.tiers is None:
+            return None
+        ops = TierOps(self.tiers.take_ops(), self.promoter.take_transfers())
+        return ops if ops else None
+
+    @property
+    def num_transfers_in_flight(self) -> int:
+        return 0 if self.promoter is None else self.promoter.num_in_flight
+
+    def tier_stats(self) -> dict[str, int]:
+        if self.tiers is None:
+            return {}
+        return {**self.tiers.stats(), **self.promoter.stats()}
 
     def check_invariants(self) -> None:
         self.blocks.check_invariants()
@@ -430,3 +544,5 @@ class HybridCacheCoordinator:
         for key, b in self._ckpt_block.items():
             if not self.states.has_checkpoint(key) or self.blocks.ref_cnt[b] != 1:
                 raise AssertionError(f"checkpoint {key} block {b} is inconsistent")
+        if self.tiers is not None:
+            self.tiers.check_invariants()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -14,35 +14,53 @@ from inference.cache.coordinator import CacheConfig, MMSpan
 from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
 from inference.engine.scheduler import Scheduler, SchedulerConfig
-from inference.tokenizer import Tokenizer, make_detokenizer
+from inference.engine.stops import TextStops
+from inference.tokenizer import Tokenizer
+
+KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model dtype; fp8: MLA latents as e4m3 + scales
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    block_size: int = 16
-    num_blocks: int = 1024
-    num_state_slots: int = 64
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    checkpoint_interval: int = 1024
+    """The engine's whole configuration: the cache's and the scheduler's own configs, nested (each
+    setting lives in the one config that uses it), plus what only the engine itself uses."""
+
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_num_seqs=32))
     enable_cuda_graphs: bool = True  # pure-decode steps replay captured graphs (CUDA, capable models)
+    kv_cache_dtype: str = "auto"
 
-    def cache_config(self) -> CacheConfig:
-        return CacheConfig(
-            self.block_size,
-            self.num_blocks,
-            self.num_state_slots,
-            self.enable_prefix_caching,
-            self.checkpoint_interval,
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+
+    def evolve(self, **changes: Any) -> EngineConfig:
+        """A copy with settings changed by name, wherever they live (`block_size=` goes to the
+        cache config, `max_num_seqs=` to the scheduler's, ...); an unknown name is a TypeError."""
+        own = {f.name for f in fields(self)}
+        cache = {f.name for f in fields(CacheConfig)}
+        sched = {f.name for f in fields(SchedulerConfig)}
+        parts: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}, "": {}}
+        for name, value in changes.items():
+            if name in own:
+                parts[""][name] = value
+            elif name in cache:
+                parts["cache"][name] = value
+            elif name in sched:
+                parts["scheduler"][name] = value
+            else:
+                raise TypeError(f"no engine, cache or scheduler setting named {name!r}")
+        base = replace(self, **parts[""]) if parts[""] else self
+        return replace(
+            base,
+            cache=replace(base.cache, **parts["cache"]),
+            scheduler=replace(base.scheduler, **parts["scheduler"]),
         )
 
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill, self.max_model_len
-        )
+    @classmethod
+    def of(cls, **settings: Any) -> EngineConfig:
+        """The default configuration with `settings` changed (see `evolve`)."""
+        return cls().evolve(**settings)
 
 
 @dataclass(slots=True)
@@ -64,33 +82,6 @@ class RequestOutput:
     timing: RequestTiming | None = None  # on the final output only
 
 
-class _TextState:
-    """Detokenizes one request's output and applies stop strings (held back while partial)."""
-
-    def __init__(self, tokenizer: Tokenizer, req: Request) -> None:
-        self.detok = make_detokenizer(tokenizer, skip_special_tokens=req.sampling.skip_special_tokens)
-        self.stops = req.sampling.stop
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""
-        self.sent = 0
-        self.stopped: str | None = None
-
-    def push(self, ids: Sequence[int], final: bool) -> str:
-        self.text += self.detok.push(ids)
-        if final:
-            self.text += self.detok.flush()
-        if self.stops and self.stopped is None:
-            start = max(0, self.sent - self.hold)
-            hits = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
-            if hits:
-                i, s = min(hits)
-                self.text, self.stopped = self.text[:i], s
-                final = True
-        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent : end], end
-        return out
-
-
 class Engine:
     """Synchronous engine: `add_request`, then `step()` until `has_unfinished` is False."""
 
@@ -107,19 +98,26 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         self.memory_plan: Any = None  # the factory's MemoryPlan (how the pools were sized)
-        self.scheduler = Scheduler(config.scheduler_config(), config.cache_config())
+        self.scheduler = Scheduler(
+            config.scheduler,
+            config.cache,
+            block_bytes=cache_spec.kv_bytes_per_token * config.cache.block_size,
+            state_bytes=cache_spec.state_bytes_per_slot,
+        )
         self.runner = ModelRunner(
             model,
             cache_spec,
-            num_blocks=config.num_blocks,
-            block_size=config.block_size,
-            num_slots=config.num_state_slots,
+            num_blocks=config.cache.num_blocks,
+            block_size=config.cache.block_size,
+            num_slots=config.cache.num_state_slots,
             device=device,
             dtype=dtype,
             vocab_size=tokenizer.vocab_size,
             cuda_graphs=config.enable_cuda_graphs,
         )
-        self._text: dict[str, _TextState] = {}
+        if (tiers := self.scheduler.cache.tiers) is not None:
+            self.runner.attach_tiers(tiers.capacity, config.cache.tiers.disk_url)
+        self._text: dict[str, TextStops] = {}
         self._ids = itertools.count()
         self._in_step: list[str] = []  # the requests of the step being run
         self._suspects: dict[str, None] = {}  # requests of a failed step, to be run alone once each
@@ -154,7 +152,7 @@ class Engine:
             message_ends=tuple(message_ends),
         )
         self.scheduler.add(req)
-        self._text[rid] = _TextState(self.tokenizer, req)
+        self._text[rid] = TextStops(self.tokenizer, req)
         return rid
 
     def abort(self, request_ids: Sequence[str]) -> list[RequestOutput]:
@@ -183,6 +181,9 @@ class Engine:
         batch = [rid for rid in self._in_step if rid in self.scheduler.requests]
         self._in_step = []
         sched = self.scheduler
+        if self.runner.unstarted:  # promotions the failed step never started: undo them
+            sched.cache.abandon_transfers(self.runner.unstarted)
+            self.runner.unstarted = []
         sched.cache.end_step()  # release the failed step's pins (a no-op if `update` ran)
         if not batch:
             failed = [*sched.requests]
@@ -219,6 +220,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         if self.scheduler.solo is not None and self.scheduler.solo not in self.scheduler.requests:
             self._next_solo()  # the suspect finished or was aborted meanwhile
+        self.scheduler.transfers_done(self.runner.poll_transfers())
         sched_out = self.scheduler.schedule()
         self._in_step = [s.req_id for s in sched_out.scheduled]
         solo = self.scheduler.solo
@@ -230,6 +232,9 @@ class Engine:
         reqs = dict(self.scheduler.requests)
         t0 = time.monotonic()
         sampled, logprobs = self.runner.execute(sched_out, reqs)
+        if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
+            # nothing runnable before a promotion lands: wait for it rather than spin
+            self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))
         t1 = time.monotonic()
         for s in sched_out.scheduled:
             if (r := reqs.get(s.req_id)) is not None:
@@ -248,16 +253,12 @@ class Engine:
             if req.first_token_time is None and new_ids:
                 req.first_token_time = now
             is_done = rid in finished
-            text_ids = new_ids
-            if is_done and req.status == RequestStatus.FINISHED_STOPPED and new_ids:
-                text_ids = new_ids[:-1]  # the stop/eos token itself is not text
-            ts = self._text[rid]
-            text = ts.push(text_ids, final=is_done)
-            if ts.stopped is not None and not is_done:
-                self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED, stop_reason=ts.stopped)
+            text, stop_now = self._text[rid].step(req, new_ids, is_done)
+            if stop_now:  # a stop string: the request ends here (stops.py decides)
+                self.scheduler.finish(
+                    rid, RequestStatus.FINISHED_STOPPED, stop_reason=self._text[rid].stopped
+                )
                 is_done = True
-            elif ts.stopped is not None:
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, ts.stopped
             lps = (
                 req.logprobs[len(req.logprobs) - len(new_ids) :] if req.sampling.logprobs is not None else []
             )

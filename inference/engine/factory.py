@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from inference.cache.tiers import TierConfig
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.memory_plan import MemoryPlan, check_pools, plan_memory
 from inference.engine.request import SamplingParams
@@ -92,14 +93,14 @@ def _profile_activations(
 ) -> int:
     """Peak memory growth of the largest step: one sequence's prefill chunk of
     `max_num_batched_tokens` tokens, run by a throw-away engine with pools just large enough."""
-    n = max(1, min(config.max_num_batched_tokens, config.max_model_len - 1))
-    probe_config = replace(
-        config,
-        num_blocks=-(-(n + 1) // config.block_size) + 1,
+    n = max(1, min(config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len - 1))
+    probe_config = config.evolve(
+        num_blocks=-(-(n + 1) // config.cache.block_size) + 1,
         num_state_slots=2,
         max_model_len=n + 1,
         enable_cuda_graphs=False,
         enable_prefix_caching=False,
+        tiers=TierConfig(),
     )
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
@@ -130,31 +131,28 @@ def plan_pools(
     `mem_fraction` of the device (the rest is headroom); `fixed_blocks` keeps `num_blocks` and
     checks that it fits. Elsewhere the configured pools are the plan. Either way a sequence of
     `max_model_len` must fit, or this raises `MemoryPlanError` naming the numbers."""
-    per_block = cache_spec.kv_bytes_per_token * config.block_size
+    cc, max_len = config.cache, config.scheduler.max_model_len
+    per_block = cache_spec.kv_bytes_per_token * cc.block_size
     if device.type != "cuda":
         plan = MemoryPlan(
-            config.block_size,
-            config.num_blocks,
-            config.num_state_slots,
-            per_block,
-            cache_spec.state_bytes_per_slot,
+            cc.block_size, cc.num_blocks, cc.num_state_slots, per_block, cache_spec.state_bytes_per_slot
         )
-        return config, check_pools(plan, config.max_model_len)
+        return config, check_pools(plan, max_len)
     activations = _profile_activations(model, tokenizer, cache_spec, config, device, dtype)
     free, total = torch.cuda.mem_get_info(device)
     plan = plan_memory(
         device_total=total,
         in_use=total - free,
         activations=activations,
-        block_size=config.block_size,
+        block_size=cc.block_size,
         kv_bytes_per_block=per_block,
         state_bytes_per_slot=cache_spec.state_bytes_per_slot,
-        num_state_slots=config.num_state_slots,
-        max_model_len=config.max_model_len,
+        num_state_slots=cc.num_state_slots,
+        max_model_len=max_len,
         headroom_fraction=1.0 - mem_fraction,
-        num_blocks=config.num_blocks if fixed_blocks else None,
+        num_blocks=cc.num_blocks if fixed_blocks else None,
     )
-    return replace(config, num_blocks=plan.num_blocks), plan
+    return config.evolve(num_blocks=plan.num_blocks), plan
 
 
 def build_engine(
@@ -197,12 +195,15 @@ def build_engine(
         model = build_model(spec, load_format="dummy", dtype=dtype, device=device, seed=seed)
     if tokenizer.vocab_size > spec.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, the model only {spec.vocab_size}")
-    cache_spec = HybridCacheSpec.from_model_spec(spec, dtype)
+    engine_config = engine_config or EngineConfig()
+    cache_spec = HybridCacheSpec.from_model_spec(
+        spec, dtype, latent_fp8=engine_config.kv_cache_dtype == "fp8"
+    )
     ecfg, plan = plan_pools(
         model,
         tokenizer,
         cache_spec,
-        engine_config or EngineConfig(),
+        engine_config,
         device,
         dtype,
         mem_fraction=mem_fraction,

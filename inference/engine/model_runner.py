@@ -65,6 +65,18 @@ class ModelRunner:
         self.sampler = Sampler()
         self.tables: dict[str, list[int]] = {}
         self.forward_time = 0.0
+        self.tier_store = None  # TierStore once `attach_tiers` ran (host/disk offload)
+        self.unstarted: list[int] = []  # promotions of a step that failed before starting them
+
+    def attach_tiers(self, capacity, disk_url: str = "") -> None:
+        """Give the cache its host and disk tiers (`inference/engine/tier_store.py`)."""
+        from inference.engine.tier_store import TierStore
+
+        self.tier_store = TierStore(self.cache, capacity, disk_url)
+
+    def poll_transfers(self, wait: bool = False) -> list[int]:
+        """Promotions from the tiers whose data is on the device now (`wait`: block for one)."""
+        return [] if self.tier_store is None else self.tier_store.poll(wait)
 
     def drop(self, req_id: str) -> None:
         self.tables.pop(req_id, None)
@@ -180,9 +192,15 @@ class ModelRunner:
         """Run one scheduled step; returns sampled token ids (and logprobs where asked) by request."""
         for rid in out.preempted:
             self.tables.pop(rid, None)
+        if out.tier_ops is not None:  # first: it reads blocks and slots this step may overwrite
+            self.unstarted = [t.id for t in out.tier_ops.transfers]
+            self.tier_store.apply(out.tier_ops.ops)
         self.copy_blocks(out.block_copies)
         for src, dst in out.state_copies:
             self.cache.copy_slot(src, dst)
+        if out.tier_ops is not None:  # after the copies: a deferred snapshot may read a target
+            self.tier_store.start(out.tier_ops.transfers)
+            self.unstarted = []
         for slot in out.state_zeros:
             self.cache.zero_slot(slot)
         if out.is_empty:

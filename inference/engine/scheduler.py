@@ -18,7 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from inference.cache.coordinator import CacheConfig, HybridCacheCoordinator, PrefixHit
+from inference.cache.tiers import TierOps
 from inference.engine.request import Request, RequestStatus, TokenLogprob
+from inference.engine.stops import token_stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ class SchedulerOutput:
     snapshots: list[tuple[int, int]] = field(default_factory=list)  # (live slot, checkpoint slot)
     snapshot_block_copies: list[tuple[int, int]] = field(default_factory=list)  # (block, checkpoint's)
     preempted: list[str] = field(default_factory=list)
+    # first of all: copies to and between the offload tiers, then promotions to start (tiers.py)
+    tier_ops: TierOps | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -71,9 +75,16 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache_config: CacheConfig,
+        *,
+        block_bytes: int = 1,
+        state_bytes: int = 1,
+    ) -> None:
         self.config = config
-        self.cache = HybridCacheCoordinator(cache_config)
+        self.cache = HybridCacheCoordinator(cache_config, block_bytes=block_bytes, state_bytes=state_bytes)
         self.B = cache_config.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -196,22 +207,28 @@ class Scheduler:
         if solo is not None and solo in self.waiting and self.waiting[0] is not solo:
             self.waiting.remove(solo)
             self.waiting.appendleft(solo)
+        w = 0  # waiting requests whose prefix is arriving from a tier are passed over, in order
         while (
-            self.waiting
+            w < len(self.waiting)
             and budget > 0
             and len(self.running) < self.config.max_num_seqs
             and not out.preempted
-            and (self.solo is None or self.waiting[0].request_id == self.solo)
+            and (self.solo is None or self.waiting[w].request_id == self.solo)
         ):
-            req = self.waiting[0]
+            req = self.waiting[w]
+            if not self.cache.prepare(req.request_id, req.token_ids, req.mm_spans):
+                w += 1
+                continue
             hit = self.cache.find_hit(req.request_id, req.token_ids, req.mm_spans)
             req.num_computed_tokens = hit.num_tokens
             n = self._num_new(req, budget)
             alloc = self.cache.allocate(req.request_id, hit, hit.num_tokens, n) if n else None
             if alloc is None:
                 req.num_computed_tokens = 0
+                if n and not self.running and self.cache.release_other_promotions(req.request_id):
+                    continue  # the blocks it needs were held for requests behind it: try again
                 break
-            self.waiting.popleft()
+            del self.waiting[w]
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = hit.num_tokens
                 self.prompt_tokens_admitted += req.num_prompt_tokens
@@ -220,7 +237,16 @@ class Scheduler:
             self.running.append(req)
             self._emit(out, req, n, alloc, is_new=True)
             budget -= n
+        out.tier_ops = self.cache.take_tier_ops()
         return out
+
+    def transfers_done(self, transfer_ids: list[int]) -> None:
+        """The runner reports promotions finished: their requests may be admitted from now on."""
+        self.cache.transfers_done(transfer_ids)
+
+    @property
+    def num_transfers_in_flight(self) -> int:
+        return self.cache.num_transfers_in_flight
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.cache.free(req.request_id, "preempted")
@@ -246,24 +272,12 @@ class Scheduler:
             if s.sample:
                 tok = sampled[s.req_id]
                 req.append_output(tok, None if logprobs is None else logprobs.get(s.req_id))
-                status = self._check_stop(req, tok)
+                status = token_stop(req, tok, self.config.max_model_len)
                 if status is not None:
                     self.finish(req.request_id, status, stop_reason=req.stop_reason)
                     finished.append(req)
         self.cache.end_step()
         return finished
-
-    def _check_stop(self, req: Request, tok: int) -> RequestStatus | None:
-        sp = req.sampling
-        if req.num_output_tokens >= sp.min_tokens:
-            if not sp.ignore_eos and tok in req.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-            if tok in sp.stop_token_ids:
-                req.stop_reason = tok
-                return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def finish(
         self, req_id: str, status: RequestStatus, stop_reason: int | str | None = None
@@ -326,4 +340,5 @@ class Scheduler:
             "prefix_hit_rate": self.cached_tokens_admitted / self.prompt_tokens_admitted
             if self.prompt_tokens_admitted
             else 0.0,
+            **c.tier_stats(),
         }

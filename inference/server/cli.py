@@ -45,6 +45,17 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-chunked-prefill", action="store_true")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+        help="auto: the model dtype; fp8: MLA latents as float8_e4m3 with one scale per row",
+    )  # fmt: skip
+    s.add_argument("--kv-offload-host-gb", type=float, default=0.0,
+                   help="pinned host memory for KV blocks and state checkpoints evicted from the GPU")  # fmt: skip
+    s.add_argument("--kv-offload-disk-gb", type=float, default=0.0, help="disk tier below the host tier")
+    s.add_argument("--kv-offload-disk-url", default="",
+                   help="folder or fsspec URL of the disk tier (default: a temporary folder)")  # fmt: skip
+    s.add_argument("--kv-offload-min-tokens", type=int, default=0,
+                   help="offload only prefixes of sequences at least this long")  # fmt: skip
+    s.add_argument(
         "--api-key",
         default=os.environ.get("DAYZERO_INFERENCE_API_KEY") or None,
         help="require `Authorization: Bearer KEY` on /v1/* (or DAYZERO_INFERENCE_API_KEY; default: none)",
@@ -75,20 +86,12 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import torch
-
+def engine_config(args: argparse.Namespace):
+    """The `EngineConfig` the `serve` flags describe (no torch import)."""
+    from inference.cache.tiers import TierConfig
     from inference.engine.engine import EngineConfig
-    from inference.engine.factory import build_engine
-    from inference.server.guard import ServerLimits
-    from inference.server.images import ImageSources
-    from inference.server.serve import run_server
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    cfg = EngineConfig(
+    return EngineConfig.of(
         block_size=args.block_size,
         num_blocks=args.num_blocks or 4096,
         num_state_slots=args.num_state_slots or 4 * args.max_num_seqs,
@@ -99,7 +102,29 @@ def _serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         checkpoint_interval=args.checkpoint_interval,
         enable_cuda_graphs=not args.enforce_eager,
+        kv_cache_dtype=args.kv_cache_dtype,
+        tiers=TierConfig(
+            host_bytes=int(args.kv_offload_host_gb * (1 << 30)),
+            disk_bytes=int(args.kv_offload_disk_gb * (1 << 30)),
+            disk_url=args.kv_offload_disk_url,
+            offload_min_tokens=args.kv_offload_min_tokens,
+        ),
     )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from inference.engine.factory import build_engine
+    from inference.server.guard import ServerLimits
+    from inference.server.images import ImageSources
+    from inference.server.serve import run_server
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    cfg = engine_config(args)
     engine = build_engine(
         model_dir=args.model,
         config=args.dummy,

@@ -30,7 +30,7 @@ def make_app(
         engine.tokenizer,
         get_tool_parser(tool_parser),
         model_name,
-        engine.config.max_model_len,
+        engine.config.scheduler.max_model_len,
         image_handler=make_image_handler(engine, images),
     )
     return build_app(aeng, serving, limits), aeng

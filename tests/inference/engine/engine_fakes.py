@@ -10,7 +10,10 @@ GARBAGE = ("garbage",)
 
 
 class SymbolicExecutor:
-    def __init__(self, sched: Scheduler, vocab: int = 97) -> None:
+    """`transfer_delay`: steps a promotion from a tier takes; its targets read as garbage until
+    then, so a request scheduled before its blocks arrive fails."""
+
+    def __init__(self, sched: Scheduler, vocab: int = 97, transfer_delay: int = 1) -> None:
         cfg = sched.cache.config
         self.sched = sched
         self.B = cfg.block_size
@@ -19,17 +22,68 @@ class SymbolicExecutor:
         self.state: list[tuple] = [GARBAGE] * cfg.num_state_slots
         self.tables: dict[str, list[int]] = {}
         self.steps = 0
+        self.tier: dict[tuple[int, int, int], object] = {}  # (tier, kind, loc) -> contents
+        self.transfer_delay = transfer_delay
+        self.in_flight: list[tuple[int, object]] = []  # (step it lands, transfer)
+        self.loaded: list[int] = []  # transfer ids landed, reported before the next schedule
+
+    def _tier_ops(self, ops) -> None:
+        from inference.cache.tiers import BLOCK, DISK, HOST, Drop, Move, Store
+
+        for op in ops.ops:
+            if isinstance(op, Store):
+                src = self.kv[op.gpu] if op.kind == BLOCK else self.state[op.gpu]
+                assert src is not GARBAGE and (op.kind != BLOCK or None not in src[:1]), (
+                    f"stored garbage {op}"
+                )
+                self.tier[(op.tier, op.kind, op.loc)] = list(src) if op.kind == BLOCK else src
+            elif isinstance(op, Move):
+                self.tier[(DISK, op.kind, op.dst)] = self.tier[(HOST, op.kind, op.src)]
+            elif isinstance(op, Drop):
+                del self.tier[(DISK, op.kind, op.loc)]
+
+    def _start(self, ops) -> None:
+        from inference.cache.tiers import BLOCK
+
+        for tr in ops.transfers:
+            for ld in tr.loads:  # unreadable until it lands
+                if ld.kind == BLOCK:
+                    self.kv[ld.gpu] = [None] * self.B
+                else:
+                    self.state[ld.gpu] = GARBAGE
+            self.in_flight.append((self.steps + self.transfer_delay, tr))
+
+    def _land(self) -> None:
+        from inference.cache.tiers import BLOCK
+
+        left = []
+        for when, tr in self.in_flight:
+            if when > self.steps:
+                left.append((when, tr))
+                continue
+            for ld in tr.loads:
+                data = self.tier[(ld.tier, ld.kind, ld.loc)]
+                if ld.kind == BLOCK:
+                    self.kv[ld.gpu] = list(data)
+                else:
+                    self.state[ld.gpu] = data
+            self.loaded.append(tr.id)
+        self.in_flight = left
 
     def next_token(self, prefix: tuple[int, ...]) -> int:
         return hash(prefix) % self.vocab
 
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         self.steps += 1
+        if out.tier_ops is not None:
+            self._tier_ops(out.tier_ops)
         for src, dst in out.block_copies:
             self.kv[dst] = list(self.kv[src])
         for src, dst in out.state_copies:
             assert self.state[src] is not GARBAGE
             self.state[dst] = self.state[src]
+        if out.tier_ops is not None:
+            self._start(out.tier_ops)
         for slot in out.state_zeros:
             self.state[slot] = ()
         for rid in out.preempted:
@@ -59,6 +113,9 @@ class SymbolicExecutor:
     def run(self, max_steps: int = 100000) -> list:
         finished = []
         while self.sched.has_unfinished and max_steps:
+            self._land()
+            self.sched.transfers_done(self.loaded)
+            self.loaded = []
             out = self.sched.schedule()
             sampled = self.execute(out)
             finished += self.sched.update(out, sampled)

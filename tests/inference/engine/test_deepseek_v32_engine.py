@@ -3,7 +3,6 @@ grouped-routed MoE, no KDA layers) generates greedily what transformers' `Deepse
 generates on the same random weights (CPU, fp32), batched, chunked and with a prefix hit."""
 
 import json
-from dataclasses import replace
 
 import torch
 import transformers
@@ -18,7 +17,7 @@ def test_greedy_equals_transformers_generate():
     cfg = json.loads(TINY.read_text())
     eng = build_engine(
         config=TINY,
-        engine_config=EngineConfig(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
+        engine_config=EngineConfig.of(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
                                    checkpoint_interval=16, max_model_len=2048),
     )  # fmt: skip
     assert eng.runner.cache.spec.kda_layers == () and eng.runner.cache.spec.state_bytes_per_slot == 0
@@ -60,12 +59,12 @@ def test_decode_graph_path_and_prefix_cache_keep_outputs_identical():
     )
     ps = prompts()[:6]
     want = [ref_eng.generate([p], GREEDY)[0].output_token_ids for p in ps]
-    eng = build_engine(config=_tiny_v3(), engine_config=replace(BASE, enable_prefix_caching=True))
+    eng = build_engine(config=_tiny_v3(), engine_config=BASE.evolve(enable_prefix_caching=True))
     runner = eng.runner
     kv = next(iter(runner.cache.kv.values()))
     scratch_block = kv.shape[0] - 1
     runner.graphs = _PaddedEager(
-        runner.model, runner.cache, device=runner.device, block_size=BASE.block_size,
+        runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=runner.cache.num_slots - 1, batch_buckets=(1, 2, 4, 8, 16),
     )  # fmt: skip
     for _wave in range(2):  # the second wave starts from prefix hits

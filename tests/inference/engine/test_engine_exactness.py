@@ -3,7 +3,6 @@ with and without the prefix cache, with chunked prefill on and off, alone and ba
 preemption; the multi-turn replay's cached-token counts follow the checkpoint rule exactly."""
 
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -13,7 +12,7 @@ from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
 from tests.inference.engine.engine_fakes import checkpoint_positions, expected_hit
 
-BASE = EngineConfig(
+BASE = EngineConfig.of(
     block_size=8,
     num_blocks=512,
     num_state_slots=96,
@@ -54,7 +53,7 @@ def reference():
     ids=["batched", "batched-chunked", "batched-prefix-cache", "batched-prefix-cache-chunked"],
 )
 def test_greedy_outputs_identical(reference, cfg):
-    eng = build_engine(engine_config=replace(BASE, **cfg))
+    eng = build_engine(engine_config=BASE.evolve(**cfg))
     ps = prompts()
     for _wave in range(2):  # with the prefix cache, the second wave starts from checkpoints
         outs = [r.output_token_ids for r in eng.generate(ps, GREEDY)]
@@ -67,8 +66,7 @@ def test_greedy_outputs_identical(reference, cfg):
 
 
 def test_memory_pressure_preemption(reference):
-    cfg = replace(
-        BASE,
+    cfg = BASE.evolve(
         num_blocks=40,
         max_model_len=40 * 8,  # the pool holds one sequence of max_model_len (the start-up plan's rule)
         enable_chunked_prefill=True,
@@ -88,12 +86,12 @@ def test_multi_turn_replay_8x10():
     system = [rng.randrange(256) for _ in range(50)]
     users = [[[rng.randrange(256) for _ in range(rng.randrange(4, 14))] for _ in range(10)] for _ in range(8)]
     im_end = 259  # <|im_end|> of the byte tokenizer closes every reply in the transcript
-    cfg = replace(
-        BASE, enable_chunked_prefill=True, max_num_batched_tokens=4096, num_blocks=1024, num_state_slots=512
+    cfg = BASE.evolve(
+        enable_chunked_prefill=True, max_num_batched_tokens=4096, num_blocks=1024, num_state_slots=512
     )
     results = {}
     for cached in (True, False):
-        eng = build_engine(engine_config=replace(cfg, enable_prefix_caching=cached))
+        eng = build_engine(engine_config=cfg.evolve(enable_prefix_caching=cached))
         convs = [list(system) for _ in range(8)]
         history = []
         warm = eng.generate([list(system)], GREEDY)[0]  # the shared system prompt alone
@@ -123,7 +121,7 @@ def test_multi_turn_replay_8x10():
 
 
 def test_abort_frees_blocks_and_slot():
-    eng = build_engine(engine_config=replace(BASE, enable_prefix_caching=True))
+    eng = build_engine(engine_config=BASE.evolve(enable_prefix_caching=True))
     rid = eng.add_request(prompts()[0], SamplingParams(temperature=0, max_tokens=100))
     other = eng.add_request(prompts()[1], SamplingParams(temperature=0, max_tokens=3))
     while eng.get_request(other) is not None:
@@ -156,13 +154,15 @@ class _PaddedEager(DecodeGraphs):
     ids=["batched", "prefix-cache-chunked"],
 )
 def test_padded_decode_graph_inputs_give_identical_outputs(reference, cfg):
-    eng = build_engine(engine_config=replace(BASE, **cfg))
+    eng = build_engine(engine_config=BASE.evolve(**cfg))
     runner = eng.runner
     kv = next(iter(runner.cache.kv.values()))
     scratch_block, scratch_slot = kv.shape[0] - 1, runner.cache.num_slots - 1
-    assert scratch_block == BASE.num_blocks and scratch_slot == BASE.num_state_slots  # one spare each
+    assert (
+        scratch_block == BASE.cache.num_blocks and scratch_slot == BASE.cache.num_state_slots
+    )  # one spare each
     runner.graphs = _PaddedEager(
-        runner.model, runner.cache, device=runner.device, block_size=BASE.block_size,
+        runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
     )  # fmt: skip
     ps = prompts()[:6]  # 6 sequences decode in the 8-row bucket: two padding rows per step

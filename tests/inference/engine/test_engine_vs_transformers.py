@@ -13,7 +13,7 @@ from tests.inference.model import kimi_hf_mapping as mapping
 def test_greedy_equals_transformers_generate():
     cfg = small_model_config()
     eng = build_engine(
-        engine_config=EngineConfig(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
+        engine_config=EngineConfig.of(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
                                    checkpoint_interval=16, max_model_len=2048)
     )  # fmt: skip
     model = eng.runner.model

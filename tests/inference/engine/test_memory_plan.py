@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 
@@ -57,10 +56,10 @@ def test_too_many_state_slots_or_blocks_fail():
 
 
 def test_cpu_engine_checks_configured_pools_at_start():
-    bad = replace(EMBEDDED_ENGINE_CONFIG, num_blocks=64, max_model_len=4096)  # 64 x 16 = 1,024 tokens
+    bad = EMBEDDED_ENGINE_CONFIG.evolve(num_blocks=64, max_model_len=4096)  # 64 x 16 = 1,024 tokens
     with pytest.raises(MemoryPlanError, match="max_model_len 4096 needs 256 KV blocks of 16 tokens"):
         build_engine(engine_config=bad)
-    ok = build_engine(engine_config=replace(bad, max_model_len=1024))
+    ok = build_engine(engine_config=bad.evolve(max_model_len=1024))
     assert ok.memory_plan.num_blocks == 64 and ok.memory_plan.max_cached_tokens == 1024
 
 
@@ -81,12 +80,14 @@ def test_cuda_plan_measures_the_device_and_leaves_the_headroom():
     from inference.engine.engine import EngineConfig
     from inference.engine.request import SamplingParams
 
-    cfg = EngineConfig(block_size=64, max_model_len=1 << 20, max_num_batched_tokens=8192, num_state_slots=64)
+    cfg = EngineConfig.of(
+        block_size=64, max_model_len=1 << 20, max_num_batched_tokens=8192, num_state_slots=64
+    )
     eng = build_engine(engine_config=cfg, device="cuda", dtype="bfloat16", mem_fraction=0.8)
     plan = eng.memory_plan
     free, total = torch.cuda.mem_get_info()
     assert plan.device_total == total and plan.activations > 0 and plan.in_use > 0
-    assert plan.max_cached_tokens >= 1 << 20 and eng.config.num_blocks == plan.num_blocks
+    assert plan.max_cached_tokens >= 1 << 20 and eng.config.cache.num_blocks == plan.num_blocks
     assert free >= plan.headroom  # the pools took no more than the plan: the headroom is still free
     (req,) = eng.generate([[1, 2, 3] * 100], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(req.output_token_ids) == 4

@@ -18,7 +18,7 @@ def test_greedy_equals_transformers_generate():
     cfg = json.loads(TINY.read_text())
     eng = build_engine(
         config=TINY,
-        engine_config=EngineConfig(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
+        engine_config=EngineConfig.of(block_size=8, num_blocks=256, num_state_slots=32, max_num_batched_tokens=48,
                                    checkpoint_interval=16, max_model_len=2048),
     )  # fmt: skip
     assert eng.runner.cache.spec.kda_layers == (0, 2) and eng.runner.cache.spec.state_bytes_per_slot > 0

@@ -79,7 +79,7 @@ def test_invalid_sampling_values(bad):
 
 def test_engine_stops_on_string_token_and_length():
     eng = build_engine(
-        engine_config=EngineConfig(
+        engine_config=EngineConfig.of(
             num_blocks=64, num_state_slots=16, max_model_len=256, checkpoint_interval=64
         )
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 
 import httpx
 import pytest
@@ -81,7 +80,7 @@ STATE: dict[str, Beside] = {}
 def server_schema() -> Iterator[schemathesis.BaseSchema]:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = replace(EMBEDDED_ENGINE_CONFIG, max_model_len=128, num_blocks=128, checkpoint_interval=64)
+    cfg = EMBEDDED_ENGINE_CONFIG.evolve(max_model_len=128, num_blocks=128, checkpoint_interval=64)
     srv = BackgroundServer(
         build_engine(engine_config=cfg),
         model_name="tiny",

@@ -9,7 +9,6 @@ import json
 import socket
 import threading
 import time
-from dataclasses import replace
 from urllib.parse import urlparse
 
 import httpx
@@ -31,7 +30,7 @@ KEY = "sk-test-0123456789"
 def server():
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = replace(EMBEDDED_ENGINE_CONFIG, max_model_len=512, num_blocks=256, checkpoint_interval=64)
+    cfg = EMBEDDED_ENGINE_CONFIG.evolve(max_model_len=512, num_blocks=256, checkpoint_interval=64)
     limits = ServerLimits(api_key=KEY, max_body_bytes=256 * 1024)
     srv = BackgroundServer(build_engine(engine_config=cfg), model_name=MODEL, limits=limits)
     headers = {"Authorization": f"Bearer {KEY}"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import io
-from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -22,7 +21,7 @@ from preprocess import BlobStore, PreprocessConfig, ProcessedCache
 
 CFG = small_vl_model_config()
 # A checkpoint every block, so a prefix hit can reach just past the image.
-ENGINE = replace(EMBEDDED_ENGINE_CONFIG, checkpoint_interval=16, num_blocks=512, max_model_len=512 * 16)
+ENGINE = EMBEDDED_ENGINE_CONFIG.evolve(checkpoint_interval=16, num_blocks=512, max_model_len=512 * 16)
 
 
 def _png(seed: int, size=(168, 224)) -> bytes:

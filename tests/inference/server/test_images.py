@@ -2,7 +2,6 @@
 
 import base64
 import io
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ CFG = small_vl_model_config()  # the embedded default: MoonViT + projector on th
 @pytest.fixture(scope="module")
 def client():
     n = torch.get_num_threads()
-    eng = build_engine(config=CFG, engine_config=replace(EMBEDDED_ENGINE_CONFIG, checkpoint_interval=64))
+    eng = build_engine(config=CFG, engine_config=EMBEDDED_ENGINE_CONFIG.evolve(checkpoint_interval=64))
     c = EmbeddedEngineClient(eng)
     torch.set_num_threads(1)
     yield c
@@ -56,7 +55,7 @@ def test_image_chat_and_cache_keys(client):
     a2_other = ask(client, data_url(2), turn2)
     assert a2_other["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     cold = EmbeddedEngineClient(
-        build_engine(config=CFG, engine_config=replace(EMBEDDED_ENGINE_CONFIG, enable_prefix_caching=False))
+        build_engine(config=CFG, engine_config=EMBEDDED_ENGINE_CONFIG.evolve(enable_prefix_caching=False))
     )
     try:
         ref = ask(cold, data_url(2), turn2)
@@ -82,7 +81,7 @@ def test_bad_images_are_clear_errors(client, url, needle):
 
 def test_text_only_model_refuses_images():
     c = EmbeddedEngineClient(
-        build_engine(engine_config=replace(EMBEDDED_ENGINE_CONFIG, num_blocks=64, max_model_len=1024))
+        build_engine(engine_config=EMBEDDED_ENGINE_CONFIG.evolve(num_blocks=64, max_model_len=1024))
     )
     try:
         with pytest.raises(ValueError, match="does not accept images"):

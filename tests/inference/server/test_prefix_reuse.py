@@ -4,8 +4,6 @@ The three cases of a serving workload, each through real HTTP: the same request 
 shared system prompt followed by different user messages, and the next agent turn re-sending the
 transcript. Each answer is compared with a server that has the prefix cache off (fp32, greedy)."""
 
-from dataclasses import replace
-
 import httpx
 import pytest
 import torch
@@ -19,8 +17,8 @@ MODEL = "tiny"
 BLOCK = 16
 # The server's default interval: interval checkpoints alone would reuse a 3,077-token system
 # prompt only up to 3,072 - and a 1,829-token repeat not at all.
-CONFIG = replace(
-    EMBEDDED_ENGINE_CONFIG, block_size=BLOCK, checkpoint_interval=1024, max_model_len=8192, num_blocks=2048
+CONFIG = EMBEDDED_ENGINE_CONFIG.evolve(
+    block_size=BLOCK, checkpoint_interval=1024, max_model_len=8192, num_blocks=2048
 )
 
 
@@ -30,7 +28,7 @@ def servers():
     torch.set_num_threads(1)
     cached = BackgroundServer(build_engine(engine_config=CONFIG), model_name=MODEL)
     plain = BackgroundServer(
-        build_engine(engine_config=replace(CONFIG, enable_prefix_caching=False)), model_name=MODEL
+        build_engine(engine_config=CONFIG.evolve(enable_prefix_caching=False)), model_name=MODEL
     )
     with cached, plain, httpx.Client(timeout=120) as client:
 

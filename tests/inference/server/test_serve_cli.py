@@ -30,3 +30,25 @@ def test_port_required_and_sources_exclusive(monkeypatch, capsys):
         parser(monkeypatch).parse_args(["infer", "serve"])
     with pytest.raises(SystemExit):
         parser(monkeypatch).parse_args(["infer", "serve", "--port", "1", "--model", "a", "--dummy", "b"])
+
+
+def test_flags_become_the_nested_engine_config(monkeypatch, tmp_path):
+    from inference.server.cli import engine_config
+
+    a = parser(monkeypatch).parse_args(
+        ["infer", "serve", "--port", "9", "--block-size", "32", "--max-num-seqs", "8", "--kv-cache-dtype", "fp8",
+         "--kv-offload-host-gb", "2", "--kv-offload-disk-gb", "0.5", "--kv-offload-disk-url", f"file://{tmp_path}",
+         "--kv-offload-min-tokens", "32768", "--enforce-eager"]
+    )  # fmt: skip
+    cfg = engine_config(a)
+    assert cfg.cache.block_size == 32 and cfg.scheduler.max_num_seqs == 8 and cfg.cache.num_state_slots == 32
+    assert cfg.kv_cache_dtype == "fp8" and not cfg.enable_cuda_graphs
+    t = cfg.cache.tiers
+    assert (t.host_bytes, t.disk_bytes, t.disk_url, t.offload_min_tokens) == (
+        2 << 30,
+        1 << 29,
+        f"file://{tmp_path}",
+        32768,
+    )
+    plain = engine_config(parser(monkeypatch).parse_args(["infer", "serve", "--port", "9"]))
+    assert not plain.cache.tiers.enabled and plain.kv_cache_dtype == "auto"

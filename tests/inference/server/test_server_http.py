@@ -3,7 +3,6 @@ OpenAI-style errors for malformed requests (after each of which it keeps serving
 
 import json
 import time
-from dataclasses import replace
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ MODEL = "tiny"
 def server():
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = replace(EMBEDDED_ENGINE_CONFIG, max_model_len=512, num_blocks=256, checkpoint_interval=64)
+    cfg = EMBEDDED_ENGINE_CONFIG.evolve(max_model_len=512, num_blocks=256, checkpoint_interval=64)
     srv = BackgroundServer(build_engine(engine_config=cfg), model_name=MODEL)
     with srv, httpx.Client(base_url=srv.url, timeout=30) as client:
         yield srv, client

@@ -5,7 +5,6 @@ histograms count every finished request."""
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import httpx
 import pytest
@@ -26,8 +25,8 @@ def server():
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     # Small blocks and checkpoints so a repeated prompt hits the prefix cache.
-    cfg = replace(
-        EMBEDDED_ENGINE_CONFIG, max_model_len=512, num_blocks=256, block_size=16, checkpoint_interval=16
+    cfg = EMBEDDED_ENGINE_CONFIG.evolve(
+        max_model_len=512, num_blocks=256, block_size=16, checkpoint_interval=16
     )
     srv = BackgroundServer(build_engine(engine_config=cfg), model_name="tiny")
     with srv, httpx.Client(base_url=srv.url, timeout=30) as client:

@@ -1,0 +1,575 @@
+"""Long-context benchmark (issue 13): prefill / decode at 32K-1M, turn-10 TTFT with and without the
+prefix cache, a returning conversation after eviction to the host and disk tiers vs recompute,
+promotion bandwidth vs pinned host-to-device bandwidth, FP8 KV memory, speed and accuracy.
+
+Model: the Kimi-Linear-shaped ~2.8B benchmark config of `benchmarks/engine.py` (16 layers, 12 KDA
++ 4 MLA), bf16, random weights; `dsa` adds the DeepSeek-V3.2 indexer (top-2048, 64 heads x 128)
+to the MLA layers. The FP8 accuracy study uses the trained demo model (`inference/demo_model`)
+on the CPU (real float8_e4m3 storage, dequantised by the reference attention path there).
+
+    python benchmarks/long_context.py                     # H200: every section; JSON to $OUT or --out
+    python benchmarks/long_context.py --quick             # CPU smoke run, small model, short contexts
+    python benchmarks/long_context.py --sections fp8_accuracy --plot lc.png
+    python benchmarks/long_context.py --plot-from result.json --plot lc.png   # PNG from a saved run
+
+Sections: prefill_decode (TTFT and batch-1 decode tok/s at each length, dense and DSA, transformers
+at the lengths where it fits), turn10, returning, promotion, fp8, fp8_accuracy.
+
+Recorded (2026-12-01):
+- H200, torch 2.11, `--sections promotion`: a 131,072-token conversation's KV (2,048 blocks,
+  604 MB) promoted from the pinned host tier at 37.55 GB/s vs 55.11 GB/s for one pinned copy of
+  the same bytes (0.681; the timed span includes building the 2,048 loads in Python and the
+  staging + scatter on the side stream). The other sections were not run on the H200 (the first
+  call's run ended at its time limit before its first section printed: cold Triton caches).
+- CPU box (2 cores shared by other jobs), `--quick` (small random model, fp32): returning
+  conversation at 1K after eviction: host tier 10.4 ms, disk tier 15.0 ms vs recompute 102.8 ms
+  (0.10x / 0.15x; 1,055 of 1,120 prompt tokens cached from the tier); turn-10 TTFT at 1K
+  10.8 vs 177.7 ms (0.061x).
+- FP8 accuracy (`--sections fp8_accuracy --accuracy-tokens 48`, CPU, demo model bf16 weights, 16
+  chat prompts, 48 greedy tokens): FP8 latents vs bf16 latents 12/16 sequences identical, mean
+  common prefix 83.5%, logit mean |err| 0.024 (relative 1.5%), max 1.34 - the same size as the
+  bf16-vs-fp32 KV noise floor on this model (13/16, 88.4%, 0.029, 1.8%, 1.36). FP8 latents take
+  the benchmark config from 4,608 to 2,320 KV bytes per token (-49.7%: 576 one-byte values + a
+  4-byte scale per row instead of 576 bf16 values, 4 MLA layers): 0.56 vs 1.13 GiB at 256K tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from inference.cache.tiers import BLOCK, HOST, Load, Store, TierCapacity, TierConfig, Transfer  # noqa: E402
+from inference.config import parse_config  # noqa: E402
+from inference.engine.engine import Engine, EngineConfig  # noqa: E402
+from inference.engine.factory import small_model_config  # noqa: E402
+from inference.engine.request import SamplingParams  # noqa: E402
+from inference.engine.tier_store import TierStore  # noqa: E402
+from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors  # noqa: E402
+from inference.model.factory import build_model  # noqa: E402
+from inference.tokenizer import ByteTokenizer  # noqa: E402
+
+RESULTS: dict[str, Any] = {}
+GiB = 1 << 30
+SECTIONS = ("prefill_decode", "turn10", "returning", "promotion", "fp8", "fp8_accuracy")
+# DeepSeek-V3.2's indexer; it reads the query latent, so the DSA variant also gets a q_lora_rank
+DSA = {"index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128, "q_lora_rank": 768}
+
+
+# -- set-up ---------------------------------------------------------------------------------
+def model_config(quick: bool, dsa: bool) -> dict[str, Any]:
+    if quick:
+        cfg = small_model_config()
+        if dsa:
+            cfg.update(index_topk=64, index_n_heads=2, index_head_dim=16, q_lora_rank=32)
+        return cfg
+    from engine import bench_config  # benchmarks/engine.py: the same config as the engine benchmark
+
+    cfg = bench_config()
+    if dsa:
+        cfg.update(DSA)
+    return cfg
+
+
+def build(cfg: dict[str, Any], device: torch.device, dtype: torch.dtype):
+    spec = parse_config(cfg)
+    # fp32 init then a cast (the decay parameters stay fp32), as benchmarks/engine.py builds it
+    model = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
+    for name, p in model.named_parameters():
+        if not name.endswith(("A_log", "dt_bias")):
+            p.data = p.data.to(dtype)
+    return model, spec
+
+
+def make_engine(model, spec, dtype, device, *, kv: str = "auto", **settings) -> Engine:
+    base = dict(
+        block_size=64, num_state_slots=8, max_num_seqs=4, max_num_batched_tokens=16384,
+        checkpoint_interval=32768, enable_prefix_caching=False,
+    )  # fmt: skip
+    cfg = EngineConfig.of(**{**base, **settings, "kv_cache_dtype": kv})
+    tok = ByteTokenizer()
+    tok.vocab_size = spec.vocab_size
+    cache_spec = HybridCacheSpec.from_model_spec(spec, dtype, latent_fp8=kv == "fp8")
+    return Engine(model, tok, cfg, cache_spec=cache_spec, device=device, dtype=dtype)
+
+
+def sized(n: int, extra: int = 1024, block: int = 64, copies: int = 1) -> dict[str, int]:
+    """Settings for `copies` sequences of n (+extra) tokens."""
+    return dict(max_model_len=n + extra, num_blocks=copies * ((n + extra) // block + 2) + 16)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def rand(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(n)]
+
+
+def first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
+    """(TTFT s, output ids, cached tokens) of one request on an idle engine, run to its end."""
+    sync(device)
+    t0 = time.perf_counter()
+    rid = eng.add_request(prompt, sp)
+    ttft, out, cached = None, [], 0
+    while eng.has_unfinished:
+        for o in eng.step():
+            if o.request_id == rid:
+                if ttft is None and o.new_token_ids:
+                    sync(device)
+                    ttft = time.perf_counter() - t0
+                out += o.new_token_ids
+                cached = o.num_cached_tokens
+    return ttft, out, cached
+
+
+# -- sections ---------------------------------------------------------------------------------
+def prefill_decode(model, spec, dtype, device, n: int, steps: int, kv: str = "auto") -> dict[str, Any]:
+    """TTFT of one n-token prompt (prefix cache off, 16K chunks), then batch-1 decode at that
+    context: `steps` timed steps after 4 untimed ones (graph capture at the new table width)."""
+    eng = make_engine(model, spec, dtype, device, kv=kv, **sized(n, steps + 64))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sync(device)
+    t0 = time.perf_counter()
+    eng.add_request(rand(n, n), SamplingParams(temperature=0, max_tokens=steps + 5, ignore_eos=True))
+    while not any(o.new_token_ids for o in eng.step()):
+        pass
+    sync(device)
+    ttft = time.perf_counter() - t0
+    for _ in range(4):
+        eng.step()
+    sync(device)
+    t1 = time.perf_counter()
+    got = sum(len(o.new_token_ids) for _ in range(steps) for o in eng.step())
+    sync(device)
+    dt = time.perf_counter() - t1
+    row = {"tokens": n, "ttft_s": round(ttft, 3), "prefill_tok_per_s": round(n / ttft, 1),
+           "decode_tok_per_s": round(got / dt, 1), "decode_ms_per_step": round(1000 * dt / steps, 3),
+           "kv_cache_dtype": kv}  # fmt: skip
+    if device.type == "cuda":
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated() / GiB, 2)
+    del eng
+    free(device)
+    return row
+
+
+def hf_prefill(cfg, model, dtype, device, n: int) -> dict[str, Any]:
+    """transformers' KimiLinear on the same weights: one forward of n tokens (its prefill), after
+    a warm-up forward of the same shape (its decode at that context is not measured)."""
+    from engine import hf_model
+
+    hf = hf_model(model, cfg, dtype, device)
+    ids = torch.tensor([rand(n, n)], device=device)
+    try:
+        with torch.inference_mode():
+            hf(ids, use_cache=True, logits_to_keep=1)  # warm-up of the same shape
+            sync(device)
+            t0 = time.perf_counter()
+            hf(ids, use_cache=True, logits_to_keep=1)
+            sync(device)
+        dt = time.perf_counter() - t0
+        return {"tokens": n, "ttft_s": round(dt, 3), "prefill_tok_per_s": round(n / dt, 1)}
+    finally:
+        del hf
+        free(device)
+
+
+def turn10(
+    model, spec, dtype, device, context: int, user_len: int = 64, reply_len: int = 32
+) -> dict[str, Any]:
+    """A `context`-token start, then 10 turns each re-sending the transcript + a new user message:
+    the 10th turn's TTFT with the prefix cache vs the same prompt on a cache-less engine."""
+    rng = random.Random(11)
+    transcript = rand(context, 11)
+    sp = SamplingParams(temperature=0, max_tokens=reply_len, ignore_eos=True)
+    size = sized(context, 11 * (user_len + reply_len) + 512)
+    eng = make_engine(model, spec, dtype, device, enable_prefix_caching=True, **size)
+    turns = []
+    for turn in range(10):
+        prompt = transcript + [rng.randrange(256) for _ in range(user_len)]
+        ttft, reply, hit = first_token(eng, prompt, sp, device)
+        turns.append({"turn": turn + 1, "prompt_tokens": len(prompt), "cached_tokens": hit, "ttft_ms": round(1000 * ttft, 2)})  # fmt: skip
+        transcript = prompt + reply
+    del eng
+    free(device)
+    plain = make_engine(model, spec, dtype, device, enable_prefix_caching=False, **size)
+    first_token(plain, rand(len(prompt), 5), sp, device)  # warm-up of the same size
+    t_nc, reply_nc, _ = first_token(plain, prompt, sp, device)
+    del plain
+    free(device)
+    t_c = turns[-1]["ttft_ms"] / 1000
+    return {
+        "context": context, "turns": turns, "ttft_ms_with_cache": round(1000 * t_c, 2),
+        "ttft_ms_without_cache": round(1000 * t_nc, 2), "ratio": round(t_c / t_nc, 4),
+        "reply_identical": reply_nc == reply,
+    }  # fmt: skip
+
+
+def returning(model, spec, dtype, device, context: int, mode: str, disk_dir: str) -> dict[str, Any]:
+    """A conversation of `context` tokens, then another as long (the GPU pool holds one: the first
+    is evicted, to the tier of `mode` or nowhere), then the first returns with 64 new tokens."""
+    cache_spec = HybridCacheSpec.from_model_spec(spec, dtype)
+    conv = (context + 1024) * cache_spec.kv_bytes_per_token + 16 * cache_spec.state_bytes_per_slot
+    tiers = {
+        "host": TierConfig(host_bytes=3 * conv),
+        "disk": TierConfig(disk_bytes=3 * conv, disk_url=disk_dir),
+        "recompute": TierConfig(),
+    }[mode]
+    pool = dict(max_model_len=context + 160, num_blocks=(context + 160) // 64 + 4)  # one conversation
+    eng = make_engine(
+        model, spec, dtype, device, enable_prefix_caching=True, tiers=tiers, checkpoint_interval=65536, **pool
+    )
+    sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    first = rand(context, 21)
+    _, reply, _ = first_token(eng, first, sp, device)
+    first_token(eng, rand(context, 22), SamplingParams(temperature=0, max_tokens=1), device)  # evicts it
+    back = first + reply + rand(64, 23)
+    ttft, _, cached = first_token(eng, back, sp, device)
+    st = eng.stats()
+    store = eng.runner.tier_store
+    row = {"mode": mode, "context": context, "prompt_tokens": len(back), "cached_tokens": cached,
+           "ttft_ms": round(1000 * ttft, 2),
+           **{k: v for k, v in st.items() if k.startswith(("promoted_", "tier_"))}}  # fmt: skip
+    if store is not None:
+        row["bytes_loaded"] = dict(store.bytes_loaded)
+        store.close()
+    del eng
+    free(device)
+    return row
+
+
+def pinned_h2d(device, nbytes: int) -> float:
+    """Best-of-5 GB/s of one pinned host -> device copy of `nbytes`."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
+    """The tier store promoting a whole `context`-token conversation (its KV blocks) from the host
+    tier into the benchmark config's cache tensors, timed from `start` to its event, vs one pinned
+    copy of the same bytes (no model needed: the copies are the same)."""
+    n = context // 64
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, dtype), n + 1, 64, 2, device, dtype
+    )
+    store = TierStore(cache, TierCapacity(host_blocks=n, host_states=0, disk_bytes=0))
+    store.apply([Store(BLOCK, b, HOST, b) for b in range(n)])
+    sync(device)
+    best = float("inf")
+    for i in range(4):  # the first one warms the allocator up
+        t0 = time.perf_counter()
+        store.start([Transfer(i, tuple(Load(BLOCK, HOST, b, b) for b in range(n)))])
+        while not store.poll(wait=True):
+            pass
+        sync(device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    nbytes = n * store.unit_bytes[BLOCK]
+    res = {
+        "context": context,
+        "blocks": n,
+        "bytes": nbytes,
+        "promotion_gb_per_s": round(nbytes / best / 1e9, 2),
+    }
+    if device.type == "cuda":
+        res["pinned_h2d_gb_per_s"] = round(pinned_h2d(device, nbytes), 2)
+        res["fraction_of_h2d"] = round(res["promotion_gb_per_s"] / res["pinned_h2d_gb_per_s"], 3)
+    store.close()
+    del cache, store
+    free(device)
+    return res
+
+
+def fp8_memory(spec, dtype, context: int) -> dict[str, Any]:
+    bf = HybridCacheSpec.from_model_spec(spec, dtype).kv_bytes_per_token
+    f8 = HybridCacheSpec.from_model_spec(spec, dtype, latent_fp8=True).kv_bytes_per_token
+    return {"kv_bytes_per_token_bf16": bf, "kv_bytes_per_token_fp8": f8, "saved_fraction": round(1 - f8 / bf, 4),
+            f"kv_gib_at_{context}_bf16": round(bf * context / GiB, 3),
+            f"kv_gib_at_{context}_fp8": round(f8 * context / GiB, 3)}  # fmt: skip
+
+
+class _LogitRecorder:
+    """Wraps the runner's sampler and keeps every sampled row's logits (fp32, CPU) per request."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.rows = inner, {}
+
+    def __call__(self, logits, params, req_ids):
+        for rid, row in zip(req_ids, logits.float().cpu(), strict=True):
+            self.rows.setdefault(rid, []).append(row)
+        return self.inner(logits, params, req_ids)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+ACCURACY_PROMPTS = (
+    "What is 17 times 23?", "List the files in the workspace.", "Search the documents for the 2023 budget.",
+    "What is the square root of 1764?", "Crop the image to its left half.", "Summarise the report in one line.",
+    "Fetch https://example.com/status and tell me if it is up.", "How many days are there in a leap year?",
+    "Write a Python function that reverses a list.", "Which tool would you use to add 2 and 2?",
+    "Describe the attached image.", "Compute 2 to the power of 20.", "Find mentions of 'latency' in the docs.",
+    "Create a file notes.txt with the word hello.", "What is 1000 divided by 8?", "Translate 'good morning' to French.",
+)  # fmt: skip
+
+
+def fp8_accuracy(device, max_tokens: int) -> dict[str, Any]:
+    """The trained demo model, bf16 weights: greedy generation of a fixed prompt set with the MLA
+    latent cache in bf16 vs FP8 (e4m3, one scale per row); logit errors over the steps before the
+    first divergence (same context on both sides) and greedy agreement. A bf16-vs-fp32 KV row
+    (same weights) gives the noise floor."""
+    from inference.chat import ChatTemplate
+    from inference.demo_model.spec import DEMO_DIR
+    from inference.engine.factory import build_engine
+
+    runs = {}
+    for name, dtype, kv in (
+        ("fp32", "float32", "auto"),
+        ("bf16", "bfloat16", "auto"),
+        ("fp8", "bfloat16", "fp8"),
+    ):
+        cfg = EngineConfig.of(num_blocks=512, max_model_len=4096, kv_cache_dtype=kv, enable_cuda_graphs=False)
+        eng = build_engine(model_dir=DEMO_DIR, engine_config=cfg, device=device, dtype=dtype)
+        tmpl = ChatTemplate(eng.tokenizer)
+        prompts = [tmpl.render([{"role": "user", "content": p}]).token_ids for p in ACCURACY_PROMPTS]
+        rec = _LogitRecorder(eng.runner.sampler)
+        eng.runner.sampler = rec
+        reqs = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        runs[name] = [(r.output_token_ids, rec.rows[r.request_id]) for r in reqs]
+
+    def compare(ref, got):
+        same, prefix, max_err, mean_err, rel = 0, [], 0.0, [], []
+        for (rt, rl), (gt, gl) in zip(ref, got, strict=True):
+            d = next((i for i, (a, b) in enumerate(zip(rt, gt, strict=True)) if a != b), len(rt))
+            same += d == len(rt)
+            prefix.append(d / len(rt))
+            for i in range(min(d + 1, len(rl))):  # step d still has the same context
+                e = (gl[i] - rl[i]).abs()
+                max_err = max(max_err, e.max().item())
+                mean_err.append(e.mean().item())
+                rel.append((e.norm() / rl[i].norm()).item())
+        return {
+            "sequences_identical": f"{same}/{len(ref)}",
+            "mean_common_prefix_fraction": round(sum(prefix) / len(prefix), 4),
+            "logit_max_abs_err": round(max_err, 4),
+            "logit_mean_abs_err": round(sum(mean_err) / len(mean_err), 5),
+            "logit_rel_err": round(sum(rel) / len(rel), 5),
+        }
+
+    return {
+        "model": "inference/demo_model/weights", "device": str(device), "prompts": len(ACCURACY_PROMPTS),
+        "max_tokens": max_tokens, "fp8_vs_bf16": compare(runs["bf16"], runs["fp8"]),
+        "bf16_vs_fp32_noise_floor": compare(runs["fp32"], runs["bf16"]),
+    }  # fmt: skip
+
+
+# -- the plot ---------------------------------------------------------------------------------
+def plot(results: dict[str, Any], path: str) -> str | None:
+    """Four panels of horizontal bars (Pillow; skipped where it is not installed)."""
+    try:
+        from PIL import Image, ImageDraw
+    except ImportError:
+        return None
+    panels: list[tuple[str, list[tuple[str, float]]]] = []
+    pd = results.get("prefill_decode", {})
+    panels.append(
+        (
+            "prefill TTFT (s)",
+            [(k, v["ttft_s"]) for k, v in pd.items() if isinstance(v, dict) and "ttft_s" in v],
+        )
+    )
+    panels.append(("decode batch 1 (tok/s)", [(k, v["decode_tok_per_s"]) for k, v in pd.items() if isinstance(v, dict) and "decode_tok_per_s" in v]))  # fmt: skip
+    ret = results.get("returning", {})
+    bars = [(k, v["ttft_ms"]) for k, v in ret.items() if isinstance(v, dict) and "ttft_ms" in v]
+    bars += [(f"turn10 {k} {w}", v[f"ttft_ms_{w}_cache"]) for k, v in results.get("turn10", {}).items()
+             if isinstance(v, dict) and "ratio" in v for w in ("with", "without")]  # fmt: skip
+    panels.append(("returning conversation / turn-10 TTFT (ms)", bars))
+    pr = results.get("promotion", {})
+    panels.append(
+        ("bandwidth (GB/s)", [(k, pr[k]) for k in ("promotion_gb_per_s", "pinned_h2d_gb_per_s") if k in pr])
+    )
+    row_h, w, label_w = 18, 900, 330
+    h = sum(30 + row_h * max(len(b), 1) for _, b in panels) + 20
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    y = 10
+    for title, bars in panels:
+        d.text((10, y), title, fill="black")
+        y += 20
+        top = max((v for _, v in bars), default=1) or 1
+        for label, v in bars:
+            d.text((10, y + 3), label[:52], fill="black")
+            x1 = label_w + (w - label_w - 90) * v / top
+            d.rectangle([label_w, y + 2, max(x1, label_w + 1), y + row_h - 3], fill=(70, 110, 180))
+            d.text((x1 + 5, y + 3), f"{v:g}", fill="black")
+            y += row_h
+        y += 10
+    img.save(path)
+    return path
+
+
+# -- main -------------------------------------------------------------------------------------
+def run_section(name: str, fn, *a, **kw) -> Any:
+    t0 = time.perf_counter()
+    try:
+        out = fn(*a, **kw)
+    except Exception as exc:  # one failed section must not lose the others
+        out = {"error": repr(exc), "trace": traceback.format_exc()[-2000:]}
+    RESULTS.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 2)
+    print(f"[{name}] {json.dumps(out, default=str)[:600]}", flush=True)
+    return out
+
+
+def save(out: str | None) -> None:
+    if out:
+        Path(out).write_text(json.dumps(RESULTS, indent=2, default=str))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: small model, short contexts")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument(
+        "--lengths", default=None, help="comma list of prefill lengths (default 32K,128K,512K,1M)"
+    )
+    ap.add_argument("--dsa-lengths", default=None, help="lengths for the DSA variant (default: --lengths)")
+    ap.add_argument(
+        "--hf-max", type=int, default=32768, help="longest prompt given to transformers (0: none)"
+    )
+    ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--accuracy-tokens", type=int, default=48, help="greedy tokens per prompt (fp8_accuracy)")
+    ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
+    ap.add_argument("--plot", default=None, help="PNG path (default beside the JSON)")
+    ap.add_argument("--plot-from", default=None, help="only draw the PNG of a saved JSON")
+    args = ap.parse_args()
+    if args.plot_from:
+        print(plot(json.loads(Path(args.plot_from).read_text()), args.plot or "long_context.png"))
+        return
+    want = [s for s in args.sections.split(",") if s]
+    if unknown := set(want) - set(SECTIONS):
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    quick = args.quick or not torch.cuda.is_available()
+    device = torch.device("cpu" if quick else "cuda")
+    dtype = torch.float32 if quick else torch.bfloat16
+    if quick:
+        torch.set_num_threads(1)
+    out = args.out or (str(Path(os.environ["OUT"]) / "long_context.json") if os.environ.get("OUT") else None)
+    png = args.plot or (str(Path(out).with_suffix(".png")) if out else None)
+    K = 1024
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else ([1 * K, 2 * K] if quick else [32 * K, 128 * K, 512 * K, 1024 * K])  # fmt: skip
+    dsa_lengths = (
+        [int(x) for x in args.dsa_lengths.split(",") if x] if args.dsa_lengths is not None else lengths
+    )
+    steps = 8 if quick else args.decode_steps
+    turn_ctx = (256, 1024) if quick else (16 * K, 128 * K)
+    ret_ctx = 1024 if quick else 128 * K
+    RESULTS.update(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                   quick=quick, config=model_config(quick, False))  # fmt: skip
+    plan = []  # in the order of --sections (the most wanted first: a time limit cuts the tail)
+    for s in want:
+        if s == "prefill_decode":
+            plan += [("dense", n) for n in lengths] + [("hf", n) for n in lengths if n <= args.hf_max]
+            plan += [("dsa", n) for n in dsa_lengths]
+        else:
+            plan.append((s, None))
+    models: dict[bool, Any] = {}
+
+    def get(dsa: bool):
+        if dsa not in models:
+            models.clear()
+            free(device)
+            models[dsa] = build(model_config(quick, dsa), device, dtype)
+            m, spec = models[dsa]  # warm-up: compile and autotune every kernel the chunks use
+            prefill_decode(m, spec, dtype, device, min(lengths[0], 16 * K if not quick else 512), 4)
+        return models[dsa]
+
+    # the bar on stderr; results printed to stdout as each section ends (never held by the bar)
+    bar_console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=bar_console, redirect_stdout=False, redirect_stderr=False) as bar:  # fmt: skip
+        task = bar.add_task("long context", total=len(plan))
+        for kind, n in plan:
+            bar.update(task, description=f"{kind} {n or ''}".strip())
+            if kind in ("dense", "dsa"):
+                RESULTS.setdefault("prefill_decode", {})[f"{kind}_{n}"] = run_section(
+                    f"{kind}_{n}",
+                    lambda k=kind, n=n: prefill_decode(*get(k == "dsa"), dtype, device, n, steps),
+                )
+            elif kind == "hf":
+                m, spec = get(False)
+                RESULTS.setdefault("prefill_decode", {})[f"transformers_{n}"] = run_section(
+                    f"hf_{n}", hf_prefill, model_config(quick, False), m, dtype, device, n
+                )
+            elif kind == "turn10":
+                m, spec = get(False)
+                for c in turn_ctx:
+                    RESULTS.setdefault("turn10", {})[str(c)] = run_section(
+                        f"turn10_{c}", turn10, m, spec, dtype, device, c
+                    )
+            elif kind == "returning":
+                m, spec = get(False)
+                with tempfile.TemporaryDirectory(prefix="lc-disk-") as disk:
+                    for mode in ("recompute", "host", "disk"):
+                        RESULTS.setdefault("returning", {})[mode] = run_section(
+                            f"returning_{mode}", returning, m, spec, dtype, device, ret_ctx, mode, disk
+                        )
+                r = RESULTS["returning"]
+                if all("ttft_ms" in r[k] for k in r):
+                    for mode in ("host", "disk"):
+                        r[f"{mode}_vs_recompute"] = round(r[mode]["ttft_ms"] / r["recompute"]["ttft_ms"], 4)
+            elif kind == "promotion":
+                spec = parse_config(model_config(quick, False))
+                RESULTS["promotion"] = run_section("promotion", promotion, spec, dtype, device, ret_ctx)
+            elif kind == "fp8":
+                m, spec = get(False)
+                c = ret_ctx
+                RESULTS["fp8"] = {"memory": fp8_memory(spec, dtype, c)}
+                for kv in ("auto", "fp8"):
+                    RESULTS["fp8"][f"decode_{kv}"] = run_section(
+                        f"fp8_{kv}", prefill_decode, m, spec, dtype, device, c, steps, kv=kv
+                    )
+            elif kind == "fp8_accuracy":
+                RESULTS["fp8_accuracy"] = run_section(
+                    "fp8_accuracy", fp8_accuracy, torch.device("cpu"), args.accuracy_tokens
+                )
+            save(out)
+            bar.advance(task)
+    save(out)
+    if png:
+        print("plot:", plot(RESULTS, png))
+    print(json.dumps({k: v for k, v in RESULTS.items() if k != "config"}, default=str)[:4000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""KV and state offload through the real engine (tensors copied by `engine/tier_store.py`): with
+GPU pools too small for the conversations, greedy outputs are token-identical with offload to the
+host tier and to the disk tier vs no offload, and a conversation evicted to disk comes back with
+its whole transcript reported as cached tokens. fp32; CPU here, the same on CUDA (gpu-marked)."""
+
+import random
+
+import pytest
+
+from inference.cache.tiers import TierConfig
+from inference.engine.engine import EngineConfig
+from inference.engine.factory import build_engine
+from inference.engine.request import SamplingParams
+
+BASE = EngineConfig.of(
+    block_size=8,
+    num_blocks=40,  # 320 tokens: two or three conversations at a time
+    num_state_slots=6,
+    max_num_seqs=3,
+    max_num_batched_tokens=96,
+    max_model_len=320,
+    checkpoint_interval=32,
+    enable_cuda_graphs=False,
+)
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+MiB = 1 << 20
+
+
+def tiers(kind: str, tmp_path) -> TierConfig:
+    return {
+        "none": TierConfig(),
+        "host": TierConfig(host_bytes=4 * MiB),
+        "disk": TierConfig(disk_bytes=16 * MiB, disk_url=str(tmp_path / "kv")),
+        "host+disk": TierConfig(host_bytes=MiB // 32, disk_bytes=16 * MiB, disk_url=f"file://{tmp_path}/kv2"),
+        # any fsspec URL (object storage in production): fsspec's in-process memory file system
+        "memory-url": TierConfig(disk_bytes=16 * MiB, disk_url=f"memory://dayzero-kv/{tmp_path.name}"),
+    }[kind]
+
+
+def conversations(n=6, seed=0):
+    rng = random.Random(seed)
+    system = [rng.randrange(256) for _ in range(40)]
+    return [system + [rng.randrange(256) for _ in range(rng.randrange(50, 90))] for _ in range(n)]
+
+
+def run(kind, tmp_path, device="cpu"):
+    # fixed_blocks: on CUDA the planner would otherwise size the pool from free memory (no eviction)
+    eng = build_engine(
+        engine_config=BASE.evolve(tiers=tiers(kind, tmp_path)), device=device, fixed_blocks=True
+    )
+    firsts = conversations()
+    outs1 = [r.output_token_ids for r in eng.generate(firsts, GREEDY)]
+    seconds = [p + o + [i, 7, 8, 9, 10] for i, (p, o) in enumerate(zip(firsts, outs1, strict=True))]
+    outs2, cached = [], []
+    for s in seconds:  # one at a time: each comes back after the others pushed it off the pools
+        (r,) = eng.generate([s], GREEDY)
+        outs2.append(r.output_token_ids)
+        cached.append(r.num_cached_tokens)
+    eng.scheduler.cache.check_invariants()
+    return (
+        outs1,
+        outs2,
+        cached,
+        eng.stats(),
+        [len(p) + len(o) - 1 for p, o in zip(firsts, outs1, strict=True)],
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run("none", tmp_path_factory.mktemp("none"))
+
+
+@pytest.mark.parametrize("kind", ["host", "disk", "host+disk", "memory-url"])
+def test_greedy_identical_with_offload(reference, kind, tmp_path):
+    outs1, outs2, cached, stats, ends = run(kind, tmp_path)
+    assert outs1 == reference[0] and outs2 == reference[1]
+    assert sum(cached) > sum(reference[2])  # without tiers most transcripts were evicted
+    tier = "host" if kind.startswith("host") else "disk"
+    assert stats[f"promoted_blocks_{tier}"] > 0 and stats[f"promoted_ckpts_{tier}"] > 0
+    # every returning conversation resumed from its end-of-generation checkpoint
+    assert cached == ends, (cached, ends)
+    if kind == "host+disk":
+        assert stats["tier_stored_disk"] > 0 and stats["promoted_blocks_disk"] > 0
+
+
+def test_conversation_evicted_to_disk_resumes_with_cached_tokens(tmp_path):
+    eng = build_engine(engine_config=BASE.evolve(tiers=tiers("disk", tmp_path)))
+    first = conversations(1, seed=5)[0]
+    (a,) = eng.generate([first], GREEDY)
+    eng.generate(conversations(5, seed=6), GREEDY)  # pushes it off the GPU pools
+    eng.runner.tier_store.flush()
+    assert list((tmp_path / "kv").iterdir())  # on disk now
+    assert eng.scheduler.cache.find_hit("probe", first + a.output_token_ids + [1]).num_tokens == 0
+    (b,) = eng.generate([first + a.output_token_ids + [1, 2, 3]], GREEDY)
+    assert b.num_cached_tokens == len(first) + len(a.output_token_ids) - 1
+    plain = build_engine(engine_config=BASE)
+    (ref,) = plain.generate([first + a.output_token_ids + [1, 2, 3]], GREEDY)
+    assert b.output_token_ids == ref.output_token_ids
+
+
+@pytest.mark.gpu
+def test_gpu_offload_token_identical_fp32(tmp_path):
+    ref = run("none", tmp_path / "ref", device="cuda")
+    for kind in ("host", "disk"):
+        outs1, outs2, cached, stats, ends = run(kind, tmp_path / kind, device="cuda")
+        assert outs1 == ref[0] and outs2 == ref[1], kind
+        assert cached == ends and sum(cached) > sum(ref[2]), kind
+        assert stats[f"promoted_blocks_{kind}"] > 0, kind
+
+
+def test_a_step_failing_before_its_promotion_starts_undoes_it(tmp_path):
+    """The runner fails in the tier copies of the step that would start a promotion: the engine's
+    recovery undoes the promotion (no transfer is left that never runs) and drops the tier entries
+    that step may have left unwritten. A failure in a step that ran no request is the engine's own,
+    so the waiting request fails; sent again, it answers right."""
+    eng = build_engine(engine_config=BASE.evolve(tiers=tiers("host", tmp_path)), fixed_blocks=True)
+    first = conversations(1, seed=5)[0]
+    (a,) = eng.generate([first], GREEDY)
+    eng.generate(conversations(5, seed=6), GREEDY)
+    store, real = eng.runner.tier_store, eng.runner.tier_store.apply
+    failed = []
+
+    def apply(ops):
+        if eng.runner.unstarted and not failed:
+            failed.append(True)
+            raise RuntimeError("disk on fire")
+        real(ops)
+
+    store.apply = apply
+    back = first + a.output_token_ids + [1, 2, 3]
+    rid = eng.add_request(back, GREEDY)
+    with pytest.raises(RuntimeError):
+        while eng.has_unfinished:
+            eng.step()
+    assert failed and eng.recover_after_failed_step() == [rid]
+    assert eng.scheduler.num_transfers_in_flight == 0 and not eng.has_unfinished
+    eng.scheduler.cache.check_invariants()
+    assert eng.scheduler.cache.num_request_blocks == 0
+    (again,) = eng.generate([back], GREEDY)
+    (ref,) = build_engine(engine_config=BASE).generate([back], GREEDY)
+    assert again.output_token_ids == ref.output_token_ids
