@@ -30,7 +30,7 @@ def model_and_spec():
 
 
 def _engine(model, spec, **kw) -> Engine:
-    cfg = EngineConfig(
+    cfg = EngineConfig.of(
         **{**dict(block_size=16, num_blocks=256, num_state_slots=16, checkpoint_interval=32), **kw}
     )
     device = next(model.parameters()).device
