@@ -103,12 +103,15 @@ class Engine:
         cache_spec: Any,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        runner: Any = None,
     ) -> None:
+        """`runner`: a prebuilt stand-in for `ModelRunner` (the parallel driver's); `model` is
+        then unused (None)."""
         self.config = config
         self.tokenizer = tokenizer
         self.memory_plan: Any = None  # the factory's MemoryPlan (how the pools were sized)
         self.scheduler = Scheduler(config.scheduler_config(), config.cache_config())
-        self.runner = ModelRunner(
+        self.runner = runner or ModelRunner(
             model,
             cache_spec,
             num_blocks=config.num_blocks,
@@ -180,6 +183,8 @@ class Engine:
         step, where a failure is its own. Requests outside the failed step keep their blocks and
         state. The prefix cache is dropped: the failed step may have left a reserved checkpoint
         unwritten. A failure with no request in the step is the engine's own: all fail."""
+        if (dead := getattr(self.runner, "failure", None)) is not None:
+            raise dead  # a lost parallel worker: no request can run again (WorkerFailedError)
         batch = [rid for rid in self._in_step if rid in self.scheduler.requests]
         self._in_step = []
         sched = self.scheduler
