@@ -1,0 +1,137 @@
+"""TP / EP engines on gloo worker processes give the TP=1 greedy tokens (fp32, same random model),
+with the prefix cache and chunked prefill on; a killed rank fails the engine quickly and clearly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from inference.engine.engine import EngineConfig
+from inference.engine.factory import build_engine, small_model_config
+from inference.engine.request import SamplingParams
+from inference.parallel import ParallelConfigError, WorkerFailedError
+
+# small budget: every prompt is prefilled in several chunks, decodes mix with prefill chunks;
+# checkpoints every 16 tokens so the second round hits the prefix cache mid-prompt
+CONFIG = EngineConfig(
+    block_size=16,
+    num_blocks=96,
+    num_state_slots=24,
+    max_num_seqs=4,
+    max_num_batched_tokens=24,
+    max_model_len=256,
+    enable_chunked_prefill=True,
+    enable_prefix_caching=True,
+    checkpoint_interval=16,
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+SHARED = [(11 * j) % 250 + 1 for j in range(40)]
+ROUND1 = [SHARED + [(7 * i + 3 * j) % 250 + 1 for j in range(5 + 4 * i)] for i in range(3)]
+ROUND2 = [SHARED + [(5 * i + j) % 250 + 1 for j in range(9)] for i in range(2)]
+
+
+def _run(engine) -> tuple[list[list[int]], list[int]]:
+    """Greedy tokens of both rounds, and the cached prompt tokens of the second round."""
+    first = [r.output_token_ids for r in engine.generate(ROUND1, GREEDY)]
+    second = engine.generate(ROUND2, GREEDY)
+    return first + [r.output_token_ids for r in second], [r.num_cached_tokens for r in second]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, tuple]:
+    out = {}
+    for name, cfg in (("kimi", small_model_config()), ("dsa", "inference/configs/tiny_deepseek_v32.json")):
+        out[name] = _run(build_engine(config=cfg, engine_config=CONFIG))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "ep"),
+    [("kimi", 2, 1), ("kimi", 1, 2), ("kimi", 2, 2), ("dsa", 2, 1)],
+    ids=["kimi-tp2", "kimi-ep2", "kimi-tp2xep2", "deepseek_v32-tp2"],
+)
+def test_parallel_greedy_matches_tp1(reference, model: str, tp: int, ep: int) -> None:
+    cfg = small_model_config() if model == "kimi" else "inference/configs/tiny_deepseek_v32.json"
+    engine = build_engine(config=cfg, engine_config=CONFIG, tensor_parallel_size=tp, expert_parallel_size=ep)
+    try:
+        tokens, cached = _run(engine)
+    finally:
+        engine.runner.close()
+    ref_tokens, ref_cached = reference[model]
+    assert tokens == ref_tokens
+    assert cached == ref_cached and all(c > 0 for c in cached)  # the second round hit the cache
+
+
+def test_killed_worker_fails_the_engine_fast() -> None:
+    engine = build_engine(engine_config=CONFIG, tensor_parallel_size=2)
+    runner = engine.runner
+    try:
+        engine.generate([ROUND1[0]], GREEDY)
+        os.kill(runner.pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        while runner.failure is None and time.monotonic() - t0 < 10:  # the monitor, between steps
+            time.sleep(0.05)
+        assert isinstance(runner.failure, WorkerFailedError)
+        assert "rank 1" in str(runner.failure) and "restart" in str(runner.failure)
+        with pytest.raises(WorkerFailedError, match="rank 1"):
+            engine.generate([ROUND1[1]], GREEDY)
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(WorkerFailedError):  # the engine cannot recover: it says so
+            engine.recover_after_failed_step()
+        for p in runner.procs:  # the surviving rank was stopped too
+            p.join(5)
+            assert not p.is_alive()
+    finally:
+        runner.close()
+
+
+def test_killed_worker_mid_step_fails_the_step() -> None:
+    engine = build_engine(engine_config=CONFIG, tensor_parallel_size=2)
+    runner = engine.runner
+    try:
+        engine.add_request(ROUND1[2], SamplingParams(temperature=0.0, max_tokens=50))
+        engine.step()
+        os.kill(runner.pids[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailedError, match="rank 0"):
+            while engine.has_unfinished:
+                engine.step()
+        assert time.monotonic() - t0 < 10
+    finally:
+        runner.close()
+
+
+def test_unsplittable_layout_is_refused_before_any_process_starts() -> None:
+    with pytest.raises(ParallelConfigError, match="KDA heads"):
+        build_engine(engine_config=CONFIG, tensor_parallel_size=4)  # 2 KDA heads
+    with pytest.raises(ParallelConfigError, match="routed experts"):
+        build_engine(engine_config=CONFIG, expert_parallel_size=3)
+
+
+def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
+    """A safetensors checkpoint: the driver verifies the manifest once, each rank reads its slices."""
+    import json
+
+    from inference.config import parse_config
+    from inference.loader import ChecksumError, save_sharded
+    from inference.model.factory import build_model
+
+    cfg = small_model_config()
+    save_sharded(build_model(parse_config(cfg), seed=5).state_dict(), tmp_path, max_shard_bytes=300_000)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ref = build_engine(model_dir=tmp_path, engine_config=CONFIG)
+    want = [r.output_token_ids for r in ref.generate(ROUND1, GREEDY)]
+    engine = build_engine(
+        model_dir=tmp_path, engine_config=CONFIG, tensor_parallel_size=2, expert_parallel_size=2
+    )
+    try:
+        assert [r.output_token_ids for r in engine.generate(ROUND1, GREEDY)] == want
+    finally:
+        engine.runner.close()
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    with pytest.raises(ChecksumError):  # refused in the driver, before any rank starts
+        build_engine(model_dir=tmp_path, engine_config=CONFIG, tensor_parallel_size=2)
