@@ -95,6 +95,14 @@ def analyze(
         notes.append("YaRN rope scaling: read here, refused by the model code (not implemented)")
     if s.quantization:
         notes.append(f"checkpoint weights stored as {s.quantization}")
+    if s.mla is not None and MLA in s.layer_kinds:
+        # the runtime's choice (inference/parallel/sharding.py), counted by the plans' KV per GPU
+        notes.append(
+            "tensor parallel: every rank keeps the whole MLA latent cache"
+            + (" and DSA indexer keys" if s.dsa is not None else "")
+            + " (all heads read the whole latent), so KV per GPU does not shrink with TP; "
+            "recurrent states split by head"
+        )
     return Analysis(
         model_type=_display_name(s),
         layers={kind: s.layer_kinds.count(kind) for kind in (KDA, MLA, GDN, GQA)}
