@@ -40,21 +40,31 @@ def _run(engine) -> tuple[list[list[int]], list[int]]:
     return first + [r.output_token_ids for r in second], [r.num_cached_tokens for r in second]
 
 
+def _narrow_shared() -> dict:
+    """Expert width 6: the shared expert (6) splits over TP=2 but not over 4 ranks, so it is
+    sliced over the TP group and added by EP rank 0 only."""
+    return {**small_model_config(), "moe_intermediate_size": 6}
+
+
+MODELS = {
+    "kimi": small_model_config,
+    "dsa": lambda: "inference/configs/tiny_deepseek_v32.json",
+    "narrow": _narrow_shared,
+}
+
+
 @pytest.fixture(scope="module")
 def reference() -> dict[str, tuple]:
-    out = {}
-    for name, cfg in (("kimi", small_model_config()), ("dsa", "inference/configs/tiny_deepseek_v32.json")):
-        out[name] = _run(build_engine(config=cfg, engine_config=CONFIG))
-    return out
+    return {name: _run(build_engine(config=cfg(), engine_config=CONFIG)) for name, cfg in MODELS.items()}
 
 
 @pytest.mark.parametrize(
     ("model", "tp", "ep"),
-    [("kimi", 2, 1), ("kimi", 1, 2), ("kimi", 2, 2), ("dsa", 2, 1)],
-    ids=["kimi-tp2", "kimi-ep2", "kimi-tp2xep2", "deepseek_v32-tp2"],
+    [("kimi", 2, 1), ("kimi", 1, 2), ("kimi", 2, 2), ("dsa", 2, 1), ("narrow", 2, 2)],
+    ids=["kimi-tp2", "kimi-ep2", "kimi-tp2xep2", "deepseek_v32-tp2", "narrow-shared-tp2xep2"],
 )
 def test_parallel_greedy_matches_tp1(reference, model: str, tp: int, ep: int) -> None:
-    cfg = small_model_config() if model == "kimi" else "inference/configs/tiny_deepseek_v32.json"
+    cfg = MODELS[model]()
     engine = build_engine(config=cfg, engine_config=CONFIG, tensor_parallel_size=tp, expert_parallel_size=ep)
     try:
         tokens, cached = _run(engine)

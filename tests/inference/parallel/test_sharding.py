@@ -104,3 +104,21 @@ def test_per_rank_cache_figures_agree_with_analyze(name: str, tp: int) -> None:
     _, state_per_seq = cache_bytes(spec)
     assert local.kv_bytes_per_token == _kv_per_gpu(spec, tp)
     assert local.state_bytes_per_slot == math.ceil(state_per_seq / tp)
+
+
+def test_shared_expert_sliced_over_the_world_or_the_tp_group() -> None:
+    """Width divisible by the world: every rank adds its slice; else TP slices, EP rank 0 adds."""
+    from inference.parallel.moe import ParallelSparseMoE
+
+    config = ParallelConfig(2, 2)
+    for width, active in ((32, [True] * 4), (6, [True, True, False, False])):
+        spec = parse_config({**small_model_config(), "moe_intermediate_size": width})
+        got = []
+        for rank in range(4):
+            model = _meta_model(spec, torch.float32)
+            shard_model(model, _mesh(config, rank))
+            moe = model.model.layers[1].block_sparse_moe
+            assert isinstance(moe, ParallelSparseMoE)
+            got.append(moe.shared_active)
+            assert moe.shared_experts.gate_proj.out_features == width // (4 if width % 4 == 0 else 2)
+        assert got == active
