@@ -1,5 +1,6 @@
 """Parallel-engine benchmark (issue 19): decode tok/s at batch 32 / 128, prefill of a 32K prompt,
-and the time of each collective per decode step (torch profiler), at any world size.
+the time of each collective per decode step (torch profiler) and each rank's memory beside
+`dayzero analyze`'s per-GPU cache figures, at any world size.
 
 Model: `benchmarks/engine.py`'s 2.7B Kimi-Linear-shaped random config (16 heads for KDA and MLA,
 32 experts), bf16. World size 1 runs today's single-GPU path (CUDA graphs on, no worker process);
@@ -159,6 +160,30 @@ def collectives(eng, args, batch: int) -> dict[str, Any]:
     }
 
 
+def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
+    """Per-rank bytes the runtime holds, beside `dayzero analyze`'s per-GPU cache figures (bf16
+    KV, at this TP): weights, KV and state pools, bytes per token / per slot."""
+    from inference.analyze.params import cache_bytes
+    from inference.analyze.plan import _kv_per_gpu
+    from inference.config import parse_config
+    from inference.parallel.worker import rank_memory
+
+    ranks = (
+        eng.runner.memory()
+        if hasattr(eng.runner, "memory")
+        else [rank_memory(eng.runner.model, eng.runner.cache)]
+    )
+    spec = parse_config(cfg)
+    _, state_seq = cache_bytes(spec)
+    return {
+        "ranks": ranks,
+        "analyze_kv_bytes_per_token_per_gpu": _kv_per_gpu(spec, args.tp),
+        "analyze_state_bytes_per_sequence_per_gpu": state_seq / args.tp,
+        "note": "analyze counts bf16 KV and conv windows: equal to the ranks' per-token / per-slot "
+        "figures in a bf16 run; the pools hold one extra block and slot when CUDA graphs are on",
+    }
+
+
 def plot(paths: list[str], out: Path) -> Path:
     """Decode tok/s (each batch) and prefill tok/s of each run, as grouped bars."""
     from PIL import Image, ImageDraw
@@ -213,7 +238,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=16384, help="max_num_batched_tokens (prefill chunk)")
     p.add_argument("--num-blocks", type=int, default=4096)
     p.add_argument("--profile-steps", type=int, default=5)
-    p.add_argument("--sections", default="decode,prefill,collectives")
+    p.add_argument("--sections", default="memory,decode,prefill,collectives")
     p.add_argument("--quick", action="store_true", help="tiny model, small sizes (a CPU smoke run)")
     p.add_argument("--plot", nargs="*", help="only draw the chart of these result files")
     p.add_argument("--out", default=None)
@@ -252,6 +277,8 @@ def main() -> None:
                     results["decode"] = {str(b): decode(eng, args, b) for b in args.batches}
                 elif section == "prefill":
                     results["prefill"] = prefill(eng, args)
+                elif section == "memory":
+                    results["memory"] = memory(eng, cfg, args)
                 elif section == "collectives":
                     results["collectives"] = collectives(eng, args, args.batches[0])
             except Exception as exc:  # one failed section must not lose the others

@@ -211,6 +211,15 @@ class ParallelRunner:
         self._broadcast(("profile_stop",))
         return self._wait(0, 300.0, "profiling")[1]
 
+    def memory(self) -> list[dict[str, int]]:
+        """Every rank's `rank_memory` figures, in rank order."""
+        self._broadcast(("memory",))
+        out: dict[int, dict[str, int]] = {}
+        while len(out) < self.world_size:
+            rank, msg = self._next(set(range(self.world_size)) - set(out), 60.0, "reporting memory")
+            out[rank] = msg[1]
+        return [out[r] for r in range(self.world_size)]
+
     def close(self) -> None:
         """Stop the workers (idempotent)."""
         self._closing = True

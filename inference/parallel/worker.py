@@ -26,7 +26,7 @@ from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.comm import NVLINK_MULTICAST_OFF
 from inference.parallel.config import ParallelConfig
 
-__all__ = ["WorkerArgs", "worker_main"]
+__all__ = ["WorkerArgs", "rank_memory", "worker_main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,23 @@ class _Profile:
                 }
             )
         return rows
+
+
+def rank_memory(model: torch.nn.Module, cache: Any) -> dict[str, int]:
+    """Bytes this rank holds: weights, the KV pool (latents, FP8 scales, DSA keys), the state pool
+    (states and conv windows), and what CUDA has allocated (0 on CPU)."""
+
+    def size(tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    return {
+        "weight_bytes": size(model.parameters()) + size(model.buffers()),
+        "kv_pool_bytes": size([*cache.kv.values(), *cache.kv_scale.values(), *cache.index_k.values()]),
+        "state_pool_bytes": size([*cache.state.values(), *cache.conv.values()]),
+        "kv_bytes_per_token": cache.spec.kv_bytes_per_token,
+        "state_bytes_per_slot": cache.spec.state_bytes_per_slot,
+        "cuda_allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0,
+    }
 
 
 def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
@@ -155,6 +172,8 @@ def _loop(rank: int, runner, conn: Connection, cuda: bool) -> None:
                 profile = None
                 if rank == 0:
                     conn.send(("profile", rows))
+            elif kind == "memory":  # every rank answers
+                conn.send(("memory", rank_memory(runner.model, runner.cache)))
             elif kind == "stop":
                 break
     except BaseException:
