@@ -50,6 +50,7 @@ MODELS = {
     "kimi": small_model_config,
     "dsa": lambda: "inference/configs/tiny_deepseek_v32.json",
     "narrow": _narrow_shared,
+    "odd_vocab": lambda: small_model_config(vocab_size=321),  # the last rank's vocab rows padded
 }
 
 
@@ -60,8 +61,14 @@ def reference() -> dict[str, tuple]:
 
 @pytest.mark.parametrize(
     ("model", "tp", "ep"),
-    [("kimi", 2, 1), ("kimi", 1, 2), ("kimi", 2, 2), ("dsa", 2, 1), ("narrow", 2, 2)],
-    ids=["kimi-tp2", "kimi-ep2", "kimi-tp2xep2", "deepseek_v32-tp2", "narrow-shared-tp2xep2"],
+    [
+        ("kimi", 2, 1), ("kimi", 1, 2), ("kimi", 2, 2), ("dsa", 2, 1), ("dsa", 4, 1), ("dsa", 1, 4),
+        ("narrow", 2, 2), ("odd_vocab", 2, 1),
+    ],
+    ids=[
+        "kimi-tp2", "kimi-ep2", "kimi-tp2xep2", "deepseek_v32-tp2", "deepseek_v32-tp4", "deepseek_v32-ep4",
+        "narrow-shared-tp2xep2", "odd-vocab-tp2",
+    ],
 )
 def test_parallel_greedy_matches_tp1(reference, model: str, tp: int, ep: int) -> None:
     cfg = MODELS[model]()
