@@ -47,7 +47,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kill(procs: list[Any], conns: list[Connection]) -> None:
+def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -> None:
+    closing.set()  # the monitor thread must not report the deaths this causes
     for c in conns:
         with contextlib.suppress(OSError):
             c.close()
@@ -80,7 +81,7 @@ class ParallelRunner:
         self._known: set[str] = set()  # requests whose sampling params the workers have
         self._drops: list[str] = []
         self._lock = threading.Lock()
-        self._closing = False
+        self._closing = threading.Event()
         ctx = get_context("spawn")  # CUDA cannot be forked; spawn everywhere for one behaviour
         args = replace(args, init_method=args.init_method or f"tcp://127.0.0.1:{_free_port()}")
         self.procs: list[Any] = []
@@ -94,7 +95,7 @@ class ParallelRunner:
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
-        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns)
+        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing)
         try:
             waiting = set(range(world))
             while waiting:  # ranks are ready in any order
@@ -119,7 +120,6 @@ class ParallelRunner:
             if self.failure is None:
                 self.failure = WorkerFailedError(rank, message)
                 log.error("%s", self.failure)
-                self._closing = True
                 self._finalizer()
         return self.failure
 
@@ -131,7 +131,7 @@ class ParallelRunner:
     def _watch(self) -> None:
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         ready = wait(list(sentinels))
-        if not self._closing and ready:
+        if not self._closing.is_set() and ready:
             self._death(sentinels[ready[0]])
 
     def _wait(self, rank: int, timeout_s: float | None, what: str) -> tuple:
@@ -222,7 +222,7 @@ class ParallelRunner:
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
-        self._closing = True
+        self._closing.set()
         if self.failure is None:
             for c in self.conns:
                 with contextlib.suppress(OSError):
