@@ -62,12 +62,24 @@ def reference() -> dict[str, tuple]:
 @pytest.mark.parametrize(
     ("model", "tp", "ep"),
     [
-        ("kimi", 2, 1), ("kimi", 1, 2), ("kimi", 2, 2), ("dsa", 2, 1), ("dsa", 4, 1), ("dsa", 1, 4),
-        ("narrow", 2, 2), ("odd_vocab", 2, 1),
+        ("kimi", 2, 1),
+        ("kimi", 1, 2),
+        ("kimi", 2, 2),
+        ("dsa", 2, 1),
+        ("dsa", 4, 1),
+        ("dsa", 1, 4),
+        ("narrow", 2, 2),
+        ("odd_vocab", 2, 1),
     ],
     ids=[
-        "kimi-tp2", "kimi-ep2", "kimi-tp2xep2", "deepseek_v32-tp2", "deepseek_v32-tp4", "deepseek_v32-ep4",
-        "narrow-shared-tp2xep2", "odd-vocab-tp2",
+        "kimi-tp2",
+        "kimi-ep2",
+        "kimi-tp2xep2",
+        "deepseek_v32-tp2",
+        "deepseek_v32-tp4",
+        "deepseek_v32-ep4",
+        "narrow-shared-tp2xep2",
+        "odd-vocab-tp2",
     ],
 )
 def test_parallel_greedy_matches_tp1(reference, model: str, tp: int, ep: int) -> None:
@@ -152,3 +164,21 @@ def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
     shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
     with pytest.raises(ChecksumError):  # refused in the driver, before any rank starts
         build_engine(model_dir=tmp_path, engine_config=CONFIG, tensor_parallel_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("tp", "ep"), [(2, 1), (1, 2)])
+def test_nccl_ranks_match_tp1_on_gpus(tp: int, ep: int) -> None:
+    """The same check on GPUs (NCCL), fp32; needs `tp * ep` CUDA devices (the multi-GPU issues)."""
+    import torch
+
+    if torch.cuda.device_count() < tp * ep:
+        pytest.skip(f"needs {tp * ep} GPUs, this host has {torch.cuda.device_count()}")
+    ref = _run(build_engine(engine_config=CONFIG, device="cuda"))
+    engine = build_engine(
+        engine_config=CONFIG, device="cuda", tensor_parallel_size=tp, expert_parallel_size=ep
+    )
+    try:
+        assert _run(engine) == ref
+    finally:
+        engine.runner.close()
