@@ -70,7 +70,7 @@ def make_engine(args, cfg: dict[str, Any], **kw):
     )  # fmt: skip
     return build_engine(
         config=cfg, engine_config=ec, device=args.device, dtype=args.dtype, fixed_blocks=True,
-        tensor_parallel_size=args.tp, expert_parallel_size=args.ep,
+        tensor_parallel_size=args.tp, expert_parallel_size=args.ep, expert_dispatch=args.expert_dispatch,
     )  # fmt: skip
 
 
@@ -229,6 +229,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--expert-dispatch", choices=["local", "all_to_all"], default="local")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batches", default="32,128")
@@ -253,11 +254,14 @@ def main() -> None:
     args.batches = [int(b) for b in args.batches.split(",")]
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     cfg = small_model_config() if args.quick else bench_config()
-    results: dict[str, Any] = {"tp": args.tp, "ep": args.ep, "device": args.device, "dtype": args.dtype}
+    results: dict[str, Any] = {
+        "tp": args.tp, "ep": args.ep, "expert_dispatch": args.expert_dispatch, "device": args.device,
+        "dtype": args.dtype,
+    }  # fmt: skip
     if args.device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
         results["gpus"] = torch.cuda.device_count()
-    name = f"parallel_tp{args.tp}_ep{args.ep}.json"
+    name = f"parallel_tp{args.tp}_ep{args.ep}{'_a2a' if args.expert_dispatch == 'all_to_all' else ''}.json"
 
     def emit() -> None:
         text = json.dumps(results, indent=2)

@@ -169,6 +169,7 @@ def build_engine(
     fixed_blocks: bool = False,
     tensor_parallel_size: int = 1,
     expert_parallel_size: int = 1,
+    expert_dispatch: str = "local",
 ) -> Engine:
     """`model_dir`: real weights (safetensors) + config.json (+ tokenizer.json if present);
     `config`: a config dict or file with seeded random weights; neither: the bundled small model.
@@ -217,6 +218,7 @@ def build_engine(
         return build_parallel_engine(
             spec, tokenizer, cache_spec, engine_config or EngineConfig(),
             tensor_parallel_size=tensor_parallel_size, expert_parallel_size=expert_parallel_size,
+            expert_dispatch=expert_dispatch,
             model_dir=model_dir, device=device, dtype=dtype, seed=seed,
         )  # fmt: skip
     ecfg, plan = plan_pools(

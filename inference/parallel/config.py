@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ParallelConfig", "ParallelConfigError", "WorkerFailedError"]
+__all__ = ["EXPERT_DISPATCH", "ParallelConfig", "ParallelConfigError", "WorkerFailedError"]
 
 
 class ParallelConfigError(ValueError):
@@ -27,17 +27,27 @@ class WorkerFailedError(RuntimeError):
         self.rank = rank
 
 
+EXPERT_DISPATCH = ("local", "all_to_all")
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
     """`--tensor-parallel-size` x `--expert-parallel-size` ranks (world size = their product)."""
 
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1
+    # how routed tokens reach the experts' ranks (`parallel/moe.py`): "local" selection from the
+    # replicated tokens, or an "all_to_all" exchange of token rows between EP ranks
+    expert_dispatch: str = "local"
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1 or self.expert_parallel_size < 1:
             raise ParallelConfigError(
                 f"parallel sizes must be >= 1, got tp={self.tensor_parallel_size} ep={self.expert_parallel_size}"
+            )
+        if self.expert_dispatch not in EXPERT_DISPATCH:
+            raise ParallelConfigError(
+                f"expert_dispatch must be one of {EXPERT_DISPATCH}, got {self.expert_dispatch!r}"
             )
 
     @property

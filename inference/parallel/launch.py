@@ -49,6 +49,7 @@ def build_parallel_engine(
     *,
     tensor_parallel_size: int,
     expert_parallel_size: int,
+    expert_dispatch: str = "local",
     model_dir: str | Path | None,
     device: torch.device,
     dtype: torch.dtype,
@@ -59,7 +60,7 @@ def build_parallel_engine(
     The pools use the configured `num_blocks` (no profiled auto-sizing across ranks yet)."""
     from inference.loader import verify_manifest
 
-    parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size)
+    parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size, expert_dispatch)
     check_shardable(spec, parallel)
     world = parallel.world_size
     if device.type == "cuda" and torch.cuda.device_count() < world:

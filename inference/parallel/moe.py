@@ -1,24 +1,28 @@
-"""Expert parallelism: routed experts split over the EP group, token dispatch/combine by all-to-all.
+"""Expert parallelism: routed experts split over the EP group; two dispatch/combine schemes.
 
 Layout: EP rank `e` holds experts `[e * E/ep, (e+1) * E/ep)`, each sliced `tp` ways on its
 intermediate dim (TP inside experts); the shared expert is sliced over the whole world when its
-width divides, else over the TP group and run by EP rank 0 only. The router is replicated (every
-rank routes the same replicated tokens to the same ids).
+width divides, else over the TP group and run by EP rank 0 only. The router is replicated: every
+rank routes the same replicated tokens (`[T, H]` after the attention all-reduce) to the same ids,
+so every rank knows where every (token, slot) pair goes without asking.
 
-Per MoE layer (tokens `[T, H]` are replicated on every rank after the attention all-reduce):
+`expert_dispatch="local"` (the default): each rank picks the pairs routed to its own experts from
+the tokens it already holds, runs them, and weights and sums the outputs into a zero `[T, H]`.
+No rows move: with attention replicated over EP (no data-parallel attention), every rank has
+every token, so an all-gather would be free and an all-to-all would only move rows the receiver
+already has.
 
-1. each EP rank owns a contiguous `T / ep` chunk of tokens and sends each (token, slot) pair of
-   its chunk to the rank holding that expert (`all_to_all` of the rows, of the expert ids, and of
-   the counts first: split sizes must be known on the host);
-2. each rank runs its experts on what it received (the same grouped/reference compute as TP=1);
-3. the outputs go back the same way (`all_to_all`), the owner weights and sums them per token
-   into rows of a zero `[T, H]`;
-4. one all-reduce over the world adds the owners' rows, the TP partial sums of the sliced experts
-   and the shared expert's partial sums: still one collective that completes the sublayer.
+`expert_dispatch="all_to_all"`: each EP rank owns a contiguous `T / ep` chunk of the tokens and
+sends the rows of its chunk's pairs to the experts' ranks (`all_to_all`, split sizes computed
+locally from the replicated routing: no count or id exchange), the outputs come back the same
+way and the owner weights and sums them. This is the exchange data-parallel attention would need; here it
+is kept to measure against "local" (`benchmarks/parallel.py --expert-dispatch`). `all_to_all`
+runs on gloo (checked with torch 2.14; present since torch 1.x) and NCCL.
 
-`all_to_all` runs on gloo (checked with torch 2.14 and present since torch 1.x) and NCCL. The
-count exchange reads sizes on the host, so an EP step cannot be captured in a CUDA graph.
-With `ep == 1` steps 1-3 are local: every rank has all experts (TP-sliced) and all tokens.
+Either way one all-reduce over the world completes the sublayer: it adds the experts' partial
+sums (EP and TP slices) and the sliced shared expert. Both read pair counts on the host (the
+compaction of a rank's pairs), so an EP step cannot be captured in a CUDA graph as is.
+With `ep == 1` every rank has all experts (TP-sliced) and the routed compute is the TP=1 code.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class ParallelSparseMoE(SparseMoE):
         self.shared_experts = shared
         self.shared_active = shared_active
         self.mesh = mesh
+        self.all_to_all = mesh.config.expert_dispatch == "all_to_all"
         self._w13: Tensor | None = None
         self._w2: Tensor | None = None
 
@@ -64,32 +69,53 @@ class ParallelSparseMoE(SparseMoE):
         weights, ids = self.gate(x)
         if self.mesh.ep.size == 1:
             out = self.routed(x, weights, ids)
+        elif self.all_to_all:
+            out = self._exchange(x, weights, ids)
         else:
-            out = self._dispatch_combine(x, weights, ids)
+            out = self._local(x, weights, ids)
         if self.shared_experts is not None and self.shared_active:
             out = out + self.shared_experts(x)
         return self.mesh.world.all_reduce(out, "moe")
 
-    def _dispatch_combine(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+    def _run_pairs(self, rows: Tensor, local_ids: Tensor) -> Tensor:
+        """Unweighted expert outputs of `rows` `[P, H]`, pair `p` through local expert `local_ids[p]`."""
+        if not rows.shape[0]:
+            return rows
+        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+        return self.routed(rows, ones, local_ids[:, None])
+
+    @staticmethod
+    def _combine(x: Tensor, tok: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        out = torch.zeros_like(x)
+        return out.index_add_(0, tok, (y.float() * w[:, None]).to(x.dtype))
+
+    def _local(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        pair = ((flat >= self.first_expert) & (flat < self.first_expert + self.per_rank)).nonzero().squeeze(1)
+        tok = pair // k
+        y = self._run_pairs(x[tok], flat[pair] - self.first_expert)
+        return self._combine(x, tok, y, weights.reshape(-1)[pair])
+
+    def _exchange(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
         ep = self.mesh.ep
         t, k = ids.shape
-        lo, hi = t * ep.rank // ep.size, t * (ep.rank + 1) // ep.size
-        pair_ids = ids[lo:hi].reshape(-1)
-        dest = pair_ids // self.per_rank
-        order = dest.argsort(stable=True)  # pairs grouped by destination rank
-        tok = (torch.arange(lo, hi, device=x.device).repeat_interleave(k))[order]
-        send = torch.bincount(dest, minlength=ep.size)
-        recv = ep.all_to_all(send, [1] * ep.size, [1] * ep.size, "moe.counts")
-        send_l, recv_l = send.tolist(), recv.tolist()
-        local_ids = pair_ids[order] - dest[order] * self.per_rank
-        rx = ep.all_to_all(x[tok], send_l, recv_l, "moe.dispatch")
-        rid = ep.all_to_all(local_ids, send_l, recv_l, "moe.dispatch_ids")
-        if rx.shape[0]:
-            ones = torch.ones(rx.shape[0], 1, dtype=torch.float32, device=x.device)
-            y = self.routed(rx, ones, rid[:, None])
-        else:
-            y = rx
-        back = ep.all_to_all(y, recv_l, send_l, "moe.combine")
-        w = weights[lo:hi].reshape(-1)[order]
-        out = torch.zeros_like(x)
-        return out.index_add_(0, tok, (back.float() * w[:, None]).to(x.dtype))
+        bounds = [t * r // ep.size for r in range(ep.size + 1)]
+        dest_all = ids // self.per_rank  # [T, k], replicated: every rank knows every route
+        owner = torch.bucketize(
+            torch.arange(t, device=x.device), torch.tensor(bounds[1:-1], device=x.device), right=True
+        )
+        to_me = (dest_all == ep.rank).sum(1)  # pairs of each token bound for this rank
+        recv = torch.zeros(ep.size, dtype=torch.long, device=x.device).index_add_(0, owner, to_me).tolist()
+        lo, hi = bounds[ep.rank], bounds[ep.rank + 1]
+        dest = dest_all[lo:hi].reshape(-1)
+        order = dest.argsort(stable=True)  # this chunk's pairs grouped by destination rank
+        send = torch.bincount(dest, minlength=ep.size).tolist()
+        tok = torch.arange(lo, hi, device=x.device).repeat_interleave(k)[order]
+        rx = ep.all_to_all(x[tok], send, recv, "moe.dispatch")
+        # what arrives: every chunk's pairs bound here, chunk after chunk, each in (token, slot)
+        # order (stable sort) -- i.e. all such pairs in flat order, so their ids are known here
+        flat = ids.reshape(-1)
+        rid = flat[dest_all.reshape(-1) == ep.rank] - self.first_expert
+        back = ep.all_to_all(self._run_pairs(rx, rid), recv, send, "moe.combine")
+        return self._combine(x, tok, back, weights[lo:hi].reshape(-1)[order])

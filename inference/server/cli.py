@@ -53,6 +53,10 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         help="ranks splitting the routed experts (world size = tensor x expert parallel size)",
     )  # fmt: skip
     s.add_argument(
+        "--expert-dispatch", choices=["local", "all_to_all"], default="local",
+        help="how tokens reach the experts' ranks: picked locally from the replicated tokens, or exchanged",
+    )  # fmt: skip
+    s.add_argument(
         "--api-key",
         default=os.environ.get("DAYZERO_INFERENCE_API_KEY") or None,
         help="require `Authorization: Bearer KEY` on /v1/* (or DAYZERO_INFERENCE_API_KEY; default: none)",
@@ -119,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         fixed_blocks=args.num_blocks is not None,
         tensor_parallel_size=args.tensor_parallel_size,
         expert_parallel_size=args.expert_parallel_size,
+        expert_dispatch=args.expert_dispatch,
     )
     name = args.served_model_name or (
         Path(args.model or args.dummy).resolve().name

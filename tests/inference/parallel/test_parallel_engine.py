@@ -59,32 +59,28 @@ def reference() -> dict[str, tuple]:
     return {name: _run(build_engine(config=cfg(), engine_config=CONFIG)) for name, cfg in MODELS.items()}
 
 
-@pytest.mark.parametrize(
-    ("model", "tp", "ep"),
-    [
-        ("kimi", 2, 1),
-        ("kimi", 1, 2),
-        ("kimi", 2, 2),
-        ("dsa", 2, 1),
-        ("dsa", 4, 1),
-        ("dsa", 1, 4),
-        ("narrow", 2, 2),
-        ("odd_vocab", 2, 1),
-    ],
-    ids=[
-        "kimi-tp2",
-        "kimi-ep2",
-        "kimi-tp2xep2",
-        "deepseek_v32-tp2",
-        "deepseek_v32-tp4",
-        "deepseek_v32-ep4",
-        "narrow-shared-tp2xep2",
-        "odd-vocab-tp2",
-    ],
-)
-def test_parallel_greedy_matches_tp1(reference, model: str, tp: int, ep: int) -> None:
-    cfg = MODELS[model]()
-    engine = build_engine(config=cfg, engine_config=CONFIG, tensor_parallel_size=tp, expert_parallel_size=ep)
+# (model, tp, ep, expert dispatch)
+LAYOUTS = {
+    "kimi-tp2": ("kimi", 2, 1, "local"),
+    "kimi-ep2": ("kimi", 1, 2, "local"),
+    "kimi-ep2-a2a": ("kimi", 1, 2, "all_to_all"),
+    "kimi-tp2xep2": ("kimi", 2, 2, "local"),
+    "kimi-tp2xep2-a2a": ("kimi", 2, 2, "all_to_all"),
+    "deepseek_v32-tp2": ("dsa", 2, 1, "local"),
+    "deepseek_v32-tp4": ("dsa", 4, 1, "local"),
+    "deepseek_v32-ep4-a2a": ("dsa", 1, 4, "all_to_all"),  # ranks owning no token in small steps
+    "narrow-shared-tp2xep2": ("narrow", 2, 2, "local"),
+    "odd-vocab-tp2": ("odd_vocab", 2, 1, "local"),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_parallel_greedy_matches_tp1(reference, layout: str) -> None:
+    model, tp, ep, dispatch = LAYOUTS[layout]
+    engine = build_engine(
+        config=MODELS[model](), engine_config=CONFIG, tensor_parallel_size=tp, expert_parallel_size=ep,
+        expert_dispatch=dispatch,
+    )  # fmt: skip
     try:
         tokens, cached = _run(engine)
     finally:
