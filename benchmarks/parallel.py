@@ -173,10 +173,20 @@ def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
         if hasattr(eng.runner, "memory")
         else [rank_memory(eng.runner.model, eng.runner.cache)]
     )
+    from inference.analyze.params import parameter_counts
+    from inference.parallel.config import ParallelConfig
+    from inference.parallel.weights import rank_weight_bytes
+
     spec = parse_config(cfg)
     _, state_seq = cache_bytes(spec)
+    head, _ = parameter_counts(spec)
+    dtype = getattr(torch, args.dtype)
     return {
         "ranks": ranks,
+        "rank0_weight_bytes_from_meta_shard": rank_weight_bytes(
+            spec, ParallelConfig(args.tp, args.ep), dtype
+        ),
+        "analyze_weight_bytes_even_split": head["total"] * dtype.itemsize / (args.tp * args.ep),
         "analyze_kv_bytes_per_token_per_gpu": _kv_per_gpu(spec, args.tp),
         "analyze_state_bytes_per_sequence_per_gpu": state_seq / args.tp,
         "note": "analyze counts bf16 KV and conv windows: equal to the ranks' per-token / per-slot "

@@ -66,6 +66,16 @@ class MeshGroups:
     ep: Comm
     world: Comm
 
+    @staticmethod
+    def layout_only(config: ParallelConfig, rank: int) -> MeshGroups:
+        """The sizes and indices of `rank` without process groups: enough to shard a model on the
+        meta device (to plan or test), not to run one."""
+        e, t = config.coords(rank)
+        return MeshGroups(
+            config, rank, Comm(config.tensor_parallel_size, t), Comm(config.expert_parallel_size, e),
+            Comm(config.world_size, rank),
+        )  # fmt: skip
+
 
 def _new_groups(all_ranks: list[list[int]], mine: list[int], backend: str | None) -> dist.ProcessGroup | None:
     """Create every group of one kind (all ranks must create all of them, in the same order)."""

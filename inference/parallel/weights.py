@@ -18,9 +18,10 @@ from inference.loader import copy_shard, load_weights_sharded
 from inference.model.factory import _cast, dummy_tensor_values
 from inference.model.text_models import ignored_prefixes, text_model_class
 from inference.parallel.comm import MeshGroups
+from inference.parallel.config import ParallelConfig
 from inference.parallel.sharding import ShardPlan, shard_model
 
-__all__ = ["build_sharded_model", "fill_dummy_shard"]
+__all__ = ["build_sharded_model", "fill_dummy_shard", "rank_weight_bytes"]
 
 
 def _meta_model(spec: ModelSpec, dtype: torch.dtype) -> nn.Module:
@@ -56,6 +57,15 @@ def fill_dummy_shard(model: nn.Module, full: nn.Module, plan: ShardPlan, seed: i
                 put(f"{prefix}.{leaf}", value)
         elif callable(getattr(module, "init_dummy", None)):
             raise TypeError(f"{type(module).__name__} draws its dummy weights in place: not shardable")
+
+
+def rank_weight_bytes(spec: ModelSpec, config: ParallelConfig, dtype: torch.dtype, rank: int = 0) -> int:
+    """Bytes of `rank`'s parameters and buffers, from its shard built on the meta device (nothing
+    allocated): the runtime's own figure to set beside `dayzero analyze`'s per-GPU weights."""
+    model = _meta_model(spec, dtype)
+    shard_model(model, MeshGroups.layout_only(config, rank))
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def build_sharded_model(

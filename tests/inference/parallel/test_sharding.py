@@ -17,7 +17,7 @@ from inference.engine.factory import small_model_config
 from inference.loader import WeightLoadError, load_weights_sharded, save_sharded
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.model.factory import build_model
-from inference.parallel.comm import Comm, MeshGroups
+from inference.parallel.comm import MeshGroups
 from inference.parallel.config import ParallelConfig
 from inference.parallel.sharding import shard_cache_spec, shard_model
 from inference.parallel.weights import _meta_model, fill_dummy_shard
@@ -32,12 +32,7 @@ def _spec(name: str):
 
 
 def _mesh(config: ParallelConfig, rank: int) -> MeshGroups:
-    """The mesh as the layers see it (sizes and ranks); no process group: nothing is run here."""
-    e, t = config.coords(rank)
-    return MeshGroups(
-        config, rank, Comm(config.tensor_parallel_size, t), Comm(config.expert_parallel_size, e),
-        Comm(config.world_size, rank),
-    )  # fmt: skip
+    return MeshGroups.layout_only(config, rank)
 
 
 def _shard(spec, config, rank):
@@ -128,3 +123,18 @@ def test_shared_expert_sliced_over_the_world_or_the_tp_group() -> None:
             got.append(moe.shared_active)
             assert moe.shared_experts.gate_proj.out_features == width // (4 if width % 4 == 0 else 2)
         assert got == active
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_per_rank_weights_agree_with_analyze(tp: int) -> None:
+    """Kimi-Linear-48B at TP (experts sliced over TP, as analyze's EP == TP splits them): the
+    shard the runtime builds holds analyze's even split to within 1% (the replicated norms,
+    routers, low-rank and latent projections)."""
+    from inference.analyze.params import parameter_counts
+    from inference.parallel.weights import rank_weight_bytes
+
+    spec = load_config(Path("inference/configs/kimi_linear_48b_a3b.json"))
+    head, _ = parameter_counts(spec)
+    planned = head["total"] * 2 / tp  # analyze's bf16 weights per GPU (pp = 1)
+    runtime = rank_weight_bytes(spec, ParallelConfig(tp, 1), torch.bfloat16)
+    assert planned <= runtime <= planned * 1.01
