@@ -47,8 +47,10 @@ def bench_config() -> dict[str, Any]:
     return mod.bench_config()
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def sync(eng) -> None:
+    """Wait for the GPU; a parallel engine's step has returned only once rank 0's tokens were
+    read back (the driver holds no CUDA context and must not make one)."""
+    if eng.runner.device.type == "cuda" and getattr(eng.runner, "world_size", 1) == 1:
         torch.cuda.synchronize()
 
 
@@ -85,10 +87,10 @@ def _until_decoding(eng, batch: int, prompt_len: int, max_tokens: int) -> None:
 
 def decode(eng, args, batch: int) -> dict[str, Any]:
     _until_decoding(eng, batch, args.prompt, args.steps + 40)
-    sync(eng.runner.device)
+    sync(eng)
     t0 = time.perf_counter()
     n = sum(len(o.new_token_ids) for _ in range(args.steps) for o in eng.step())
-    sync(eng.runner.device)
+    sync(eng)
     dt = time.perf_counter() - t0
     eng.abort(list(eng.scheduler.requests))
     return {
@@ -103,10 +105,10 @@ def prefill(eng, args) -> dict[str, Any]:
     """TTFT of one `args.prefill`-token prompt in `args.chunk`-token chunks, after a warm-up chunk."""
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     eng.generate(rand_prompts(1, min(args.chunk, args.prefill), 3), sp)  # compile / autotune
-    sync(eng.runner.device)
+    sync(eng)
     t0 = time.perf_counter()
     eng.generate(rand_prompts(1, args.prefill, 4), sp)
-    sync(eng.runner.device)
+    sync(eng)
     dt = time.perf_counter() - t0
     return {
         "tokens": args.prefill,
@@ -120,7 +122,7 @@ def _profile_rows(eng, steps: int) -> list[dict[str, Any]]:
     def run() -> None:
         for _ in range(steps):
             eng.step()
-        sync(eng.runner.device)
+        sync(eng)
 
     profile = getattr(eng.runner, "profile", None)
     if profile is not None:  # world size > 1: rank 0's profiler
