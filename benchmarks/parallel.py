@@ -227,9 +227,10 @@ def plot(paths: list[str], out: Path) -> Path:
             d.text((x, y - 12), f"{v:.0f}", fill="black")
     d.line([left, h - bottom, w - 20, h - bottom], fill="black")
     for ri, r in enumerate(runs):
+        a2a = " a2a" if r.get("expert_dispatch") == "all_to_all" else ""
         d.text(
             (left + 150 * ri, h - 25),
-            f"tp{r['tp']} ep{r['ep']} ({r['device']})",
+            f"tp{r['tp']} ep{r['ep']}{a2a} ({r['device']})",
             fill=colors[ri % len(colors)],
         )
     path = out / "parallel.png"
