@@ -218,7 +218,7 @@ def build_engine(
         return build_parallel_engine(
             spec, tokenizer, cache_spec, engine_config or EngineConfig(),
             tensor_parallel_size=tensor_parallel_size, expert_parallel_size=expert_parallel_size,
-            expert_dispatch=expert_dispatch,
+            expert_dispatch=expert_dispatch, mem_fraction=mem_fraction, fixed_blocks=fixed_blocks,
             model_dir=model_dir, device=device, dtype=dtype, seed=seed,
         )  # fmt: skip
     ecfg, plan = plan_pools(

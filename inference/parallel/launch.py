@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,14 @@ def build_parallel_engine(
     device: torch.device,
     dtype: torch.dtype,
     seed: int,
+    mem_fraction: float = 0.8,
+    fixed_blocks: bool = False,
 ) -> Engine:
     """Check the split, verify the checkpoint manifest once, start the ranks, wrap them in an Engine.
 
-    The pools use the configured `num_blocks` (no profiled auto-sizing across ranks yet)."""
+    Pools: each rank plans its own by the single-GPU rule (on CUDA, profiled and sized from
+    `mem_fraction` unless `fixed_blocks`; on CPU the configured ones) and all allocate the
+    smallest of those KV pools, so the scheduler's one block count is valid on every rank."""
     from inference.loader import verify_manifest
 
     parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size, expert_dispatch)
@@ -71,7 +76,8 @@ def build_parallel_engine(
         raise ParallelConfigError(f"parallel ranks run on cpu (gloo) or cuda (nccl), not {device.type}")
     if model_dir is not None:
         verify_manifest(model_dir)  # once, here; the ranks read their slices unverified
-    plan = rank_memory_plan(cache_spec, config, parallel)
+    if device.type == "cpu" or fixed_blocks:  # the configured pools: refuse before starting
+        rank_memory_plan(cache_spec, config, parallel)
     threads = int(os.environ.get("DAYZERO_RANK_THREADS", "1" if device.type == "cpu" else "4"))
     args = WorkerArgs(
         config=parallel,
@@ -82,15 +88,17 @@ def build_parallel_engine(
         device_type=device.type,
         seed=seed,
         cache_spec=shard_cache_spec(cache_spec, parallel),
-        num_blocks=config.num_blocks,
-        block_size=config.block_size,
-        num_slots=config.num_state_slots,
+        engine_config=config,
+        mem_fraction=mem_fraction,
+        fixed_blocks=fixed_blocks or device.type != "cuda",
         vocab_size=tokenizer.vocab_size,
         init_method="",
         collective_timeout_s=COLLECTIVE_TIMEOUT_S,
         threads=threads,
     )
     runner = ParallelRunner(args)
+    plan = runner.plan
+    config = replace(config, num_blocks=plan.num_blocks)
     log.info(
         "parallel engine tp=%d ep=%d, per-rank memory plan: %s",
         tensor_parallel_size,

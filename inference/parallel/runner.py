@@ -97,12 +97,12 @@ class ParallelRunner:
             self.conns.append(parent)
         self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing)
         try:
-            waiting = set(range(world))
-            while waiting:  # ranks are ready in any order
-                rank, msg = self._next(waiting, start_timeout_s, "starting")
-                if msg[0] != "ready":
-                    raise self._fail(rank, f"sent {msg[0]!r} while starting")
-                waiting.discard(rank)
+            plans = self._gather("plan", start_timeout_s, "starting")
+            # every rank allocates the same pools: the smallest any of them fits
+            self.plan = min(plans, key=lambda p: p.num_blocks)
+            for c in self.conns:
+                c.send(("pools", self.plan.num_blocks))
+            self._gather("ready", start_timeout_s, "allocating its pools")
         except BaseException:
             self.close()
             raise
@@ -133,6 +133,16 @@ class ParallelRunner:
         ready = wait(list(sentinels))
         if not self._closing.is_set() and ready:
             self._death(sentinels[ready[0]])
+
+    def _gather(self, kind: str, timeout_s: float, what: str) -> list[Any]:
+        """Every rank's next message, which must be `kind`: their payloads in rank order."""
+        got: dict[int, Any] = {}
+        while len(got) < self.world_size:  # ranks answer in any order
+            rank, msg = self._next(set(range(self.world_size)) - set(got), timeout_s, what)
+            if msg[0] != kind:
+                raise self._fail(rank, f"sent {msg[0]!r} while {what}")
+            got[rank] = msg[1]
+        return [got[r] for r in range(self.world_size)]
 
     def _wait(self, rank: int, timeout_s: float | None, what: str) -> tuple:
         return self._next({rank}, timeout_s, what)[1]
@@ -214,11 +224,7 @@ class ParallelRunner:
     def memory(self) -> list[dict[str, int]]:
         """Every rank's `rank_memory` figures, in rank order."""
         self._broadcast(("memory",))
-        out: dict[int, dict[str, int]] = {}
-        while len(out) < self.world_size:
-            rank, msg = self._next(set(range(self.world_size)) - set(out), 60.0, "reporting memory")
-            out[rank] = msg[1]
-        return [out[r] for r in range(self.world_size)]
+        return self._gather("memory", 60.0, "reporting memory")
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from inference.config import ModelSpec
+from inference.engine.engine import EngineConfig
 from inference.engine.request import SamplingParams
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.comm import NVLINK_MULTICAST_OFF
@@ -41,9 +42,9 @@ class WorkerArgs:
     device_type: str  # "cpu" or "cuda" (rank r uses cuda:r)
     seed: int
     cache_spec: HybridCacheSpec  # this rank's (sharded) cache
-    num_blocks: int
-    block_size: int
-    num_slots: int
+    engine_config: EngineConfig  # pool sizes (num_blocks: the configured or starting value)
+    mem_fraction: float  # of each GPU, as the single-GPU plan uses it
+    fixed_blocks: bool  # keep num_blocks (checked) instead of sizing the KV pool from memory
     vocab_size: int | None
     init_method: str
     collective_timeout_s: float
@@ -105,7 +106,20 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
     os.environ.update(NVLINK_MULTICAST_OFF)
     torch.set_num_threads(args.threads)
     try:
-        runner = _setup(rank, args)
+        model, device = _setup(rank, args)
+        conn.send(("plan", _plan(model, args, device)))
+        kind, num_blocks = conn.recv()  # the driver's choice: the smallest pool any rank fits
+        if kind != "pools":
+            raise RuntimeError(f"expected the pool size from the driver, got {kind!r}")
+        from inference.engine.model_runner import ModelRunner
+
+        cfg = args.engine_config
+        # CUDA graphs per rank are the design (NCCL collectives capture); not built: eager steps
+        runner = ModelRunner(
+            model, args.cache_spec, num_blocks=num_blocks, block_size=cfg.block_size,
+            num_slots=cfg.num_state_slots, device=device, dtype=args.dtype, vocab_size=args.vocab_size,
+            cuda_graphs=False,
+        )  # fmt: skip
         conn.send(("ready", rank))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -113,8 +127,8 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
     _loop(rank, runner, conn, args.device_type == "cuda")
 
 
-def _setup(rank: int, args: WorkerArgs):
-    from inference.engine.model_runner import ModelRunner
+def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device]:
+    """Join the mesh and build this rank's shard."""
     from inference.parallel.comm import init_mesh
     from inference.parallel.weights import build_sharded_model
 
@@ -130,12 +144,21 @@ def _setup(rank: int, args: WorkerArgs):
         args.spec, mesh, load_format=args.load_format, path=Path(args.path) if args.path else None,
         dtype=args.dtype, device=device, seed=args.seed,
     )  # fmt: skip
-    # CUDA graphs per rank are the design (NCCL collectives capture); not built: eager steps
-    return ModelRunner(
-        model, args.cache_spec, num_blocks=args.num_blocks, block_size=args.block_size,
-        num_slots=args.num_slots, device=device, dtype=args.dtype, vocab_size=args.vocab_size,
-        cuda_graphs=False,
+    return model, device
+
+
+def _plan(model: torch.nn.Module, args: WorkerArgs, device: torch.device) -> Any:
+    """This rank's `MemoryPlan`, by the single-GPU rule (`plan_pools`: on CUDA a profiled forward
+    of the largest step, run by every rank in step, and what `mem_fraction` leaves for the KV
+    pool; on CPU the configured pools)."""
+    from inference.engine.factory import plan_pools
+    from inference.tokenizer import ByteTokenizer
+
+    _, plan = plan_pools(
+        model, ByteTokenizer(), args.cache_spec, args.engine_config, device, args.dtype,
+        mem_fraction=args.mem_fraction, fixed_blocks=args.fixed_blocks,
     )  # fmt: skip
+    return plan
 
 
 def _loop(rank: int, runner, conn: Connection, cuda: bool) -> None:

@@ -8,10 +8,13 @@ import signal
 import time
 
 import pytest
+import torch
 
+from inference.config import parse_config
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine, small_model_config
 from inference.engine.request import SamplingParams
+from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel import ParallelConfigError, WorkerFailedError
 
 # small budget: every prompt is prefilled in several chunks, decodes mix with prefill chunks;
@@ -94,6 +97,11 @@ def test_killed_worker_fails_the_engine_fast() -> None:
     engine = build_engine(engine_config=CONFIG, tensor_parallel_size=2)
     runner = engine.runner
     try:
+        # the plan the ranks allocated: KDA state split by head, MLA latent whole
+        full = HybridCacheSpec.from_model_spec(parse_config(small_model_config()), torch.float32)
+        assert engine.memory_plan.num_blocks == CONFIG.num_blocks
+        assert engine.memory_plan.state_bytes_per_slot * 2 == full.state_bytes_per_slot
+        assert engine.memory_plan.kv_bytes_per_block == full.kv_bytes_per_token * CONFIG.block_size
         engine.generate([ROUND1[0]], GREEDY)
         os.kill(runner.pids[1], signal.SIGKILL)
         t0 = time.monotonic()
@@ -140,7 +148,6 @@ def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
     """A safetensors checkpoint: the driver verifies the manifest once, each rank reads its slices."""
     import json
 
-    from inference.config import parse_config
     from inference.loader import ChecksumError, save_sharded
     from inference.model.factory import build_model
 
@@ -166,8 +173,6 @@ def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
 @pytest.mark.parametrize(("tp", "ep"), [(2, 1), (1, 2)])
 def test_nccl_ranks_match_tp1_on_gpus(tp: int, ep: int) -> None:
     """The same check on GPUs (NCCL), fp32; needs `tp * ep` CUDA devices (the multi-GPU issues)."""
-    import torch
-
     if torch.cuda.device_count() < tp * ep:
         pytest.skip(f"needs {tp * ep} GPUs, this host has {torch.cuda.device_count()}")
     ref = _run(build_engine(engine_config=CONFIG, device="cuda"))
