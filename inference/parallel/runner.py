@@ -124,9 +124,18 @@ class ParallelRunner:
         return self.failure
 
     def _death(self, rank: int) -> WorkerFailedError:
+        """Fail for the death of `rank`, naming every rank found dead with it (a peer's death can
+        take a rank down too; which died first is not known)."""
         p = self.procs[rank]
         p.join(0.5)
-        return self._fail(rank, f"process {p.pid} exited (exit code {p.exitcode})")
+        time.sleep(0.1)  # let a death caused by this one show
+        also = [
+            f"rank {r} (pid {q.pid}, exit code {q.exitcode})"
+            for r, q in enumerate(self.procs)
+            if r != rank and not q.is_alive()
+        ]
+        tail = f"; also gone: {', '.join(also)}" if also else ""
+        return self._fail(rank, f"process {p.pid} exited (exit code {p.exitcode}){tail}")
 
     def _watch(self) -> None:
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
@@ -170,6 +179,9 @@ class ParallelRunner:
                     except (EOFError, OSError):
                         raise self._death(r) from None
                     if msg[0] == "error":
+                        dead = [d for d, p in enumerate(self.procs) if d != r and not p.is_alive()]
+                        if dead:  # a peer's death broke this rank's collective: blame the cause
+                            raise self._death(dead[0]) from None
                         raise self._fail(r, f"raised while {what}:\n{msg[1]}")
                     if r in ranks:
                         return r, msg

@@ -121,18 +121,26 @@ def test_killed_worker_fails_the_engine_fast() -> None:
         runner.close()
 
 
-def test_killed_worker_mid_step_fails_the_step() -> None:
+@pytest.mark.parametrize("victim", [0, 1])
+def test_killed_worker_during_steps_fails_the_step(victim: int) -> None:
+    """Killed while the engine steps back to back (most likely inside a step: the survivor then
+    waits in a collective for the dead rank); rank 0 is the one the driver waits on."""
+    import threading
+
     engine = build_engine(engine_config=CONFIG, tensor_parallel_size=2)
     runner = engine.runner
     try:
-        engine.add_request(ROUND1[2], SamplingParams(temperature=0.0, max_tokens=50))
+        for p in ROUND1:
+            engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
         engine.step()
-        os.kill(runner.pids[0], signal.SIGKILL)
+        killer = threading.Timer(0.3, os.kill, (runner.pids[victim], signal.SIGKILL))
+        killer.start()
         t0 = time.monotonic()
-        with pytest.raises(WorkerFailedError, match="rank 0"):
+        with pytest.raises(WorkerFailedError, match=f"rank {victim}"):
             while engine.has_unfinished:
                 engine.step()
         assert time.monotonic() - t0 < 10
+        assert engine.has_unfinished  # it stopped for the kill, not at the end
     finally:
         runner.close()
 
