@@ -118,9 +118,10 @@ class ParallelRunner:
     def _fail(self, rank: int, message: str) -> WorkerFailedError:
         with self._lock:
             if self.failure is None:
-                self.failure = WorkerFailedError(rank, message)
-                log.error("%s", self.failure)
-                self._finalizer()
+                failure = WorkerFailedError(rank, message)
+                log.error("%s", failure)
+                self._finalizer()  # the group is torn down before anyone sees the failure
+                self.failure = failure
         return self.failure
 
     def _death(self, rank: int) -> WorkerFailedError:
@@ -136,6 +137,16 @@ class ParallelRunner:
         ]
         tail = f"; also gone: {', '.join(also)}" if also else ""
         return self._fail(rank, f"process {p.pid} exited (exit code {p.exitcode}){tail}")
+
+    def _peer_death(self, rank: int, grace_s: float = 1.0) -> int | None:
+        """A rank other than `rank` found dead within `grace_s` (a collective can fail on the
+        closed connection before the dead process can be reaped), or None."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [r for r, p in enumerate(self.procs) if r != rank and not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                return dead[0] if dead else None
+            time.sleep(0.05)
 
     def _watch(self) -> None:
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
@@ -168,6 +179,8 @@ class ParallelRunner:
             try:
                 ready = wait([*watched, *sentinels], POLL_S)
             except (OSError, ValueError):  # the monitor closed the pipes of a failed group
+                with self._lock:  # held until its teardown is over and the failure is set
+                    pass
                 if self.failure is not None:
                     raise self.failure from None
                 raise
@@ -179,9 +192,9 @@ class ParallelRunner:
                     except (EOFError, OSError):
                         raise self._death(r) from None
                     if msg[0] == "error":
-                        dead = [d for d, p in enumerate(self.procs) if d != r and not p.is_alive()]
-                        if dead:  # a peer's death broke this rank's collective: blame the cause
-                            raise self._death(dead[0]) from None
+                        dead = self._peer_death(r)
+                        if dead is not None:  # a peer's death broke this rank's collective: blame it
+                            raise self._death(dead) from None
                         raise self._fail(r, f"raised while {what}:\n{msg[1]}")
                     if r in ranks:
                         return r, msg
