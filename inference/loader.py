@@ -33,7 +33,9 @@ __all__ = [
     "MANIFEST_FILE",
     "ChecksumError",
     "WeightLoadError",
+    "copy_shard",
     "load_weights",
+    "load_weights_sharded",
     "save_sharded",
     "sha256_file",
     "verify_manifest",
@@ -206,6 +208,91 @@ def load_weights(
                             f"tensor '{name}' in {fname}: shape {tuple(src.shape)} != {tuple(dst.shape)}"
                         )
                 dst.copy_(src.to(dst.dtype))
+                seen.add(name)
+    missing = sorted(set(targets) - seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise WeightLoadError(f"{len(missing)} tensors missing from the checkpoint: {shown}")
+
+
+# -- sharded loading (tensor / expert parallel ranks) ------------------------------------------
+# Kept apart from `load_weights`: a rank reads only its slice of each split tensor, straight from
+# the file (`safe_open(...).get_slice`), and skips the tensors other ranks hold.
+
+
+def copy_shard(dst: torch.Tensor, src: torch.Tensor, dim: int, what: str) -> None:
+    """Copy the checkpoint slice `src` into `dst`; rows of `dst` past it along `dim` (vocab padding
+    of the last rank) are zeroed."""
+    n = src.shape[dim]
+    if (
+        dst.dim() != src.dim()
+        or n > dst.shape[dim]
+        or any(a != b for i, (a, b) in enumerate(zip(src.shape, dst.shape, strict=True)) if i != dim)
+    ):
+        raise WeightLoadError(f"{what}: slice shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+    dst.narrow(dim, 0, n).copy_(src.to(dst.dtype))
+    if n < dst.shape[dim]:
+        dst.narrow(dim, n, dst.shape[dim] - n).zero_()
+
+
+@torch.no_grad()
+def load_weights_sharded(
+    model: nn.Module,
+    folder: str | Path,
+    slices: dict[str, tuple[int, int, int]],
+    elsewhere: set[str],
+    *,
+    progress: bool = False,
+    ignore_unexpected: tuple[str, ...] = ("rotary_emb.inv_freq",),
+    ignore_prefixes: tuple[str, ...] = (),
+) -> None:
+    """Fill one rank's shard of a model (strict, as `load_weights`).
+
+    `slices[name] = (dim, start, stop)`: the parameter holds that slice of the checkpoint tensor;
+    `elsewhere`: checkpoint names another rank holds (skipped). The SHA-256 manifest is not read
+    here: the driver verifies it once before the ranks start (`verify_manifest`).
+    """
+    root = Path(folder)
+    targets = dict(model.named_parameters())
+    targets.update(dict(model.named_buffers()))
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False) if n not in targets}
+    seen: set[str] = set()
+    shards = _shard_map(root)
+    for fname, names in _progress(shards.items(), len(shards), progress):
+        with safe_open(str(root / fname), framework="pt") as f:
+            for name in names:
+                if name in elsewhere:
+                    continue
+                if name not in targets:
+                    if name in tied or name.endswith(ignore_unexpected) or name.startswith(ignore_prefixes):
+                        continue
+                    raise WeightLoadError(f"unexpected tensor '{name}' in {fname}")
+                dst = targets[name]
+                what = f"tensor '{name}' in {fname}"
+                if name in slices:
+                    dim, start, stop = slices[name]
+                    piece = f.get_slice(name)
+                    shape = piece.get_shape()
+                    if len(shape) == dst.dim():
+                        index = tuple(
+                            slice(start, stop) if i == dim else slice(None) for i in range(len(shape))
+                        )
+                        copy_shard(dst, piece[index], dim, what)
+                    elif name.endswith(_RESHAPE_OK):  # [H] stored for [1, 1, H, 1]: tiny, read whole
+                        full = f.get_tensor(name).reshape(-1)
+                        view = [1] * dst.dim()
+                        view[dim] = full.numel()
+                        copy_shard(dst, full.view(view).narrow(dim, start, stop - start), dim, what)
+                    else:
+                        raise WeightLoadError(f"{what}: shape {tuple(shape)} cannot be split along dim {dim}")
+                else:
+                    src = f.get_tensor(name)
+                    if src.shape != dst.shape:
+                        if name.endswith(_RESHAPE_OK) and src.numel() == dst.numel():
+                            src = src.reshape(dst.shape)
+                        else:
+                            raise WeightLoadError(f"{what}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
+                    dst.copy_(src.to(dst.dtype))
                 seen.add(name)
     missing = sorted(set(targets) - seen)
     if missing:

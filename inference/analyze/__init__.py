@@ -110,6 +110,14 @@ def analyze(
             f"checkpoint stores {_fmt_n(stored.quantized_params)} weights as {q.method} ({layout}); "
             f"dequantized to bf16 at load: {_fmt_b(stored.disk)} on disk -> {_fmt_b(stored.memory)} in memory"
         )
+    if s.mla is not None and MLA in s.layer_kinds:
+        # the runtime's choice (inference/parallel/sharding.py), counted by the plans' KV per GPU
+        notes.append(
+            "tensor parallel: every rank keeps the whole MLA latent cache"
+            + (" and DSA indexer keys" if s.dsa is not None else "")
+            + " (all heads read the whole latent), so KV per GPU does not shrink with TP; "
+            "recurrent states split by head"
+        )
     return Analysis(
         model_type=_display_name(s),
         layers={kind: s.layer_kinds.count(kind) for kind in (KDA, MLA, GDN, GQA)}

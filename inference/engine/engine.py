@@ -94,7 +94,10 @@ class Engine:
         cache_spec: Any,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        runner: Any = None,
     ) -> None:
+        """`runner`: a prebuilt stand-in for `ModelRunner` (the parallel driver's); `model` is
+        then unused (None)."""
         self.config = config
         self.tokenizer = tokenizer
         self.memory_plan: Any = None  # the factory's MemoryPlan (how the pools were sized)
@@ -104,7 +107,7 @@ class Engine:
             block_bytes=cache_spec.kv_bytes_per_token * config.cache.block_size,
             state_bytes=cache_spec.state_bytes_per_slot,
         )
-        self.runner = ModelRunner(
+        self.runner = runner or ModelRunner(
             model,
             cache_spec,
             num_blocks=config.cache.num_blocks,
@@ -178,6 +181,8 @@ class Engine:
         step, where a failure is its own. Requests outside the failed step keep their blocks and
         state. The prefix cache is dropped: the failed step may have left a reserved checkpoint
         unwritten. A failure with no request in the step is the engine's own: all fail."""
+        if (dead := getattr(self.runner, "failure", None)) is not None:
+            raise dead  # a lost parallel worker: no request can run again (WorkerFailedError)
         batch = [rid for rid in self._in_step if rid in self.scheduler.requests]
         self._in_step = []
         sched = self.scheduler

@@ -165,10 +165,15 @@ def build_engine(
     seed: int = 0,
     mem_fraction: float = 0.8,
     fixed_blocks: bool = False,
+    tensor_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
+    expert_dispatch: str = "local",
 ) -> Engine:
     """`model_dir`: real weights (safetensors) + config.json (+ tokenizer.json if present);
     `config`: a config dict or file with seeded random weights; neither: the bundled small model.
-    The pools are planned by `plan_pools` (`mem_fraction` of a CUDA device; the rest is headroom)."""
+    The pools are planned by `plan_pools` (`mem_fraction` of a CUDA device; the rest is headroom).
+    A world size (`tensor_parallel_size * expert_parallel_size`) above 1 builds no model here:
+    one worker process per rank builds its shard (`inference.parallel.launch`)."""
     from inference.config import load_config, parse_config
     from inference.model.cache_tensors import HybridCacheSpec
     from inference.model.factory import build_model
@@ -176,9 +181,14 @@ def build_engine(
     if isinstance(dtype, str):
         dtype = DTYPES[dtype]
     device = torch.device(device)
+    parallel = tensor_parallel_size * expert_parallel_size > 1
     if model_dir is not None:
         spec = load_config(model_dir)
-        model = build_model(spec, load_format="safetensors", path=model_dir, dtype=dtype, device=device)
+        model = (
+            None
+            if parallel
+            else build_model(spec, load_format="safetensors", path=model_dir, dtype=dtype, device=device)
+        )
         tokenizer = load_tokenizer(model_dir)
     else:
         if config is None:
@@ -192,13 +202,26 @@ def build_engine(
             # random weights: a published config's image token id means nothing to the byte
             # tokenizer, whose <|media_pad|> is where the chat template puts image embeddings
             spec = replace(spec, image_token_id=pad)
-        model = build_model(spec, load_format="dummy", dtype=dtype, device=device, seed=seed)
+        model = (
+            None
+            if parallel
+            else build_model(spec, load_format="dummy", dtype=dtype, device=device, seed=seed)
+        )
     if tokenizer.vocab_size > spec.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, the model only {spec.vocab_size}")
     engine_config = engine_config or EngineConfig()
     cache_spec = HybridCacheSpec.from_model_spec(
         spec, dtype, latent_fp8=engine_config.kv_cache_dtype == "fp8"
     )
+    if parallel:
+        from inference.parallel.launch import build_parallel_engine
+
+        return build_parallel_engine(
+            spec, tokenizer, cache_spec, engine_config,
+            tensor_parallel_size=tensor_parallel_size, expert_parallel_size=expert_parallel_size,
+            expert_dispatch=expert_dispatch, mem_fraction=mem_fraction, fixed_blocks=fixed_blocks,
+            model_dir=model_dir, device=device, dtype=dtype, seed=seed,
+        )  # fmt: skip
     ecfg, plan = plan_pools(
         model,
         tokenizer,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from inference.model.kimi_linear import KimiLinearForCausalLM
 from inference.model.multimodal import KimiVLForConditionalGeneration
 from inference.model.text_models import ignored_prefixes, text_model_class
 
-__all__ = ["build_model", "init_dummy_weights"]
+__all__ = ["build_model", "dummy_tensor_values", "init_dummy_weights"]
 
 LOAD_FORMATS = ("dummy", "safetensors")
 
@@ -28,9 +29,23 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     rounding alone moves its logits by tens of percent. Every tensor is drawn on the CPU from one
     generator, so the same seed gives the same model anywhere.
     """
+    gen = torch.Generator().manual_seed(seed)
+    for _name, tensor, value in dummy_tensor_values(model, gen):
+        tensor.copy_(value.to(tensor.dtype))
+    for module in model.modules():  # recurrent mixers draw their decay parameters their own way
+        init = getattr(module, "init_dummy", None)
+        if callable(init):
+            init(gen)
+
+
+def dummy_tensor_values(
+    model: nn.Module, gen: torch.Generator
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """`(name, tensor, fp32 value)` of every parameter and buffer but the recurrent decays, in the
+    order `init_dummy_weights` draws them. Reads only names and shapes: a meta-device model gives
+    the values a sharded rank slices its part from (the same random model at any world size)."""
     num_layers = sum(1 for name, _ in model.named_modules() if name.endswith("input_layernorm"))
     residual_scale = (2 * max(num_layers, 1)) ** -0.5
-    gen = torch.Generator().manual_seed(seed)
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if name.endswith(("A_log", "dt_bias")):
             continue
@@ -47,11 +62,7 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             value = torch.randn(shape, generator=gen) / fan_in**0.5
             if name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")) and "vision" not in name:
                 value = value * residual_scale
-        tensor.copy_(value.to(tensor.dtype))
-    for module in model.modules():  # recurrent mixers draw their decay parameters their own way
-        init = getattr(module, "init_dummy", None)
-        if callable(init):
-            init(gen)
+        yield name, tensor, value
 
 
 def build_model(

@@ -59,16 +59,22 @@ class KimiDeltaAttention(nn.Module):
         self._fg_a: Tensor | None = None
         self._conv: Tensor | None = None
 
-    @torch.no_grad()
-    def init_dummy(self, generator: torch.Generator) -> None:
-        """Decay parameters as fla initialises them (A in [1, 16], dt in [1e-3, 1e-1])."""
+    def dummy_params(self, generator: torch.Generator) -> dict[str, Tensor]:
+        """Decay parameters as fla initialises them (A in [1, 16], dt in [1e-3, 1e-1]), by name.
+
+        Only shapes are read, so a meta-device layer gives the full-size values a sharded rank
+        slices its heads from."""
         a = torch.empty(self.A_log.shape).uniform_(1.0, 16.0, generator=generator)
-        self.A_log.copy_(a.log())
         dt = torch.exp(
             torch.rand(self.dt_bias.shape, generator=generator) * (math.log(0.1) - math.log(1e-3))
             + math.log(1e-3)
         ).clamp(min=1e-4)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        return {"A_log": a.log(), "dt_bias": dt + torch.log(-torch.expm1(-dt))}  # inverse softplus
+
+    @torch.no_grad()
+    def init_dummy(self, generator: torch.Generator) -> None:
+        for name, value in self.dummy_params(generator).items():
+            getattr(self, name).copy_(value)
 
     def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`; updates `cache.state/conv[layer][meta.state_slots]`."""

@@ -122,21 +122,29 @@ class SparseMoE(nn.Module):
         self._w13: Tensor | None = None
         self._w2: Tensor | None = None
 
+    def expert_modules(self) -> list[nn.Module]:
+        """The routed experts this module computes, in id order (a parallel rank: its own)."""
+        return list(self.experts)
+
     def _stacked(self) -> tuple[Tensor, Tensor]:
         """`(w13 [E, 2I, H], w2 [E, H, I])` views of the experts' own (re-pointed) parameters."""
-        e, i = self.spec.num_experts, self.spec.intermediate_size
-        self._w13 = concat_params([w for x in self.experts for w in x.weights()[:2]], self._w13)
-        self._w2 = concat_params([x.weights()[2] for x in self.experts], self._w2)
+        experts = self.expert_modules()
+        e, i = len(experts), experts[0].weights()[0].shape[0]
+        self._w13 = concat_params([w for x in experts for w in x.weights()[:2]], self._w13)
+        self._w2 = concat_params([x.weights()[2] for x in experts], self._w2)
         return self._w13.view(e, 2 * i, -1), self._w2.view(e, -1, i)
+
+    def routed(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        """Weighted sum of the chosen experts' outputs `[T, hidden]`; `ids` index `expert_modules()`."""
+        if x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available():
+            return moe_experts_grouped(x, weights, ids, *self._stacked())
+        gate, up, down = zip(*(e.weights() for e in self.expert_modules()), strict=True)
+        return moe_experts_reference(x, weights, ids, list(gate), list(down), list(up))
 
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""
         weights, ids = self.gate(x)
-        if x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available():
-            out = moe_experts_grouped(x, weights, ids, *self._stacked())
-        else:
-            gate, up, down = zip(*(e.weights() for e in self.experts), strict=True)
-            out = moe_experts_reference(x, weights, ids, list(gate), list(down), list(up))
+        out = self.routed(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

@@ -56,6 +56,18 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--kv-offload-min-tokens", type=int, default=0,
                    help="offload only prefixes of sequences at least this long")  # fmt: skip
     s.add_argument(
+        "--tensor-parallel-size", type=int, default=1,
+        help="ranks splitting heads, FFN columns and vocab (one worker process per rank; gloo on CPU, NCCL on GPU)",
+    )  # fmt: skip
+    s.add_argument(
+        "--expert-parallel-size", type=int, default=1,
+        help="ranks splitting the routed experts (world size = tensor x expert parallel size)",
+    )  # fmt: skip
+    s.add_argument(
+        "--expert-dispatch", choices=["local", "all_to_all"], default="local",
+        help="how tokens reach the experts' ranks: picked locally from the replicated tokens, or exchanged",
+    )  # fmt: skip
+    s.add_argument(
         "--api-key",
         default=os.environ.get("DAYZERO_INFERENCE_API_KEY") or None,
         help="require `Authorization: Bearer KEY` on /v1/* (or DAYZERO_INFERENCE_API_KEY; default: none)",
@@ -134,6 +146,9 @@ def _serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         mem_fraction=args.gpu_memory_utilization,
         fixed_blocks=args.num_blocks is not None,
+        tensor_parallel_size=args.tensor_parallel_size,
+        expert_parallel_size=args.expert_parallel_size,
+        expert_dispatch=args.expert_dispatch,
     )
     name = args.served_model_name or (
         Path(args.model or args.dummy).resolve().name

@@ -1,0 +1,117 @@
+"""Build an `Engine` whose model runs over `tensor_parallel_size * expert_parallel_size` ranks."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inference.config import ModelSpec
+from inference.engine.engine import Engine, EngineConfig
+from inference.engine.memory_plan import MemoryPlan, check_pools
+from inference.model.cache_tensors import HybridCacheSpec
+from inference.parallel.config import ParallelConfig, ParallelConfigError
+from inference.parallel.runner import ParallelRunner
+from inference.parallel.sharding import check_shardable, shard_cache_spec
+from inference.parallel.worker import WorkerArgs
+
+__all__ = ["build_parallel_engine", "rank_memory_plan"]
+
+log = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT_S = 300.0  # a collective that long is a lost peer, not a slow step
+
+
+def rank_memory_plan(
+    cache_spec: HybridCacheSpec, config: EngineConfig, parallel: ParallelConfig
+) -> MemoryPlan:
+    """Every rank's pools (the same on each): the configured block and slot counts at the sharded
+    per-rank sizes (KDA state by head, MLA latent whole), the figures `dayzero analyze` reports."""
+    local = shard_cache_spec(cache_spec, parallel)
+    plan = MemoryPlan(
+        config.cache.block_size,
+        config.cache.num_blocks,
+        config.cache.num_state_slots,
+        local.kv_bytes_per_token * config.cache.block_size,
+        local.state_bytes_per_slot,
+    )
+    return check_pools(plan, config.scheduler.max_model_len)
+
+
+def build_parallel_engine(
+    spec: ModelSpec,
+    tokenizer: Any,
+    cache_spec: HybridCacheSpec,
+    config: EngineConfig,
+    *,
+    tensor_parallel_size: int,
+    expert_parallel_size: int,
+    expert_dispatch: str = "local",
+    model_dir: str | Path | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    mem_fraction: float = 0.8,
+    fixed_blocks: bool = False,
+) -> Engine:
+    """Check the split, verify the checkpoint manifest once, start the ranks, wrap them in an Engine.
+
+    Pools: each rank plans its own by the single-GPU rule (on CUDA, profiled and sized from
+    `mem_fraction` unless `fixed_blocks`; on CPU the configured ones) and all allocate the
+    smallest of those KV pools, so the scheduler's one block count is valid on every rank."""
+    from inference.loader import verify_manifest
+
+    parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size, expert_dispatch)
+    check_shardable(spec, parallel)
+    if config.cache.tiers.enabled:
+        # the ranks' pools would each need their own host/disk tier store, moved in step
+        raise ParallelConfigError(
+            "KV offload tiers (--kv-offload-*) are not built for tensor/expert parallelism yet: "
+            "drop the offload flags or use --tensor-parallel-size 1 --expert-parallel-size 1"
+        )
+    world = parallel.world_size
+    if device.type == "cuda" and torch.cuda.device_count() < world:
+        raise ParallelConfigError(
+            f"world size {world} needs {world} GPUs, this host has {torch.cuda.device_count()}"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ParallelConfigError(f"parallel ranks run on cpu (gloo) or cuda (nccl), not {device.type}")
+    if model_dir is not None:
+        verify_manifest(model_dir)  # once, here; the ranks read their slices unverified
+    if device.type == "cpu" or fixed_blocks:  # the configured pools: refuse before starting
+        rank_memory_plan(cache_spec, config, parallel)
+    threads = int(os.environ.get("DAYZERO_RANK_THREADS", "1" if device.type == "cpu" else "4"))
+    args = WorkerArgs(
+        config=parallel,
+        spec=spec,
+        load_format="dummy" if model_dir is None else "safetensors",
+        path=None if model_dir is None else str(model_dir),
+        dtype=dtype,
+        device_type=device.type,
+        seed=seed,
+        cache_spec=shard_cache_spec(cache_spec, parallel),
+        engine_config=config,
+        mem_fraction=mem_fraction,
+        fixed_blocks=fixed_blocks or device.type != "cuda",
+        vocab_size=tokenizer.vocab_size,
+        init_method="",
+        collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+        threads=threads,
+    )
+    runner = ParallelRunner(args)
+    plan = runner.plan
+    config = config.evolve(num_blocks=plan.num_blocks)
+    log.info(
+        "parallel engine tp=%d ep=%d, per-rank memory plan: %s",
+        tensor_parallel_size,
+        expert_parallel_size,
+        plan.describe(),
+    )
+    engine = Engine(
+        None, tokenizer, config, cache_spec=args.cache_spec, device=device, dtype=dtype, runner=runner
+    )
+    engine.memory_plan = plan
+    return engine

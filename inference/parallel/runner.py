@@ -1,0 +1,267 @@
+"""The driver side of a parallel engine: starts one worker process per rank, supervises them,
+and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` / `graphs`).
+
+The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
+and lists) is pickled once and sent to every rank, with the sampling parameters of requests the
+workers have not seen and the ids they can forget. Rank 0 answers with the sampled tokens.
+
+Supervision: the driver never joins a collective, so it never blocks in one. It waits for rank
+0's answer with `multiprocessing.connection.wait` over every rank's pipe and process sentinel, so
+a rank that dies (or reports an exception) fails the step at once with `WorkerFailedError`; a
+monitor thread does the same between steps. Either way the other ranks (possibly stuck in a
+collective with the dead one) are killed, and every later call raises the same error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import replace
+from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+
+from inference.engine.request import Request, TokenLogprob
+from inference.engine.scheduler import SchedulerOutput
+from inference.parallel.config import WorkerFailedError
+from inference.parallel.worker import WorkerArgs, worker_main
+
+__all__ = ["ParallelRunner"]
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2  # how often a waiting driver re-checks the ranks' liveness
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -> None:
+    closing.set()  # the monitor thread must not report the deaths this causes
+    for c in conns:
+        with contextlib.suppress(OSError):
+            c.close()
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 2.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+class ParallelRunner:
+    """`ModelRunner`'s interface over `world_size` worker processes (see module docstring)."""
+
+    model = None  # the model lives in the workers (the image encoder needs world size 1)
+    graphs = None  # CUDA graphs under TP/EP: per-rank capture is the design, not built
+
+    def __init__(self, args: WorkerArgs, *, start_timeout_s: float = 600.0) -> None:
+        world = args.config.world_size
+        self.device = torch.device(args.device_type)
+        self.world_size = world
+        self.forward_time = 0.0
+        # block tables live in the workers; a failed step is fatal here, so the engine's
+        # requeue-after-failure pop of this dict never has to reach them
+        self.tables: dict[str, list[int]] = {}
+        self.failure: WorkerFailedError | None = None
+        self.unstarted: list[int] = []  # no offload tiers under TP/EP (refused at build)
+        self._known: set[str] = set()  # requests whose sampling params the workers have
+        self._drops: list[str] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        ctx = get_context("spawn")  # CUDA cannot be forked; spawn everywhere for one behaviour
+        args = replace(args, init_method=args.init_method or f"tcp://127.0.0.1:{_free_port()}")
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        for rank in range(world):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(
+                target=worker_main, args=(rank, args, child), name=f"dayzero-rank{rank}", daemon=True
+            )
+            p.start()
+            child.close()
+            self.procs.append(p)
+            self.conns.append(parent)
+        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing)
+        try:
+            plans = self._gather("plan", start_timeout_s, "starting")
+            # every rank allocates the same pools: the smallest any of them fits
+            self.plan = min(plans, key=lambda p: p.num_blocks)
+            for c in self.conns:
+                c.send(("pools", self.plan.num_blocks))
+            self._gather("ready", start_timeout_s, "allocating its pools")
+        except BaseException:
+            self.close()
+            raise
+        self._monitor = threading.Thread(target=self._watch, name="dayzero-rank-monitor", daemon=True)
+        self._monitor.start()
+        log.info("parallel engine: %d ranks ready (pids %s)", world, [p.pid for p in self.procs])
+
+    # -- supervision ------------------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _fail(self, rank: int, message: str) -> WorkerFailedError:
+        with self._lock:
+            if self.failure is None:
+                failure = WorkerFailedError(rank, message)
+                log.error("%s", failure)
+                self._finalizer()  # the group is torn down before anyone sees the failure
+                self.failure = failure
+        return self.failure
+
+    def _death(self, rank: int) -> WorkerFailedError:
+        """Fail for the death of `rank`, naming every rank found dead with it (a peer's death can
+        take a rank down too; which died first is not known)."""
+        p = self.procs[rank]
+        p.join(0.5)
+        time.sleep(0.1)  # let a death caused by this one show
+        also = [
+            f"rank {r} (pid {q.pid}, exit code {q.exitcode})"
+            for r, q in enumerate(self.procs)
+            if r != rank and not q.is_alive()
+        ]
+        tail = f"; also gone: {', '.join(also)}" if also else ""
+        return self._fail(rank, f"process {p.pid} exited (exit code {p.exitcode}){tail}")
+
+    def _peer_death(self, rank: int, grace_s: float = 1.0) -> int | None:
+        """A rank other than `rank` found dead within `grace_s` (a collective can fail on the
+        closed connection before the dead process can be reaped), or None."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [r for r, p in enumerate(self.procs) if r != rank and not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                return dead[0] if dead else None
+            time.sleep(0.05)
+
+    def _watch(self) -> None:
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        ready = wait(list(sentinels))
+        if not self._closing.is_set() and ready:
+            self._death(sentinels[ready[0]])
+
+    def _gather(self, kind: str, timeout_s: float, what: str) -> list[Any]:
+        """Every rank's next message, which must be `kind`: their payloads in rank order."""
+        got: dict[int, Any] = {}
+        while len(got) < self.world_size:  # ranks answer in any order
+            rank, msg = self._next(set(range(self.world_size)) - set(got), timeout_s, what)
+            if msg[0] != kind:
+                raise self._fail(rank, f"sent {msg[0]!r} while {what}")
+            got[rank] = msg[1]
+        return [got[r] for r in range(self.world_size)]
+
+    def _wait(self, rank: int, timeout_s: float | None, what: str) -> tuple:
+        return self._next({rank}, timeout_s, what)[1]
+
+    def _next(self, ranks: set[int], timeout_s: float | None, what: str) -> tuple[int, tuple]:
+        """`(rank, message)`: the next message of one of `ranks`; any other rank's message is an
+        error report; a dead rank (or `timeout_s` passing) fails the runner."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        watched = {c: r for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            try:
+                ready = wait([*watched, *sentinels], POLL_S)
+            except (OSError, ValueError):  # the monitor closed the pipes of a failed group
+                with self._lock:  # held until its teardown is over and the failure is set
+                    pass
+                if self.failure is not None:
+                    raise self.failure from None
+                raise
+            for obj in ready:  # messages first: a rank that reported an error then exited
+                if obj in watched:
+                    r = watched[obj]
+                    try:
+                        msg = obj.recv()
+                    except (EOFError, OSError):
+                        raise self._death(r) from None
+                    if msg[0] == "error":
+                        dead = self._peer_death(r)
+                        if dead is not None:  # a peer's death broke this rank's collective: blame it
+                            raise self._death(dead) from None
+                        raise self._fail(r, f"raised while {what}:\n{msg[1]}")
+                    if r in ranks:
+                        return r, msg
+                    raise self._fail(r, f"sent an unexpected {msg[0]!r} while {what}")
+            for obj in ready:
+                if obj in sentinels:
+                    raise self._death(sentinels[obj])
+            if deadline is not None and time.monotonic() > deadline:
+                raise self._fail(min(ranks), f"no answer within {timeout_s:.0f} s while {what}")
+
+    def _broadcast(self, msg: tuple) -> None:
+        if self.failure is not None:
+            raise self.failure
+        payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        for r, c in enumerate(self.conns):
+            try:
+                c.send_bytes(payload)
+            except (BrokenPipeError, OSError):
+                raise self._death(r) from None
+
+    # -- ModelRunner's interface -------------------------------------------------------------
+    def poll_transfers(self, wait: bool = False) -> list[int]:
+        return []  # no tier promotions in flight: tiers are refused under TP/EP
+
+    def drop(self, req_id: str) -> None:
+        self.tables.pop(req_id, None)
+        if req_id in self._known:
+            self._known.discard(req_id)
+            self._drops.append(req_id)
+
+    @torch.inference_mode()
+    def execute(
+        self, out: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        """Run one scheduled step on every rank; rank 0's sampled tokens (and logprobs)."""
+        new = {}
+        for s in out.scheduled:
+            if s.req_id not in self._known:
+                new[s.req_id] = requests[s.req_id].sampling
+                self._known.add(s.req_id)
+        drops, self._drops = self._drops, []
+        self._broadcast(("step", out, new, drops))
+        _, sampled, logprobs, seconds = self._wait(0, None, "running a step")
+        self.forward_time += seconds
+        return sampled, logprobs
+
+    def profile(self, steps) -> list[dict[str, Any]]:
+        """Run `steps()` (a callable driving the engine) under the torch profiler in every rank;
+        rank 0's `key_averages` rows."""
+        self._broadcast(("profile_start",))
+        steps()
+        self._broadcast(("profile_stop",))
+        return self._wait(0, 300.0, "profiling")[1]
+
+    def memory(self) -> list[dict[str, int]]:
+        """Every rank's `rank_memory` figures, in rank order."""
+        self._broadcast(("memory",))
+        return self._gather("memory", 60.0, "reporting memory")
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        self._closing.set()
+        if self.failure is None:
+            for c in self.conns:
+                with contextlib.suppress(OSError):
+                    c.send(("stop",))
+            for p in self.procs:
+                p.join(5.0)
+        self._finalizer()

@@ -1,0 +1,209 @@
+"""One rank's worker process: joins the mesh, builds its shard and a `ModelRunner`, then runs the
+steps the driver sends (the same scheduler output to every rank) until told to stop.
+
+Every rank runs the whole step (cache operations on its own pools, the forward with its
+collectives, the sampler on the all-gathered logits); only rank 0 answers with the sampled tokens.
+An exception is reported to the driver and ends the process: after a failed collective the group
+cannot be trusted, so the driver stops the engine (`WorkerFailedError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inference.config import ModelSpec
+from inference.engine.engine import EngineConfig
+from inference.engine.request import SamplingParams
+from inference.model.cache_tensors import HybridCacheSpec
+from inference.parallel.comm import NVLINK_MULTICAST_OFF
+from inference.parallel.config import ParallelConfig
+
+__all__ = ["WorkerArgs", "rank_memory", "worker_main"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerArgs:
+    """Everything a rank needs to build its part (picklable: sent to the spawned process)."""
+
+    config: ParallelConfig
+    spec: ModelSpec
+    load_format: str
+    path: str | None
+    dtype: torch.dtype
+    device_type: str  # "cpu" or "cuda" (rank r uses cuda:r)
+    seed: int
+    cache_spec: HybridCacheSpec  # this rank's (sharded) cache
+    engine_config: EngineConfig  # pool sizes (num_blocks: the configured or starting value)
+    mem_fraction: float  # of each GPU, as the single-GPU plan uses it
+    fixed_blocks: bool  # keep num_blocks (checked) instead of sizing the KV pool from memory
+    vocab_size: int | None
+    init_method: str
+    collective_timeout_s: float
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Req:
+    """What `ModelRunner.execute` reads of a request in a worker."""
+
+    sampling: SamplingParams
+    mm_inputs: Any = None
+
+
+class _Profile:
+    """The torch profiler around the steps between `profile_start` and `profile_stop` (rank 0)."""
+
+    def __init__(self, cuda: bool) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.prof = profile(activities=acts)
+        self.prof.__enter__()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.prof.__exit__(None, None, None)
+        rows = []
+        for e in self.prof.key_averages():
+            rows.append(
+                {
+                    "name": e.key,
+                    "count": e.count,
+                    "cpu_total_us": e.cpu_time_total,
+                    "device_total_us": getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0)),
+                }
+            )
+        return rows
+
+
+def rank_memory(model: torch.nn.Module, cache: Any) -> dict[str, int]:
+    """Bytes this rank holds: weights, the KV pool (latents, FP8 scales, DSA keys), the state pool
+    (states and conv windows), and what CUDA has allocated (0 on CPU)."""
+
+    def size(tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    return {
+        "weight_bytes": size(model.parameters()) + size(model.buffers()),
+        "kv_pool_bytes": size([*cache.kv.values(), *cache.kv_scale.values(), *cache.index_k.values()]),
+        "state_pool_bytes": size([*cache.state.values(), *cache.conv.values()]),
+        "kv_bytes_per_token": cache.spec.kv_bytes_per_token,
+        "state_bytes_per_slot": cache.spec.state_bytes_per_slot,
+        "cuda_allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0,
+    }
+
+
+def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
+    """Process entry point (spawned by `ParallelRunner`)."""
+    os.environ.update(NVLINK_MULTICAST_OFF)
+    torch.set_num_threads(args.threads)
+    try:
+        model, device = _setup(rank, args)
+        conn.send(("plan", _plan(model, args, device)))
+        kind, num_blocks = conn.recv()  # the driver's choice: the smallest pool any rank fits
+        if kind != "pools":
+            raise RuntimeError(f"expected the pool size from the driver, got {kind!r}")
+        from inference.engine.model_runner import ModelRunner
+
+        cfg = args.engine_config
+        # CUDA graphs per rank are the design (NCCL collectives capture); not built: eager steps
+        runner = ModelRunner(
+            model, args.cache_spec, num_blocks=num_blocks, block_size=cfg.cache.block_size,
+            num_slots=cfg.cache.num_state_slots, device=device, dtype=args.dtype, vocab_size=args.vocab_size,
+            cuda_graphs=False,
+        )  # fmt: skip
+        conn.send(("ready", rank))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    _loop(rank, runner, conn, args.device_type == "cuda")
+
+
+def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device]:
+    """Join the mesh and build this rank's shard."""
+    from inference.parallel.comm import init_mesh
+    from inference.parallel.weights import build_sharded_model
+
+    if args.device_type == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    mesh = init_mesh(args.config, rank, args.init_method, backend, args.collective_timeout_s)
+    model = build_sharded_model(
+        args.spec, mesh, load_format=args.load_format, path=Path(args.path) if args.path else None,
+        dtype=args.dtype, device=device, seed=args.seed,
+    )  # fmt: skip
+    return model, device
+
+
+def _plan(model: torch.nn.Module, args: WorkerArgs, device: torch.device) -> Any:
+    """This rank's `MemoryPlan`, by the single-GPU rule (`plan_pools`: on CUDA a profiled forward
+    of the largest step, run by every rank in step, and what `mem_fraction` leaves for the KV
+    pool; on CPU the configured pools)."""
+    from inference.engine.factory import plan_pools
+    from inference.tokenizer import ByteTokenizer
+
+    _, plan = plan_pools(
+        model, ByteTokenizer(), args.cache_spec, args.engine_config, device, args.dtype,
+        mem_fraction=args.mem_fraction, fixed_blocks=args.fixed_blocks,
+    )  # fmt: skip
+    return plan
+
+
+def _loop(rank: int, runner, conn: Connection, cuda: bool) -> None:
+    import torch.distributed as dist
+
+    requests: dict[str, _Req] = {}
+    profile: _Profile | None = None
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:  # the driver is gone
+                break
+            kind = msg[0]
+            if kind == "step":
+                _, out, new_sampling, drops = msg
+                for rid in drops:
+                    runner.drop(rid)
+                    requests.pop(rid, None)
+                for rid, sp in new_sampling.items():
+                    requests[rid] = _Req(sp)
+                t0 = time.perf_counter()
+                sampled, logprobs = runner.execute(out, requests)
+                if rank == 0:
+                    conn.send(("done", sampled, logprobs, time.perf_counter() - t0))
+            elif kind == "profile_start":
+                if cuda:
+                    torch.cuda.synchronize()
+                profile = _Profile(cuda)
+            elif kind == "profile_stop":
+                if cuda:
+                    torch.cuda.synchronize()
+                rows = profile.stop() if profile is not None else []
+                profile = None
+                if rank == 0:
+                    conn.send(("profile", rows))
+            elif kind == "memory":  # every rank answers
+                conn.send(("memory", rank_memory(runner.model, runner.cache)))
+            elif kind == "stop":
+                break
+    except BaseException:
+        with contextlib.suppress(OSError):
+            conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):  # a peer already gone: nothing to tear down cleanly
+                dist.destroy_process_group()
