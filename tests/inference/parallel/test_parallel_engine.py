@@ -152,7 +152,9 @@ def test_unsplittable_layout_is_refused_before_any_process_starts() -> None:
     with pytest.raises(ParallelConfigError, match="routed experts"):
         build_engine(engine_config=CONFIG, expert_parallel_size=3)
     with pytest.raises(ParallelConfigError, match="offload tiers"):
-        build_engine(engine_config=CONFIG.evolve(tiers=TierConfig(host_bytes=1 << 20)), tensor_parallel_size=2)
+        build_engine(
+            engine_config=CONFIG.evolve(tiers=TierConfig(host_bytes=1 << 20)), tensor_parallel_size=2
+        )
 
 
 def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
