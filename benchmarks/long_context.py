@@ -21,6 +21,13 @@ Recorded (2026-12-01):
   the same bytes (0.681; the timed span includes building the 2,048 loads in Python and the
   staging + scatter on the side stream). The other sections were not run on the H200 (the first
   call's run ended at its time limit before its first section printed: cold Triton caches).
+- H200, torch 2.11, `--sections prefill_decode --lengths 32768,131072,1048576 --dsa-lengths
+  131072 --hf-max 0 --decode-steps 8` (one sequence, 16K chunks, bf16, CUDA graphs; the 32K row
+  includes the first compile): dense TTFT 0.415 s at 32K (79.0k tok/s), 2.214 s at 128K
+  (59.2k tok/s), **63.8 s at 1,048,576 tokens** (16.4k tok/s, 19.5 GiB peak); batch-1 decode
+  273 / 250 / 137 tok/s at 32K / 128K / 1M; DSA top-2048 at 128K: TTFT 6.04 s, decode 21.4 tok/s
+  (the indexer's scoring and torch.topk per step; slower than dense at this length).
+  `docs/figures/long_context_h200.{json,png}`.
 - CPU box (2 cores shared by other jobs), `--quick` (small random model, fp32): returning
   conversation at 1K after eviction: host tier 10.4 ms, disk tier 15.0 ms vs recompute 102.8 ms
   (0.10x / 0.15x; 1,055 of 1,120 prompt tokens cached from the tier); turn-10 TTFT at 1K
