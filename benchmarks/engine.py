@@ -345,7 +345,7 @@ def hf_decode(hf, device, batch: int, prompt_len: int, steps: int) -> dict[str, 
     }
 
 
-def _first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
+def first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
     """TTFT of one request on an otherwise idle engine; runs it to the end. Returns (ttft s,
     output ids, cached prompt tokens)."""
     sync(device)
@@ -373,7 +373,7 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
     per_turn = []
     for turn in range(10):
         prompt = transcript + [rng.randrange(256) for _ in range(user_len)]
-        ttft, reply, hit = _first_token(cached, prompt, sp, device)
+        ttft, reply, hit = first_token(cached, prompt, sp, device)
         per_turn.append(
             {
                 "turn": turn + 1,
@@ -384,8 +384,8 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
         )
         transcript = prompt + reply
     nocache = make_engine(model, spec, dtype, device, enable_prefix_caching=False)
-    _first_token(nocache, [rng.randrange(256) for _ in range(len(prompt))], sp, device)  # warm-up, same size
-    t_nc, reply_nc, _ = _first_token(nocache, prompt, sp, device)
+    first_token(nocache, [rng.randrange(256) for _ in range(len(prompt))], sp, device)  # warm-up, same size
+    t_nc, reply_nc, _ = first_token(nocache, prompt, sp, device)
     t_c = per_turn[-1]["ttft_ms"] / 1000
     return {
         "context": context,
@@ -417,11 +417,11 @@ def prefill_long(model, spec, dtype, device, lengths: tuple[int, ...]) -> dict[s
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     res: dict[str, Any] = {"chunk": 16384}
     eng = _long_engine(model, spec, dtype, device, max(lengths), enable_prefix_caching=False)
-    _first_token(eng, [rng.randrange(256) for _ in range(min(32768, lengths[0]))], sp, device)
+    first_token(eng, [rng.randrange(256) for _ in range(min(32768, lengths[0]))], sp, device)
     for n in lengths:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        ttft, _, _ = _first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)
+        ttft, _, _ = first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)
         row = {"ttft_s": round(ttft, 3), "tok_per_s": round(n / ttft, 1)}
         if device.type == "cuda":
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
@@ -459,11 +459,11 @@ def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, A
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     eng = make_engine(model, spec, dtype, device, enable_prefix_caching=True)
     prompt = [rng.randrange(256) for _ in range(context)]
-    _first_token(eng, prompt, sp, device)
+    first_token(eng, prompt, sp, device)
     nxt = prompt + [rng.randrange(256) for _ in range(64)]
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
-        ttft, _, hit = _first_token(eng, nxt, sp, device)
+        ttft, _, hit = first_token(eng, nxt, sp, device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=25)
     cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)

@@ -136,20 +136,10 @@ def rand(n: int, seed: int) -> list[int]:
 
 
 def first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
-    """(TTFT s, output ids, cached tokens) of one request on an idle engine, run to its end."""
-    sync(device)
-    t0 = time.perf_counter()
-    rid = eng.add_request(prompt, sp)
-    ttft, out, cached = None, [], 0
-    while eng.has_unfinished:
-        for o in eng.step():
-            if o.request_id == rid:
-                if ttft is None and o.new_token_ids:
-                    sync(device)
-                    ttft = time.perf_counter() - t0
-                out += o.new_token_ids
-                cached = o.num_cached_tokens
-    return ttft, out, cached
+    """(TTFT s, output ids, cached tokens): benchmarks/engine.py's measurement, one definition."""
+    from engine import first_token as measure
+
+    return measure(eng, prompt, sp, device)
 
 
 # -- sections ---------------------------------------------------------------------------------

@@ -209,10 +209,7 @@ def load_weights(
                         )
                 dst.copy_(src.to(dst.dtype))
                 seen.add(name)
-    missing = sorted(set(targets) - seen)
-    if missing:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise WeightLoadError(f"{len(missing)} tensors missing from the checkpoint: {shown}")
+    _check_complete(targets, seen)
 
 
 # -- sharded loading (tensor / expert parallel ranks) ------------------------------------------
@@ -294,6 +291,11 @@ def load_weights_sharded(
                             raise WeightLoadError(f"{what}: shape {tuple(src.shape)} != {tuple(dst.shape)}")
                     dst.copy_(src.to(dst.dtype))
                 seen.add(name)
+    _check_complete(targets, seen)
+
+
+def _check_complete(targets, seen: set[str]) -> None:
+    """Every tensor the model (or its shard) needs came from the checkpoint."""
     missing = sorted(set(targets) - seen)
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
