@@ -51,8 +51,8 @@ from orchestrator.metrics import (
     TOOL_ATTEMPTS,
 )
 from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.retry import Decision, decide, decide_tool
 from orchestrator.runner.lease import LeaseLost, claim_next_task, renew_lease
-from orchestrator.runner.retry import full_jitter_delay
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent, TaskStatus
 from orchestrator.store import StaleTransition, attachments_t, message_dict, messages_t, steps_t, tasks_t
@@ -79,8 +79,12 @@ class RunnerConfig:
     blob_url: str = "./.dayzero/blobs"
     preprocess: dict[str, Any] | None = None  # PreprocessConfig fields (Settings.preprocess)
     preprocess_tenants: dict[str, dict[str, Any]] | None = None  # per-tenant overrides of those
-    preprocess_timeout_s: float = 120.0
-    preprocess_max_attempts: int = 3
+    # Attachment preprocessing: attempts, backoff (the task is parked meanwhile) and timeout.
+    preprocess_retry: RetryPolicy = field(
+        default_factory=lambda: RetryPolicy(
+            max_attempts=3, backoff_base_s=2.0, backoff_max_s=60.0, timeout_s=120.0
+        )
+    )
     model_retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(
             max_attempts=3, backoff_base_s=0.5, backoff_max_s=10.0, timeout_s=300.0
@@ -335,7 +339,7 @@ class Runner:
             with task_span(current_traceparent() or task.traceparent, "attachment.preprocess", attrs) as span:
                 payload["traceparent"] = current_traceparent() or task.traceparent  # the worker's parent
                 try:
-                    result = self.dispatcher.preprocess(payload, self.config.preprocess_timeout_s)
+                    result = self.dispatcher.preprocess(payload, self.config.preprocess_retry.timeout_s)
                     error = None
                 except Exception as exc:  # typed image errors and transport failures alike
                     result, error = None, describe_job_error(exc)
@@ -373,10 +377,12 @@ class Runner:
                 tx.commit(self._conn)
                 continue
             att["failures"] = att.get("failures", 0) + 1
-            if error.get("retryable") and att["failures"] < self.config.preprocess_max_attempts:
+            kind = ErrorKind.RETRYABLE if error.get("retryable") else ErrorKind.PERMANENT
+            decision = decide(self.config.preprocess_retry, kind, att["failures"])  # idempotent job
+            if decision.retry:
                 tx.event("attachment.retry_scheduled", {"attachment": att["id"], "error": error})
                 tx.set_task(
-                    next_run_at=tx.now + dt.timedelta(seconds=2.0 * att["failures"]),
+                    next_run_at=tx.now + dt.timedelta(seconds=decision.delay_s),
                     lease_owner=None,
                     lease_until=None,
                 )
@@ -491,8 +497,10 @@ class Runner:
             policy = self.config.model_retry
             err = {"kind": "inference", "message": str(error), "retryable": bool(error and error.retryable)}
             tx.finish_attempt(step, "FAILED", error=err)
-            if err["retryable"] and step.attempt_count < policy.max_attempts:
-                self._schedule_retry(tx, step, policy, err)
+            kind = ErrorKind.RETRYABLE if err["retryable"] else ErrorKind.PERMANENT
+            decision = decide(policy, kind, step.attempt_count)  # a model call has no side effect
+            if decision.retry:
+                self._schedule_retry(tx, step, decision, err)
             else:
                 tx.step_transition(step, StepEvent.FAIL, error=err)
                 tx.event("step.failed", {"step": step.index, "kind": "model", "error": err})
@@ -619,22 +627,17 @@ class Runner:
             span.set_attribute("dayzero.tool.outcome", "lost" if lost else str(kind))
             trace_error(span, str(err.get("type") or kind), str(err.get("error") or err.get("message")))
             tx.finish_attempt(step, "LOST" if lost else "FAILED", error=err)
-            policy = spec.retry if spec is not None else None
-            safe_to_repeat = spec is not None and (spec.idempotent or spec.accepts_idempotency_key)
-            retryable = kind == ErrorKind.RETRYABLE.value or (
-                kind == ErrorKind.TIMEOUT.value
-                and policy is not None
-                and policy.retry_on_timeout
-                and safe_to_repeat
-            )
-            if policy is not None and retryable and step.attempt_count < policy.max_attempts:
-                self._schedule_retry(tx, step, policy, err)
+            decision = Decision(retry=False)  # an unknown tool: nothing to retry
+            if spec is not None:
+                decision = decide_tool(spec, ToolError.from_dict(err), step.attempt_count)
+            if decision.retry:
+                self._schedule_retry(tx, step, decision, err)
                 return
             tx.step_transition(step, StepEvent.FAIL, error=err)
             tx.event(
                 "step.failed", {"step": step.index, "kind": "tool", "tool": step.tool_name, "error": err}
             )
-            if policy is not None and policy.fail_task_on_exhaustion and retryable:
+            if spec is not None and spec.retry.fail_task_on_exhaustion and decision.exhausted:
                 tx.task_transition(TaskEvent.FAIL, error={"kind": "tool", "tool": step.tool_name, **err})
                 return
             content = err  # the model reads the error as the tool's result
@@ -656,9 +659,8 @@ class Runner:
                 StepView(index=task.next_step_index, kind="model", status=StepStatus.PENDING), start=True
             )
 
-    def _schedule_retry(self, tx: StepTxn, step: StepView, policy: RetryPolicy, err: dict[str, Any]) -> None:
-        cap = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (step.attempt_count - 1))
-        delay = full_jitter_delay(step.attempt_count, policy.backoff_base_s, policy.backoff_max_s)
+    def _schedule_retry(self, tx: StepTxn, step: StepView, decision: Decision, err: dict[str, Any]) -> None:
+        delay, cap = decision.delay_s, decision.cap_s
         due = tx.now + dt.timedelta(seconds=delay)
         tx.step_transition(step, StepEvent.RETRY, next_attempt_at=due)
         STEP_RETRIES.labels(step.kind).inc()
