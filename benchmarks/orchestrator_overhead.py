@@ -31,7 +31,7 @@ from orchestrator.db.engine import make_engine
 from orchestrator.dispatch import InProcessDispatcher
 from orchestrator.inference_client import AssistantTurn, Sampling, parse_chat_completion
 from orchestrator.runner import Runner, RunnerConfig
-from orchestrator.store import NewTask, create_task
+from orchestrator.tasks.create import NewTask, create_task
 from tests.support.scripted_model import reply
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry

@@ -36,10 +36,10 @@ from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.clock import utcnow
+from orchestrator.db.tables import events_t, tasks_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
 from orchestrator.probes import Backoff, Health, outage_errors
-from orchestrator.store import events_t, tasks_t
 from orchestrator.tracing import context_of, kafka_headers, tracer
 
 log = logging.getLogger(__name__)

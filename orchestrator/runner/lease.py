@@ -9,8 +9,8 @@ import datetime as dt
 from sqlalchemy import Connection, or_, select, update
 
 from orchestrator.clock import utcnow
+from orchestrator.db.tables import tasks_t
 from orchestrator.statemachine import RUNNABLE_TASK_STATUSES, TaskStatus
-from orchestrator.store import tasks_t
 
 # A runner also takes tasks whose attachments still need preprocessing.
 CLAIMABLE = sorted({*RUNNABLE_TASK_STATUSES, TaskStatus.PREPROCESSING})

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine
 
 from orchestrator.attachments import (
     PDF_MEDIA_TYPE,
@@ -37,6 +37,7 @@ from orchestrator.attachments import (
     resolve_images,
 )
 from orchestrator.clock import utcnow
+from orchestrator.db.tables import attachments_t
 from orchestrator.dispatch import Dispatcher
 from orchestrator.failpoints import failpoint
 from orchestrator.inference_client import InferenceClient, InferenceError, Sampling
@@ -55,7 +56,8 @@ from orchestrator.retry import Decision, decide, decide_tool
 from orchestrator.runner.lease import LeaseLost, claim_next_task, renew_lease
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent, TaskStatus
-from orchestrator.store import StaleTransition, attachments_t, message_dict, messages_t, steps_t, tasks_t
+from orchestrator.tasks.errors import StaleTransition
+from orchestrator.tasks.queries import has_unfinished_tasks, task_state
 from orchestrator.tracing import current_traceparent, task_span, trace_error
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from tools.registry import ToolRegistry
@@ -182,12 +184,7 @@ class Runner:
 
     def _has_unfinished_tasks(self) -> bool:
         with self.engine.connect() as conn:
-            q = select(tasks_t.c.id).where(
-                tasks_t.c.status.in_(
-                    [TaskStatus.PREPROCESSING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING]
-                )
-            )
-            return conn.execute(q.limit(1)).first() is not None
+            return has_unfinished_tasks(conn)
 
     def run_once(self) -> bool:
         """Claim one task and drive it as far as it goes; False when nothing was claimable."""
@@ -206,37 +203,23 @@ class Runner:
     # -- one task ----------------------------------------------------------------------------
     def _load(self, task_id: str) -> TaskView:
         with self.engine.connect() as conn:
-            t = conn.execute(select(tasks_t).where(tasks_t.c.id == task_id)).one()
-            transcript = [
-                message_dict(r)
-                for r in conn.execute(
-                    select(messages_t).where(messages_t.c.task_id == task_id).order_by(messages_t.c.seq)
-                )
-            ]
-            rows = list(
-                conn.execute(
-                    select(steps_t).where(steps_t.c.task_id == task_id).order_by(steps_t.c.step_index)
-                )
-            )
-            atts = [
-                {
-                    "id": a.id,
-                    "media_type": a.media_type,
-                    "sha256": a.sha256,
-                    "content_hash": a.content_hash,
-                    "processed_sha256": a.processed_sha256,
-                    "redaction": a.redaction,
-                    "tenant": a.tenant,
-                    "filename": a.filename,
-                    "status": a.status,
-                    "path": _tool_path(self.config.blob_url, a.sha256, a.redaction),
-                }
-                for a in conn.execute(
-                    select(attachments_t)
-                    .where(attachments_t.c.task_id == task_id)
-                    .order_by(attachments_t.c.created_at)
-                )
-            ]
+            state = task_state(conn, task_id)
+        t, rows, transcript = state.task, state.steps, state.messages
+        atts = [
+            {
+                "id": a.id,
+                "media_type": a.media_type,
+                "sha256": a.sha256,
+                "content_hash": a.content_hash,
+                "processed_sha256": a.processed_sha256,
+                "redaction": a.redaction,
+                "tenant": a.tenant,
+                "filename": a.filename,
+                "status": a.status,
+                "path": _tool_path(self.config.blob_url, a.sha256, a.redaction),
+            }
+            for a in state.attachments
+        ]
         steps = {
             r.step_index: StepView(
                 index=r.step_index,

@@ -15,7 +15,7 @@ from orchestrator.api.errors import ProblemError, problem_responses
 from orchestrator.api.schemas import ATTACHMENT_MEDIA_TYPES, ID_PATTERN, AttachmentOut
 from orchestrator.api.views import attachment_out
 from orchestrator.clock import utcnow
-from orchestrator.store import attachments_t
+from orchestrator.db.tables import attachments_t
 
 router = APIRouter(prefix="/v1/attachments", tags=["attachments"])
 

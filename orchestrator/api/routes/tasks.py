@@ -21,10 +21,12 @@ from orchestrator.api.schemas import (
     TaskSummary,
     check_text,
 )
-from orchestrator.api.submission import InvalidSubmission, submit_task
 from orchestrator.api.views import new_task_row, task_detail, task_summary
+from orchestrator.db.tables import tasks_t
 from orchestrator.metrics import TASKS_SUBMITTED
-from orchestrator.store import get_task, list_attempts, list_steps, request_cancel, tasks_t
+from orchestrator.tasks.control import request_cancel
+from orchestrator.tasks.queries import get_task, list_attempts, list_steps
+from orchestrator.tasks.submission import InvalidSubmission, submit_task
 from orchestrator.tracing import current_traceparent, task_span, valid_traceparent
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])

@@ -19,7 +19,7 @@ from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
 from orchestrator.api.errors import ProblemError
 from orchestrator.api.routes.tasks import TaskId
 from orchestrator.api.views import task_summary
-from orchestrator.store import get_task, list_attempts, list_steps
+from orchestrator.tasks.queries import get_task, list_attempts, list_steps
 from orchestrator.tracing import trace_id_of
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
