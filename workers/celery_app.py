@@ -220,13 +220,6 @@ def flush_spans(**_: Any) -> None:
         flush(5000)
 
 
-def current_traceparent() -> str | None:
-    """The W3C traceparent of the current context (None when there is no valid span)."""
-    carrier: dict[str, str] = {}
-    _propagator().inject(carrier)
-    return carrier.get("traceparent")
-
-
 before_task_publish.connect(inject_trace_headers, weak=False, dispatch_uid="dayzero.trace.inject")
 task_prerun.connect(attach_trace_context, weak=False, dispatch_uid="dayzero.trace.attach")
 task_postrun.connect(detach_trace_context, weak=False, dispatch_uid="dayzero.trace.detach")

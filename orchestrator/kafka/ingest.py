@@ -27,10 +27,9 @@ from sqlalchemy.exc import IntegrityError
 
 from orchestrator.api.schemas import KafkaTaskMessage
 from orchestrator.auth import known_tenants
-from orchestrator.config import Settings
+from orchestrator.config import KafkaSettings, Settings
 from orchestrator.db.tables import tasks_t
 from orchestrator.failpoints import failpoint
-from orchestrator.kafka.config import KafkaSettings
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.statemachine import TaskStatus

@@ -1,12 +1,13 @@
 """Leases on tasks: claim (`FOR UPDATE SKIP LOCKED` on PostgreSQL; the single-writer
-`BEGIN IMMEDIATE` lock on SQLite), renew, release. Every write a runner makes is fenced on its
+`BEGIN IMMEDIATE` lock on SQLite) and renew; a lease ends with the task or expires. Every write a runner makes is fenced on its
 lease, so a runner that lost its lease cannot change the task any more."""
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
-from sqlalchemy import Connection, or_, select, update
+from sqlalchemy import Connection, Row, or_, select, update
 
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import tasks_t
@@ -20,8 +21,9 @@ class LeaseLost(Exception):
     """Another runner holds the task now (our lease expired); stop working on it."""
 
 
-def claim_next_task(conn: Connection, runner_id: str, lease_s: float) -> str | None:
-    """Take the lease of the runnable task that has waited longest; None when there is none."""
+def claim_next_task(conn: Connection, runner_id: str, lease_s: float) -> Row[Any] | None:
+    """Take the lease of the runnable task that has waited longest; returns its row (after the
+    claim), or None when there is none."""
     now = utcnow()
     candidate = (
         select(tasks_t.c.id)
@@ -39,8 +41,8 @@ def claim_next_task(conn: Connection, runner_id: str, lease_s: float) -> str | N
         update(tasks_t)
         .where(tasks_t.c.id == candidate.scalar_subquery())
         .values(lease_owner=runner_id, lease_until=now + dt.timedelta(seconds=lease_s))
-        .returning(tasks_t.c.id)
-    ).scalar_one_or_none()
+        .returning(*tasks_t.c)
+    ).first()
 
 
 def renew_lease(conn: Connection, task_id: str, runner_id: str, lease_s: float) -> None:
@@ -51,11 +53,3 @@ def renew_lease(conn: Connection, task_id: str, runner_id: str, lease_s: float) 
     )
     if res.rowcount != 1:
         raise LeaseLost(task_id)
-
-
-def release_lease(conn: Connection, task_id: str, runner_id: str) -> None:
-    conn.execute(
-        update(tasks_t)
-        .where(tasks_t.c.id == task_id, tasks_t.c.lease_owner == runner_id)
-        .values(lease_owner=None, lease_until=None)
-    )

@@ -93,9 +93,10 @@ class TaskState:
     attachments: list[Any]
 
 
-def task_state(conn: Connection, task_id: str) -> TaskState:
+def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
+    """The task's state; `task` is its row when the caller has it already (the claim returns it)."""
     return TaskState(
-        task=get_task(conn, task_id),
+        task=task if task is not None else get_task(conn, task_id),
         messages=list_messages(conn, task_id),
         steps=list_steps(conn, task_id),
         attachments=list_attachments(conn, task_id),

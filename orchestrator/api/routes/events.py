@@ -12,12 +12,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import Engine, select
 
-from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
+from orchestrator.api.deps import DbDep, IngressDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
+from orchestrator.api.feed import EventFeed
 from orchestrator.api.routes.tasks import TaskId
 from orchestrator.db.tables import events_t
+from orchestrator.events import event_record
 from orchestrator.metrics import SSE_STREAMS
-from orchestrator.relay import EventFeed, event_record
 from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
 from orchestrator.tasks.queries import get_task
 
@@ -89,7 +90,7 @@ async def stream_events(
     task_id: TaskId,
     request: Request,
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     ingress: IngressDep,
     after: Annotated[
         int | None,

@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, StringConstraints
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator.api.deps import EngineDep, SettingsDep, TenantDep
+from orchestrator.api.deps import DbDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
 from orchestrator.api.schemas import (
     ID_PATTERN,
@@ -56,7 +56,7 @@ TaskId = Annotated[str, Path(pattern=ID_PATTERN, description="the task id")]
 def create_task(
     body: TaskCreate,
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     settings: SettingsDep,
     response: Response,
     idempotency_key: Annotated[
@@ -155,7 +155,7 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 )
 def list_tasks(
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     status: Annotated[list[StatusName] | None, Query(description="any of these states")] = None,
     created_after: Annotated[IsoDateTime | None, Query(description="inclusive; naive = UTC")] = None,
     created_before: Annotated[IsoDateTime | None, Query(description="exclusive; naive = UTC")] = None,
@@ -207,7 +207,7 @@ def list_tasks(
     summary="A task with its steps and their attempts",
     responses=problem_responses(401, 404, 422),
 )
-def get_one(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> TaskDetail:
+def get_one(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> TaskDetail:
     with engine.connect() as conn:
         row = get_task(conn, task_id, tenant)
         steps = list_steps(conn, task_id)
@@ -222,7 +222,7 @@ def get_one(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> TaskDetail
     summary="Cancel a task (now if no runner holds it, else at its next step boundary)",
     responses=problem_responses(401, 404, 422),
 )
-def cancel(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> Any:
+def cancel(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> Any:
     with engine.begin() as conn:
         request_cancel(conn, task_id, tenant)
         row = get_task(conn, task_id, tenant)
