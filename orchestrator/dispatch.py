@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime as dt
+import logging
+import queue
+import threading
 import time
 from typing import Any, Protocol
 
 from tools.base import ErrorKind
 from workers.payloads import PreprocessJob, ToolJob
+
+log = logging.getLogger(__name__)
 
 
 def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
@@ -64,12 +69,26 @@ class InProcessDispatcher:
 
 
 class CeleryDispatcher:
-    """Celery queues `tools` and `preprocess`; results come back through the result backend."""
+    """Celery queues `tools` and `preprocess`; results come back through the result backend.
+
+    A result is read once, by the runner waiting for it, and then deleted: off the waiting path,
+    by a background thread (the delete is one more round trip to the backend per job), so a
+    result lives milliseconds, not the backend's expiry (`result_expires` bounds the unread)."""
 
     def __init__(self, broker_url: str, result_backend: str | None, *, app: Any = None):
         from workers.celery_app import make_celery_app
 
         self._app = app if app is not None else make_celery_app(broker_url, result_backend or broker_url)
+        self._read: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._forgetter = threading.Thread(target=self._forget_read, name="dayzero-forget", daemon=True)
+        self._forgetter.start()
+
+    def _forget_read(self) -> None:
+        while (res := self._read.get()) is not None:
+            try:
+                res.forget()
+            except Exception:  # the backend is away: the result expires instead
+                log.warning("could not delete the result of %s", res.id, exc_info=True)
 
     def run_tool(self, job: ToolJob) -> dict[str, Any]:
         from celery.exceptions import TimeoutError as CeleryTimeout
@@ -87,7 +106,7 @@ class CeleryDispatcher:
             res.revoke(terminate=True)
             return timeout_outcome(job.timeout_s, started)
         finally:
-            res.forget()  # read once: nothing else reads it, so it does not stay in the backend
+            self._read.put(res)
 
     def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         with _publish_span("preprocess", "dayzero.preprocess_attachment"):
@@ -97,9 +116,11 @@ class CeleryDispatcher:
         try:
             return res.get(timeout=timeout_s, propagate=True)
         finally:
-            res.forget()
+            self._read.put(res)
 
     def close(self) -> None:
+        self._read.put(None)  # the results read so far are deleted first
+        self._forgetter.join(timeout=5)
         self._app.close()
 
 
