@@ -13,6 +13,7 @@ Steps per task are read from the database, so a task that stops early (a budget)
 by the steps it ran.
 
     python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4]
+    DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/orchestrator_overhead.py  # its code
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any
 from rich.progress import Progress
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# DZ_BENCH_REPO: the checkout whose code is measured (another one's for "before" figures).
+sys.path.insert(0, os.environ.get("DZ_BENCH_REPO") or str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config import Budgets
 from orchestrator.db import migrate

@@ -34,7 +34,7 @@ from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
 from orchestrator.runner.heartbeat import Heartbeat
-from orchestrator.runner.lease import LeaseLost, claim_next_task
+from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
 from orchestrator.runner.preprocess_step import run_preprocess
 from orchestrator.runner.tool_step import run_tool_step
@@ -95,10 +95,12 @@ class Runner:
         self.health = Health()  # the loop and the lease renewals beat it (a long step is alive)
         self._stop = threading.Event()
         self.conn: Connection | None = None  # the connection driving the current task
+        self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
 
     # -- outer loop --------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
+        self._heartbeat.close()
 
     def run_forever(self) -> None:
         """Loop until `stop()`. A lost database connection is logged and retried with backoff: the
@@ -147,16 +149,15 @@ class Runner:
             with conn.begin():
                 if conn.dialect.name == "postgresql":
                     conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                row = claim_next_task(conn, self.config.runner_id, self.config.lease_s)
-                if row is None:
+                state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
+                if state is None:
                     return False
-                state = task_state(conn, row.id, task=row)
             try:
                 self._drive(conn, self._view(state))
             except (LeaseLost, StaleTransition) as exc:
                 if isinstance(exc, LeaseLost):
                     LEASES_LOST.inc()
-                log.info("gave up task %s: %s", row.id, exc)
+                log.info("gave up task %s: %s", state.task.id, exc)
         return True
 
     # -- one task ----------------------------------------------------------------------------
@@ -220,7 +221,7 @@ class Runner:
     def _drive(self, conn: Connection, task: TaskView) -> None:
         # One connection for the whole drive: checked out (and pinged) once, not once per step.
         self.conn = conn
-        with Heartbeat(self.engine, task.id, self.config.runner_id, self.config.lease_s, self.health):
+        with self._heartbeat.hold(task.id):
             while not self._stop.is_set() and task.status not in _TERMINAL:
                 step = task.open_step()
                 if task.cancel_requested or utcnow() >= task.deadline_at:

@@ -101,3 +101,12 @@ def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
         steps=list_steps(conn, task_id),
         attachments=list_attachments(conn, task_id),
     )
+
+
+# The same reads as `task_state`, as SQL text for PostgreSQL's pipelined claim
+# (`runner.lease.claim_with_state`): `{task}` is a subquery that yields the task's id.
+STATE_SQL_PG = (
+    "SELECT * FROM messages WHERE task_id = ({task}) ORDER BY seq",
+    "SELECT * FROM steps WHERE task_id = ({task}) ORDER BY step_index",
+    "SELECT * FROM attachments WHERE task_id = ({task}) ORDER BY created_at",
+)
