@@ -220,12 +220,12 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
 
     runner._execute = timed  # type: ignore[method-assign]
     wal0, size0 = wal_and_sizes(url)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     with Progress(transient=True) as progress:
         bar = progress.add_task("1 runner", total=n_tasks)
         while timed_run_once():
             progress.update(bar, completed=len(starts))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     wal1, size1 = wal_and_sizes(url)
     rec, fpi = wal_record_bytes(url, wal0, wal1)
     steps, ok = steps_run(url, ids)
@@ -239,6 +239,9 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
         "step_ms_p50": 1000 * statistics.median(durations),
         "step_ms_p99": 1000 * durations[int(0.99 * (len(durations) - 1))],
         "task_start_ms_p50": 1000 * statistics.median(starts),
+        # this process's CPU (runner, tool thread, heartbeat; not the database's) per step: less
+        # swayed by a busy shared disk than the latencies
+        "runner_cpu_ms_per_step": 1000 * cpu / steps,
         "wal_bytes_per_task_server_wide": (wal1 - wal0) / n_tasks,
         "wal_record_bytes_per_task": rec / n_tasks,  # without full-page images (checkpoint timing)
         "full_page_image_bytes_per_task": fpi / n_tasks,

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 
 def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
-    tools = r.tools.openai_tools(task.allowed_tools)
+    if task.offered_tools is None:
+        task.offered_tools = r.tools.openai_tools(task.allowed_tools)
+    tools = task.offered_tools
     try:
         messages = task.transcript
         if task.attachments:

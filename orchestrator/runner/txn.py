@@ -73,6 +73,8 @@ class TaskView:
     traceparent: str | None = None
     attachments: list[dict[str, Any]] = field(default_factory=list)
     cancel_requested: bool = False
+    # The OpenAI `tools` list offered to the model, built once per claim (by the model step).
+    offered_tools: list[dict[str, Any]] | None = None
     # Attempts this runner started itself and has not executed yet: not in doubt.
     fresh_attempts: set[tuple[int, int]] = field(default_factory=set)
 

@@ -124,6 +124,10 @@ def transition_task(
 
 
 # -- PostgreSQL: one statement --------------------------------------------------------------
+# One encoder for the hot path (`json.dumps` with options builds a new one per call).
+_dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 @functools.cache
 def _json_columns(table: Table) -> frozenset[str]:
     return frozenset(c.name for c in table.columns if isinstance(c.type, JSON))
@@ -132,7 +136,7 @@ def _json_columns(table: Table) -> frozenset[str]:
 def _db_value(table: Table, column: str, value: Any) -> Any:
     # None in a JSON column is JSON `null`, as SQLAlchemy's JSON type writes it on the other path.
     if column in _json_columns(table):
-        return json.dumps(value, separators=(",", ":"), default=str)
+        return _dumps(value)
     return value
 
 
@@ -205,7 +209,7 @@ def _apply_postgres(conn: Connection, w: TaskWrite) -> Outcome | None:
     for j, (typ, payload) in enumerate(w.events):
         params[f"e{j}_off"] = j - n + 1
         params[f"e{j}_type"] = typ
-        params[f"e{j}_payload"] = json.dumps(payload, separators=(",", ":"), default=str)
+        params[f"e{j}_payload"] = _dumps(payload)
     sql = _render_pg(w.fence.column, tuple(w.task_values), tuple(shapes), n)
     seq, cancel, traceparent, hits, expected = conn.exec_driver_sql(sql, params).one()
     if seq is None:
