@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.auth import create_api_key
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
+from orchestrator.db.tables import tasks_t
 from orchestrator.kafka.topics import ensure_topics
-from orchestrator.store import tasks_t
 from tests.support.kafka_broker import run_tansu
 
 ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

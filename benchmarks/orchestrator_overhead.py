@@ -4,7 +4,16 @@ A 20-cycle task (model step, tool step, repeated; then the final answer: 41 step
 instant in-process model and an instant tool (~200-byte result), so what is measured is the
 orchestrator: claim, transactions, outbox, transcript. Prints JSON.
 
+Accounting: a step is one executed attempt (41 per 20-cycle task). A step's latency is from
+the end of the previous step's commit to the end of its own; the first step of a task also
+carries the task's start (claim, load, the commit that starts it), so p99 includes it. WAL is
+counted for this benchmark's database only: the records (pg_walinspect) of the transactions
+that touched its relations, commit records included; other databases' writes are left out.
+Steps per task are read from the database, so a task that stops early (a budget) is divided
+by the steps it ran.
+
     python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4]
+    DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/orchestrator_overhead.py  # its code
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from typing import Any
 from rich.progress import Progress
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# DZ_BENCH_REPO: the checkout whose code is measured (another one's for "before" figures).
+sys.path.insert(0, os.environ.get("DZ_BENCH_REPO") or str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config import Budgets
 from orchestrator.db import migrate
@@ -31,8 +41,17 @@ from orchestrator.db.engine import make_engine
 from orchestrator.dispatch import InProcessDispatcher
 from orchestrator.inference_client import AssistantTurn, Sampling, parse_chat_completion
 from orchestrator.runner import Runner, RunnerConfig
-from orchestrator.store import NewTask, create_task
 from tests.support.scripted_model import reply
+
+try:
+    from orchestrator.tasks.create import NewTask, create_tasks
+except ImportError:  # the code before issue 16, for before/after figures with this accounting
+    from orchestrator.store import NewTask, create_task
+
+    def create_tasks(conn: Any, specs: Any, budgets: Any) -> list[Any]:
+        return [create_task(conn, s, budgets) for s in specs]
+
+
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 
@@ -65,30 +84,56 @@ def make_runner(url: str, runner_id: str) -> Runner:
     )
 
 
+BUDGETS = Budgets(max_steps=1000)  # the 40-cycle tasks (81 steps) must not hit a step budget
+
+
 def submit(url: str, n: int, cycles: int = CYCLES) -> list[str]:
     engine = make_engine(url)
-    ids = []
     with engine.begin() as conn:
-        for _ in range(n):
-            ids.append(create_task(conn, NewTask(tenant="bench", goal=script(cycles)), Budgets())[0])
+        specs = [NewTask(tenant="bench", goal=script(cycles), max_steps=1000) for _ in range(n)]
+        ids = [out[0] for out in create_tasks(conn, specs, BUDGETS)]  # type: ignore[index]
     engine.dispose()
     return ids
 
 
+def steps_run(url: str, ids: list[str]) -> tuple[int, int]:
+    """(steps the tasks ran, tasks that succeeded), from the database."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        steps, ok = conn.execute(
+            text(
+                "SELECT sum(step_count), count(*) FILTER (WHERE status = 'SUCCEEDED') FROM tasks "
+                "WHERE id = ANY(:ids)"
+            ),
+            {"ids": ids},
+        ).one()
+    engine.dispose()
+    return int(steps or 0), int(ok or 0)
+
+
 def wal_record_bytes(url: str, start_lsn: int, end_lsn: int) -> tuple[int, int]:
-    """(record bytes, full-page-image bytes) of the WAL between two LSNs (pg_walinspect)."""
+    """(record bytes without full-page images, full-page-image bytes) of this database's WAL
+    between two LSNs: every record of a transaction that wrote one of its relations."""
     engine = make_engine(url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         rec, fpi = conn.execute(
             text(
-                "SELECT sum(record_size), sum(fpi_size) FROM pg_get_wal_stats("
-                "'0/0'::pg_lsn + CAST(:a AS numeric), '0/0'::pg_lsn + CAST(:b AS numeric), false)"
+                "WITH r AS (SELECT xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info("
+                "'0/0'::pg_lsn + CAST(:a AS numeric), '0/0'::pg_lsn + CAST(:b AS numeric))), "
+                "ours AS (SELECT DISTINCT xid FROM r WHERE xid <> '0' AND block_ref LIKE :rel) "
+                "SELECT sum(record_length - fpi_length), sum(fpi_length) FROM r WHERE xid IN (SELECT xid FROM ours)"
             ),
-            {"a": start_lsn, "b": end_lsn},
+            {"a": start_lsn, "b": end_lsn, "rel": f"%/{_db_oid(conn)}/%"},
         ).one()
     engine.dispose()
     return int(rec or 0), int(fpi or 0)
+
+
+def _db_oid(conn: Any) -> int:
+    return int(
+        conn.exec_driver_sql("SELECT oid FROM pg_database WHERE datname = current_database()").scalar_one()
+    )
 
 
 def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks: int = 10) -> dict[str, Any]:
@@ -97,15 +142,17 @@ def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks:
     runner = make_runner(url, "bench-wal")
     out = {}
     for cycles in lengths:
-        submit(url, n_tasks, cycles)
+        ids = submit(url, n_tasks, cycles)
         lsn0, _ = wal_and_sizes(url)
         while runner.run_once():
             pass
         lsn1, _ = wal_and_sizes(url)
         rec, fpi = wal_record_bytes(url, lsn0, lsn1)
-        steps = 2 * cycles + 1
+        ran, ok = steps_run(url, ids)
+        steps = ran / n_tasks  # as run, not as planned
         out[f"cycles_{cycles}"] = {
             "steps": steps,
+            "tasks_succeeded": ok,
             "wal_record_bytes_per_task": rec / n_tasks,
             "wal_record_bytes_per_step": rec / n_tasks / steps,
             "full_page_image_bytes_per_task": fpi / n_tasks,
@@ -146,38 +193,56 @@ def commit_floor_ms(url: str, n: int = 200) -> float:
 
 
 def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
-    """Per-step latency: time of each step's execute+commit, one runner, tasks one after another."""
+    """Per-step latency, one runner, tasks one after another: from the end of the previous
+    step's commit (or the start of `run_once`, for a task's first step: claim, load and the
+    start commit included) to the end of this step's execute+commit."""
     submit(url, 2)  # warm-up tasks: connection pool, statement caches
     runner = make_runner(url, "bench-1")
     runner.run_until_idle(timeout_s=120)
     ids = submit(url, n_tasks)
     durations: list[float] = []
-    execute = runner._execute
+    starts: list[float] = []  # claim + load + first commit, per task
+    execute, run_once = runner._execute, runner.run_once
+    mark = [0.0, True]  # (end of the last timed thing, the next step is a task's first)
 
     def timed(task: Any, step: Any) -> None:
-        t0 = time.perf_counter()
+        if mark[1]:
+            starts.append(time.perf_counter() - mark[0])
+            mark[1] = False
         execute(task, step)
-        durations.append(time.perf_counter() - t0)
+        t = time.perf_counter()
+        durations.append(t - mark[0])
+        mark[0] = t
+
+    def timed_run_once() -> bool:
+        mark[0], mark[1] = time.perf_counter(), True
+        return run_once()
 
     runner._execute = timed  # type: ignore[method-assign]
     wal0, size0 = wal_and_sizes(url)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     with Progress(transient=True) as progress:
         bar = progress.add_task("1 runner", total=n_tasks)
-        while runner.run_once():
-            progress.update(bar, completed=len(durations) // (2 * CYCLES + 1))
-    wall = time.perf_counter() - t0
+        while timed_run_once():
+            progress.update(bar, completed=len(starts))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     wal1, size1 = wal_and_sizes(url)
     rec, fpi = wal_record_bytes(url, wal0, wal1)
-    steps = len(durations) + n_tasks  # + the first step of each task, started at claim
+    steps, ok = steps_run(url, ids)
+    assert steps == len(durations), (steps, len(durations))  # every executed step was timed once
     durations.sort()
     return {
         "tasks": len(ids),
+        "tasks_succeeded": ok,
         "steps": steps,
         "steps_per_s": steps / wall,
         "step_ms_p50": 1000 * statistics.median(durations),
         "step_ms_p99": 1000 * durations[int(0.99 * (len(durations) - 1))],
-        "wal_bytes_per_task": (wal1 - wal0) / n_tasks,
+        "task_start_ms_p50": 1000 * statistics.median(starts),
+        # this process's CPU (runner, tool thread, heartbeat; not the database's) per step: less
+        # swayed by a busy shared disk than the latencies
+        "runner_cpu_ms_per_step": 1000 * cpu / steps,
+        "wal_bytes_per_task_server_wide": (wal1 - wal0) / n_tasks,
         "wal_record_bytes_per_task": rec / n_tasks,  # without full-page images (checkpoint timing)
         "full_page_image_bytes_per_task": fpi / n_tasks,
         "table_bytes_per_task": (size1 - size0) / n_tasks,
@@ -221,7 +286,8 @@ def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     for p in procs:
         p.join()
     wall = max(ends) - t0
-    steps = sum(counts) + len(ids)
+    steps = sum(counts)  # every step is one `_execute`
+    assert steps == steps_run(url, ids)[0]
     return {
         "runners": n_runners,
         "tasks": len(ids),

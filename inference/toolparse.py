@@ -107,10 +107,6 @@ class KimiToolParser(ToolParser):
 _PARSERS: dict[str, Callable[[], ToolParser]] = {"none": ToolParser, "kimi": KimiToolParser}
 
 
-def register_tool_parser(name: str, factory: Callable[[], ToolParser]) -> None:
-    _PARSERS[name] = factory
-
-
 def get_tool_parser(name: str) -> ToolParser:
     try:
         return _PARSERS[name]()

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, insert
 
 from orchestrator.clock import utcnow
 from orchestrator.config import Settings
-from orchestrator.store import attachments_t
+from orchestrator.db.tables import attachments_t
 from preprocess.config import PDF_MEDIA_TYPE  # stdlib only: no numpy, torch or OpenCV here
 
 ATTACHMENT_URL_PREFIX = "dayzero://attachments/"

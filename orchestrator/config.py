@@ -1,7 +1,9 @@
-"""The one settings object of the service side.
+"""The one settings object of the service side: `Settings`, with its parts nested in it.
 
 Read once at process start (`Settings()` reads the environment and `.env`), then passed down.
-Nothing below the entry points reads the environment itself.
+Nothing below the entry points reads the environment itself. The variable names are those the
+Helm chart sets: top-level ones by alias, each part by its prefix (`DAYZERO_BUDGET_*`,
+`DAYZERO_PREPROCESS_*`, `DAYZERO_INGRESS_*`, `DAYZERO_KAFKA_*`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,85 @@ class PreprocessSettings(BaseSettings):
         }
 
 
+class IngressSettings(BaseSettings):
+    """Limits and knobs of the ingress (REST and Kafka share the body limits)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DAYZERO_INGRESS_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="task body (REST) / message value (Kafka)"
+    )
+    max_json_depth: int = Field(
+        32, ge=4, le=256, description="nesting of arrays/objects in a JSON body (checked before parsing)"
+    )
+    max_in_flight: int = Field(
+        128,
+        ge=0,
+        description="requests per process being served at once; past it, 503 + Retry-After at once "
+        "(0 = unlimited). Event streams and probes are not counted",
+    )
+    db_retry_after_s: int = Field(
+        2, ge=1, description="Retry-After of the 503 answered while the database is down"
+    )
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="one POST /v1/attachments upload")
+    sse_poll_s: float = Field(0.5, gt=0, description="SSE re-check interval without (or besides) NOTIFY")
+    sse_listen: bool = Field(
+        True, description="on PostgreSQL, wake SSE streams by LISTEN/NOTIFY (else poll every sse_poll_s)"
+    )
+    sse_keepalive_s: float = Field(15.0, gt=0)
+    list_limit_max: int = Field(200, ge=1)
+    trace_url_template: str | None = Field(
+        None,
+        description="link-out of the /ui timeline to a trace viewer; `{trace_id}` is replaced, e.g. "
+        "http://localhost:16686/trace/{trace_id} (Jaeger) or a Grafana Explore URL for Tempo",
+    )
+    gc_freeze: bool = Field(
+        True,
+        description="after start-up, move every live object out of the cyclic GC's reach (gc.freeze) so "
+        "full collections scan only request garbage: they otherwise cost 50-150 ms on this heap",
+    )
+
+
+class KafkaSettings(BaseSettings):
+    """Kafka topics and client knobs (the bootstrap servers are `Settings.kafka_bootstrap_servers`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DAYZERO_KAFKA_", env_file=".env", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    tasks_topic: str = "dayzero.tasks"
+    dlq_topic: str = "dayzero.tasks.dlq"
+    events_topic: str = "dayzero.events"
+    results_topic: str = "dayzero.results"
+    group_id: str = "dayzero-ingest"
+    partitions: int = Field(6, ge=1, description="partitions for topics this service creates")
+    batch_max: int = Field(1000, ge=1, description="records per poll = per DB transaction")
+    poll_timeout_ms: int = Field(200, ge=1)
+    max_pending: int = Field(50_000, ge=1, description="pause ingest while this many tasks are PENDING/READY")
+    resume_fraction: float = Field(0.8, gt=0, le=1, description="resume below max_pending * this")
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(3_000, ge=100)
+    max_poll_interval_ms: int = Field(300_000, ge=1000)
+    # The tenant model: a record names its tenant, and this deployment may create tasks only for
+    # the tenants listed here (each must also hold an API key). Whoever can write to the topic
+    # can act as any listed tenant, so list the tenants whose producers share this topic; give
+    # tenants that must not impersonate each other their own topics and ingest deployments.
+    # "*" allows every tenant holding an API key (one trusted producer); empty allows none.
+    tenants_csv: str = Field(
+        "",
+        alias="DAYZERO_KAFKA_TENANTS",
+        description="comma-separated tenants this ingest may create tasks for; '*' = any with an API key",
+    )
+
+    @property
+    def allowed_tenants(self) -> frozenset[str] | None:
+        """The allow-list; None means any tenant holding an API key ("*")."""
+        names = {t.strip() for t in self.tenants_csv.split(",") if t.strip()}
+        return None if "*" in names else frozenset(names)
+
+
 class Settings(BaseSettings):
     """Service configuration. Every real component is chosen here, never by code changes."""
 
@@ -95,33 +176,22 @@ class Settings(BaseSettings):
     http_allow_hosts_csv: str = Field(
         "", alias="DAYZERO_HTTP_ALLOW_HOSTS", description="hosts http_get may fetch; empty disables the tool"
     )
+    # The parts, each read from its own DAYZERO_<PART>_* variables.
     budgets: Budgets = Field(default_factory=Budgets)
     preprocess: PreprocessSettings = Field(default_factory=PreprocessSettings)
+    ingress: IngressSettings = Field(default_factory=IngressSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
     # Tracing: OTLP endpoint, or none (spans still carry context across processes). The other
     # OTEL_* variables (service name, batching, traces endpoint) are read by the SDK itself.
     otlp_endpoint: str | None = Field(None, alias="OTEL_EXPORTER_OTLP_ENDPOINT")
 
-    @property
-    def tool_modules(self) -> tuple[str, ...]:
-        return _csv(self.tool_modules_csv)
-
     def tools_config(self) -> Any:
         """The `tools.ToolsConfig` these settings describe (tools never read the environment)."""
-        from tools.config import BUILTIN_TOOLS, HttpConfig, ToolsConfig
+        from tools.config import tools_config_from_csv
 
-        enabled = _csv(self.tools_enabled_csv) if self.tools_enabled_csv is not None else BUILTIN_TOOLS
-        return ToolsConfig(
-            enabled=enabled,
-            http=HttpConfig(allow_hosts=_csv(self.http_allow_hosts_csv)),
-            skip_unavailable=True,
-            modules=self.tool_modules,
-        )
+        return tools_config_from_csv(self.tools_enabled_csv, self.http_allow_hosts_csv, self.tool_modules_csv)
 
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
-
-
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())

@@ -1,6 +1,6 @@
 """Where tool and preprocess jobs run: in-process threads (embedded default) or Celery queues.
 
-Both implementations take the same JSON payloads and return the same outcomes, so the runner
+Both implementations take the same typed payloads (`workers.payloads`) and return the same outcomes, so the runner
 does not know which one it has. Retries are never done here: each call is one attempt.
 """
 
@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime as dt
+import logging
+import queue
+import threading
 import time
 from typing import Any, Protocol
 
 from tools.base import ErrorKind
+from workers.payloads import PreprocessJob, ToolJob
+
+log = logging.getLogger(__name__)
 
 
 def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
@@ -23,11 +29,11 @@ def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
 
 
 class Dispatcher(Protocol):
-    def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Run one tool attempt; waits at most `payload["timeout_s"]`, then returns a timeout outcome."""
+    def run_tool(self, job: ToolJob) -> dict[str, Any]:
+        """Run one tool attempt; waits at most `job.timeout_s`, then returns a timeout outcome."""
         ...
 
-    def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         """Preprocess one attachment (see `workers.jobs.preprocess_attachment`)."""
         ...
 
@@ -42,54 +48,79 @@ class InProcessDispatcher:
         self._registry = registry
         self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dayzero-job")
 
-    def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def run_tool(self, job: ToolJob) -> dict[str, Any]:
         from workers.tool_jobs import run_tool
 
         started = time.perf_counter()
-        fut = self._pool.submit(run_tool, payload, self._registry)
+        fut = self._pool.submit(run_tool, job, self._registry)
         try:
-            return fut.result(timeout=float(payload["timeout_s"]))
+            return fut.result(timeout=job.timeout_s)
         except cf.TimeoutError:
             fut.cancel()
-            return timeout_outcome(float(payload["timeout_s"]), started)
+            return timeout_outcome(job.timeout_s, started)
 
-    def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         from workers.jobs import preprocess_attachment
 
-        return self._pool.submit(preprocess_attachment, payload).result(timeout=timeout_s)
+        return self._pool.submit(preprocess_attachment, job).result(timeout=timeout_s)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class CeleryDispatcher:
-    """Celery queues `tools` and `preprocess`; results come back through the result backend."""
+    """Celery queues `tools` and `preprocess`; results come back through the result backend.
+
+    A result is read once, by the runner waiting for it, and then deleted: off the waiting path,
+    by a background thread (the delete is one more round trip to the backend per job), so a
+    result lives milliseconds, not the backend's expiry (`result_expires` bounds the unread)."""
 
     def __init__(self, broker_url: str, result_backend: str | None, *, app: Any = None):
         from workers.celery_app import make_celery_app
 
         self._app = app if app is not None else make_celery_app(broker_url, result_backend or broker_url)
+        self._read: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._forgetter = threading.Thread(target=self._forget_read, name="dayzero-forget", daemon=True)
+        self._forgetter.start()
 
-    def run_tool(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def _forget_read(self) -> None:
+        while (res := self._read.get()) is not None:
+            try:
+                res.forget()
+            except Exception:  # the backend is away: the result expires instead
+                log.warning("could not delete the result of %s", res.id, exc_info=True)
+
+    def run_tool(self, job: ToolJob) -> dict[str, Any]:
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         started = time.perf_counter()
-        deadline = payload.get("not_after")
-        expires = dt.datetime.fromtimestamp(float(deadline), dt.UTC) if deadline is not None else None
+        deadline = job.not_after
+        expires = dt.datetime.fromtimestamp(deadline, dt.UTC) if deadline is not None else None
         with _publish_span("tools", "dayzero.run_tool"):  # its context rides in the Celery headers
-            res = self._app.send_task("dayzero.run_tool", args=[payload], queue="tools", expires=expires)
+            res = self._app.send_task(
+                "dayzero.run_tool", args=[job.to_dict()], queue="tools", expires=expires
+            )
         try:
-            return res.get(timeout=float(payload["timeout_s"]), propagate=True)
+            return res.get(timeout=job.timeout_s, propagate=True)
         except CeleryTimeout:
             res.revoke(terminate=True)
-            return timeout_outcome(float(payload["timeout_s"]), started)
+            return timeout_outcome(job.timeout_s, started)
+        finally:
+            self._read.put(res)
 
-    def preprocess(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         with _publish_span("preprocess", "dayzero.preprocess_attachment"):
-            res = self._app.send_task("dayzero.preprocess_attachment", args=[payload], queue="preprocess")
-        return res.get(timeout=timeout_s, propagate=True)
+            res = self._app.send_task(
+                "dayzero.preprocess_attachment", args=[job.to_dict()], queue="preprocess"
+            )
+        try:
+            return res.get(timeout=timeout_s, propagate=True)
+        finally:
+            self._read.put(res)
 
     def close(self) -> None:
+        self._read.put(None)  # the results read so far are deleted first
+        self._forgetter.join(timeout=5)
         self._app.close()
 
 

@@ -90,8 +90,8 @@ class TaskStateCollector(Collector):
         from sqlalchemy.exc import SQLAlchemyError
 
         from orchestrator.clock import utcnow
+        from orchestrator.db.tables import tasks_t
         from orchestrator.statemachine import TaskStatus
-        from orchestrator.store import tasks_t
 
         by_state = GaugeMetricFamily("dayzero_tasks", "tasks by state", labels=["state"])
         runnable = GaugeMetricFamily(

@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TypeVar
 
 from orchestrator.metrics import render
+from orchestrator.retry import backoff_cap_s
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ class Backoff:
 
     def next_delay(self) -> float:
         self.failures += 1
-        return min(self.max_s, self.base_s * 2 ** min(self.failures - 1, 10))
+        return backoff_cap_s(self.failures, self.base_s, self.max_s)  # no jitter: one process waits
 
     def reset(self) -> None:
         self.failures = 0

@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from workers.telemetry import install_tracer_provider
+from workers.telemetry import current_traceparent, install_tracer_provider
 from workers.telemetry import mark_error as trace_error  # noqa: F401 (re-exported)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -48,12 +48,6 @@ def trace_id_of(traceparent: str | None) -> str | None:
     """The 32-hex trace id of a valid traceparent (what trace UIs look traces up by)."""
     tp = valid_traceparent(traceparent)
     return tp.split("-")[1] if tp else None
-
-
-def current_traceparent() -> str | None:
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier.get("traceparent")
 
 
 def context_of(traceparent: str | None) -> otel_context.Context:

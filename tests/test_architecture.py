@@ -22,7 +22,7 @@ def _loaded_after(imports: str) -> set[str]:
 def test_orchestrator_starts_without_torch():
     mods = _loaded_after(
         "import orchestrator.cli as c; c.build_parser(); import orchestrator.api.app, orchestrator.runner, "
-        "orchestrator.app, orchestrator.kafka.ingest, orchestrator.relay"
+        "orchestrator.app, orchestrator.kafka.ingest, orchestrator.kafka.relay"
     )
     assert "torch" not in mods
 

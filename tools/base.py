@@ -2,7 +2,7 @@
 
 Tools know nothing of tasks or the database: the runner passes a `ToolContext` with what a tool
 may need (ids, idempotency key, workspace, attachments) and receives a `ToolResult` or a typed
-`ToolError`. Retry decisions are made by the orchestrator from the tool's `RetryPolicy`.
+`ToolError`. Retry decisions are made by the orchestrator (`orchestrator.retry`) from the tool's `RetryPolicy`.
 """
 
 from __future__ import annotations
@@ -45,11 +45,28 @@ class ToolError(Exception):
         self.started = started
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON the job returns and the model reads; `started` travels when the tool knows it."""
         return {
             "error": str(self),
             "kind": self.kind.value,
             **({"details": self.details} if self.details else {}),
+            **({"started": self.started} if self.started is not None else {}),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ToolError:
+        """The error `to_dict()` described (an unknown kind reads as permanent)."""
+        try:
+            kind = ErrorKind(d.get("kind"))
+        except ValueError:
+            kind = ErrorKind.PERMANENT
+        started = d.get("started")
+        return cls(
+            str(d.get("error") or d.get("message") or "tool failed"),
+            kind=kind,
+            details=d.get("details"),
+            started=started if isinstance(started, bool) else None,
+        )
 
 
 class RetryableToolError(ToolError):

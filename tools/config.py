@@ -117,3 +117,19 @@ class ToolsConfig:
         unknown = sorted(set(self.enabled) - set(BUILTIN_TOOLS))
         if unknown:
             raise ValueError(f"unknown built-in tools {unknown}; known: {', '.join(BUILTIN_TOOLS)}")
+
+
+def tools_config_from_csv(enabled: str | None, http_allow_hosts: str = "", modules: str = "") -> ToolsConfig:
+    """The config that `DAYZERO_TOOLS`, `DAYZERO_HTTP_ALLOW_HOSTS` and `DAYZERO_TOOL_MODULES`
+    describe (comma-separated; `enabled` None = every built-in). The one parser of those
+    variables: the orchestrator's `Settings` and the worker's environment both come here."""
+
+    def csv(value: str) -> tuple[str, ...]:
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+
+    return ToolsConfig(
+        enabled=csv(enabled) if enabled is not None else BUILTIN_TOOLS,
+        http=HttpConfig(allow_hosts=csv(http_allow_hosts)),
+        skip_unavailable=True,
+        modules=csv(modules),
+    )

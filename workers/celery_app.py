@@ -92,11 +92,16 @@ def make_celery_app(
         task_acks_on_failure_or_timeout=True,  # a job that raised is finished, not redelivered
         worker_prefetch_multiplier=1,
         worker_cancel_long_running_tasks_on_connection_loss=True,
-        task_track_started=True,
+        # No STARTED state: nothing reads it, and it costs a backend write plus a wake-up of the
+        # waiting runner per job (benchmarks/dispatch.py).
+        task_track_started=False,
         task_publish_retry=False,
         broker_transport_options=transport,
         result_backend_transport_options={"visibility_timeout": visibility},
-        result_expires=24 * 3600,
+        # The dispatcher deletes a result once read; this only bounds the ones nobody read (the
+        # runner timed out or died), which nobody will: the longest a runner waits is a tool's
+        # hard limit.
+        result_expires=TOOLS_HARD_LIMIT_S,
         broker_connection_retry_on_startup=True,
         # A broker outage is waited out, however long (Celery's default gives up after 100 tries).
         broker_connection_max_retries=None,
@@ -218,13 +223,6 @@ def flush_spans(**_: Any) -> None:
     flush = getattr(trace.get_tracer_provider(), "force_flush", None)
     if flush is not None:
         flush(5000)
-
-
-def current_traceparent() -> str | None:
-    """The W3C traceparent of the current context (None when there is no valid span)."""
-    carrier: dict[str, str] = {}
-    _propagator().inject(carrier)
-    return carrier.get("traceparent")
 
 
 before_task_publish.connect(inject_trace_headers, weak=False, dispatch_uid="dayzero.trace.inject")

@@ -10,9 +10,10 @@ retry policy).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
-PREPROCESS_PAYLOAD_KEYS = ("attachment_id", "blob_sha256", "blob_url")
+from workers.payloads import PreprocessJob
 
 
 @functools.lru_cache(maxsize=8)
@@ -22,7 +23,7 @@ def _store(url: str):
     return BlobStore(url)
 
 
-def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
+def preprocess_attachment(payload: PreprocessJob | Mapping[str, Any]) -> dict[str, Any]:
     """Turn one stored attachment into model-ready patches, stored content-addressed.
 
     payload: {"attachment_id": str, "blob_sha256": str, "blob_url": str (BlobStore root),
@@ -39,22 +40,20 @@ def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
     from workers import metrics
     from workers.telemetry import job_span
 
-    missing = [key for key in PREPROCESS_PAYLOAD_KEYS if not payload.get(key)]
-    if missing:
-        raise ValueError(f"preprocess_attachment payload lacks {missing}")
-    with job_span(payload, "preprocess", {"dayzero.attachment_id": str(payload["attachment_id"])}) as span:
-        config = PreprocessConfig.from_dict(payload.get("config"))
-        store = _store(str(payload["blob_url"]))
-        blob_sha = str(payload["blob_sha256"])
+    job = payload if isinstance(payload, PreprocessJob) else PreprocessJob.from_dict(payload)
+    with job_span(job.traceparent, "preprocess", {"dayzero.attachment_id": job.attachment_id}) as span:
+        config = PreprocessConfig.from_dict(dict(job.config))
+        store = _store(job.blob_url)
+        blob_sha = job.blob_sha256
         data = store.get(blob_sha)
         cache = ProcessedCache(store)
         metrics.PREPROCESS_BYTES.inc(len(data))
         span.set_attribute("dayzero.preprocess.input_bytes", len(data))
-        if payload.get("media_type") == PDF_MEDIA_TYPE:
+        if job.media_type == PDF_MEDIA_TYPE:
             from preprocess.pdf import process_document
 
             doc = process_document(cache, data, config, source_sha256=blob_sha)
-            return {"attachment_id": str(payload["attachment_id"]), **doc}
+            return {"attachment_id": job.attachment_id, **doc}
         result = cache.process(data, config, source_sha256=blob_sha)
         image = result.image
         h, w = image.source_size
@@ -71,7 +70,7 @@ def preprocess_attachment(payload: dict[str, Any]) -> dict[str, Any]:
         metrics.PREPROCESS_IMAGES.labels("hit" if result.cache_hit else "miss").inc()
         metrics.PREPROCESS_REDACTIONS.labels("face").inc(red.faces)
         metrics.PREPROCESS_REDACTIONS.labels("document").inc(red.documents)
-        return {"attachment_id": str(payload["attachment_id"]), **describe(result)}
+        return {"attachment_id": job.attachment_id, **describe(result)}
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:

@@ -19,6 +19,15 @@ _installed = False
 _tracer = trace.get_tracer("dayzero.workers")
 
 
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current context (None when there is no valid span)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get("traceparent")
+
+
 def export_endpoint_configured(env: Mapping[str, str] = os.environ) -> bool:
     return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
@@ -81,7 +90,7 @@ class Job:
 
 
 @contextmanager
-def job_span(payload: Mapping[str, Any], job: str, attributes: Mapping[str, Any]) -> Iterator[Job]:
+def job_span(traceparent: str | None, job: str, attributes: Mapping[str, Any]) -> Iterator[Job]:
     """The span and metrics of one job (`tool` or `preprocess`). Its parent is the current context
     (the Celery consumer span), or else the payload's `traceparent` (the in-process dispatcher's
     threads do not inherit the caller's context)."""
@@ -90,8 +99,8 @@ def job_span(payload: Mapping[str, Any], job: str, attributes: Mapping[str, Any]
     from workers import metrics
 
     parent = None
-    if not trace.get_current_span().get_span_context().is_valid and payload.get("traceparent"):
-        parent = TraceContextTextMapPropagator().extract({"traceparent": str(payload["traceparent"])})
+    if not trace.get_current_span().get_span_context().is_valid and traceparent:
+        parent = TraceContextTextMapPropagator().extract({"traceparent": str(traceparent)})
     t0 = time.perf_counter()
     j = Job(None)
     try:

@@ -15,8 +15,9 @@ from typing import Any
 
 from tools.base import Attachment, ToolContext, ToolError
 from tools.builtin import register_builtin_tools
-from tools.config import BUILTIN_TOOLS, HttpConfig, ToolsConfig
+from tools.config import ToolsConfig, tools_config_from_csv
 from tools.registry import ToolRegistry, load_entry_point_tools, load_tool_modules
+from workers.payloads import ToolJob
 from workers.telemetry import job_span
 
 _registry: ToolRegistry | None = None
@@ -41,15 +42,8 @@ def process_registry() -> ToolRegistry:
 
 
 def config_from_env(env: Mapping[str, str]) -> ToolsConfig:
-    def csv(name: str) -> tuple[str, ...]:
-        return tuple(v.strip() for v in env.get(name, "").split(",") if v.strip())
-
-    enabled = csv("DAYZERO_TOOLS") if "DAYZERO_TOOLS" in env else BUILTIN_TOOLS
-    return ToolsConfig(
-        enabled=enabled,
-        http=HttpConfig(allow_hosts=csv("DAYZERO_HTTP_ALLOW_HOSTS")),
-        skip_unavailable=True,
-        modules=csv("DAYZERO_TOOL_MODULES"),
+    return tools_config_from_csv(
+        env.get("DAYZERO_TOOLS"), env.get("DAYZERO_HTTP_ALLOW_HOSTS", ""), env.get("DAYZERO_TOOL_MODULES", "")
     )
 
 
@@ -64,50 +58,47 @@ def build_registry(config: ToolsConfig | None = None) -> ToolRegistry:
     return registry
 
 
-def tool_context(payload: dict[str, Any]) -> ToolContext:
-    workspace = payload.get("workspace")
+def tool_context(job: ToolJob) -> ToolContext:
     return ToolContext(
-        task_id=payload["task_id"],
-        step_id=str(payload["step_index"]),
-        attempt=int(payload["attempt"]),
-        idempotency_key=payload["idempotency_key"],
-        workspace=Path(workspace) if workspace else None,
+        task_id=job.task_id,
+        step_id=str(job.step_index),
+        attempt=job.attempt,
+        idempotency_key=job.idempotency_key,
+        workspace=Path(job.workspace) if job.workspace else None,
         attachments=tuple(
             Attachment(
-                id=a["id"],
-                media_type=a["media_type"],
-                path=Path(a["path"]) if a.get("path") else None,
-                text=a.get("text"),
-                content_hash=a.get("content_hash"),
+                id=a.id,
+                media_type=a.media_type,
+                path=Path(a.path) if a.path else None,
+                text=a.text,
+                content_hash=a.content_hash,
             )
-            for a in payload.get("attachments") or ()
+            for a in job.attachments
         ),
-        deadline_s=payload.get("timeout_s"),
+        deadline_s=job.timeout_s,
     )
 
 
-def run_tool(payload: dict[str, Any], registry: ToolRegistry | None = None) -> dict[str, Any]:
-    """Execute `payload["tool"]` with `payload["arguments"]`; returns `{ok, content|error, duration_ms}`."""
+def run_tool(payload: ToolJob | Mapping[str, Any], registry: ToolRegistry | None = None) -> dict[str, Any]:
+    """Execute the job's tool with its arguments; returns `{ok, content|error, duration_ms}`."""
     registry = registry or process_registry()
     t0 = time.perf_counter()
     try:
-        ctx = tool_context(payload)
-        tool, arguments = payload["tool"], payload.get("arguments") or "{}"
-        if not isinstance(tool, str) or not isinstance(arguments, str):
-            raise TypeError("'tool' and 'arguments' must be strings")
+        job = payload if isinstance(payload, ToolJob) else ToolJob.from_dict(payload)
     except (KeyError, TypeError, ValueError) as exc:  # a malformed payload is this job's failure only
         error = {"error": f"malformed tool job payload: {type(exc).__name__}: {exc}", "kind": "permanent"}
         return {"ok": False, "error": error, "duration_ms": (time.perf_counter() - t0) * 1000}
     attrs = {
-        "dayzero.tool": tool,
-        "dayzero.attempt": int(payload.get("attempt") or 0),
-        "dayzero.idempotency_key": str(payload.get("idempotency_key")),
+        "dayzero.tool": job.tool,
+        "dayzero.attempt": job.attempt,
+        "dayzero.idempotency_key": job.idempotency_key,
     }
-    with job_span(payload, "tool", attrs) as span:
+    with job_span(job.traceparent, "tool", attrs) as span:
         try:
+            ctx = tool_context(job)
             if ctx.workspace is not None:
                 ctx.workspace.mkdir(parents=True, exist_ok=True)
-            result = registry.execute(tool, arguments, ctx)
+            result = registry.execute(job.tool, job.arguments, ctx)
             out: dict[str, Any] = {"ok": True, "content": result.content}
             span.set_attribute("dayzero.tool.outcome", "ok")
         except ToolError as exc:

@@ -75,9 +75,6 @@ class BlockPool:
             return None
         return block
 
-    def is_cached(self, block_id: int) -> bool:
-        return self._key[block_id] is not None
-
     # -- mutation --------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
         """Hand out `n` blocks with ref_cnt 1, evicting cached ones if needed; None if short."""

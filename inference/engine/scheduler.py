@@ -69,10 +69,6 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    @property
-    def has_cache_ops(self) -> bool:
-        return bool(self.block_copies or self.state_copies or self.state_zeros)
-
 
 class Scheduler:
     def __init__(

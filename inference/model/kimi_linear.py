@@ -136,8 +136,3 @@ class KimiLinearForCausalLM(nn.Module):
         if meta.logits_indices is not None:
             h = h[meta.logits_indices.to(h.device)]
         return self.lm_head(self.model.norm(h))
-
-    @torch.no_grad()
-    def forward_hidden(self, input_ids: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
-        """Final normalised hidden states `[T, hidden]` (for tests and pooling)."""
-        return self.model.norm(self.model(self.embed(input_ids), meta, cache))

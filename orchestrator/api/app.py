@@ -13,13 +13,12 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
 from orchestrator.api import errors
-from orchestrator.api.config import IngressSettings
+from orchestrator.api.feed import make_feed
 from orchestrator.api.routes import attachments, events, health, tasks, ui
 from orchestrator.auth import KeyCache
-from orchestrator.config import Settings
+from orchestrator.config import IngressSettings, Settings
 from orchestrator.db.engine import make_engine
 from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS, HTTP_SHED, register_task_states
-from orchestrator.relay import make_feed
 from orchestrator.tracing import setup_tracing
 from preprocess import jsonlimits
 
@@ -199,7 +198,7 @@ def create_app(
     ingress: IngressSettings | None = None,
 ) -> FastAPI:
     settings = settings or Settings()
-    ingress = ingress or IngressSettings()
+    ingress = ingress or settings.ingress
     own_engine = engine is None
     engine = engine or make_engine(settings.database_url, **({} if settings.is_sqlite else {"pool_size": 10}))
 

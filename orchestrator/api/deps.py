@@ -12,10 +12,9 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
-from orchestrator.api.config import IngressSettings
 from orchestrator.api.errors import ProblemError
 from orchestrator.auth import KeyCache
-from orchestrator.config import Settings
+from orchestrator.config import IngressSettings, Settings
 
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer dz_…`")
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="API key, alternatively")
@@ -52,7 +51,7 @@ async def _tenant(
     return tenant
 
 
-EngineDep = Annotated[Engine, Depends(_engine)]
+DbDep = Annotated[Engine, Depends(_engine)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 IngressDep = Annotated[IngressSettings, Depends(_ingress)]
 TenantDep = Annotated[str, Depends(_tenant)]

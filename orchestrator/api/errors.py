@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.api.schemas import Problem
 from orchestrator.db.engine import DB_UNAVAILABLE
-from orchestrator.store import IdempotencyConflict, TaskNotFound
+from orchestrator.tasks.errors import IdempotencyConflict, TaskNotFound
 
 log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"

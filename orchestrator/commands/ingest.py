@@ -17,7 +17,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from orchestrator.api.config import IngressSettings
     from orchestrator.app import make_db
     from orchestrator.kafka.ingest import Ingestor, make_consumer, make_dlq_producer
 
@@ -37,7 +36,7 @@ def _ingest(args: argparse.Namespace) -> int:
         producer,
         proc.settings,
         kafka,
-        max_message_bytes=IngressSettings().max_body_bytes,
+        max_message_bytes=proc.settings.ingress.max_body_bytes,
         health=proc.health,
     )
     if proc.stop.is_set():

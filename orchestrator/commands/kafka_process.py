@@ -56,7 +56,6 @@ def start_kafka_process(args: argparse.Namespace, topics: Any) -> KafkaProcess:
 
     `topics(kafka)` names the topics this process needs created."""
     from orchestrator.config import Settings
-    from orchestrator.kafka.config import KafkaSettings
     from orchestrator.kafka.topics import ensure_topics
     from orchestrator.probes import Health, serve_probes
     from orchestrator.tracing import setup_tracing
@@ -65,7 +64,8 @@ def start_kafka_process(args: argparse.Namespace, topics: Any) -> KafkaProcess:
     health = Health()
     if args.metrics_port is not None:
         serve_probes(args.metrics_host, args.metrics_port, health)
-    settings, kafka = Settings(), KafkaSettings()
+    settings = Settings()
+    kafka = settings.kafka
     setup_tracing(f"dayzero-{args.command}", settings.otlp_endpoint)
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _relay(args: argparse.Namespace) -> int:
     from orchestrator.app import make_db
-    from orchestrator.relay import Relay, RelayConfig, make_relay_producer
+    from orchestrator.kafka.relay import Relay, RelayConfig, make_relay_producer
 
     proc = start_kafka_process(args, lambda k: [k.events_topic, k.results_topic])
     engine = proc.retry("connecting to the database", lambda: make_db(proc.settings, upgrade=args.upgrade))

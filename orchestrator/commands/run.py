@@ -31,7 +31,8 @@ def _run(args: argparse.Namespace) -> int:
     from orchestrator.attachments import attach_files
     from orchestrator.config import Settings
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
-    from orchestrator.store import NewTask, create_task, get_task, list_messages
+    from orchestrator.tasks.create import NewTask, create_task
+    from orchestrator.tasks.queries import get_task, list_messages
     from orchestrator.tracing import setup_tracing
 
     console = Console(stderr=True)
@@ -91,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
 def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: Any) -> None:
     """Drive the task on a worker thread and show each transcript message as it is committed: the
     model's turn (its text, or its tool calls with their arguments), each tool result, the answer."""
-    from orchestrator.store import list_messages
+    from orchestrator.tasks.queries import list_messages
 
     failure: list[BaseException] = []
 

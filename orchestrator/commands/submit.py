@@ -56,12 +56,12 @@ def _via_kafka(args: argparse.Namespace, body: dict[str, Any]) -> int:
     from kafka import KafkaProducer
 
     from orchestrator.config import Settings
-    from orchestrator.kafka.config import KafkaSettings
     from orchestrator.kafka.producer import send_task
 
     if not args.tenant:
         raise SystemExit("--tenant is required with --kafka")
-    bootstrap = Settings().kafka_bootstrap_servers
+    settings = Settings()
+    bootstrap = settings.kafka_bootstrap_servers
     if not bootstrap:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
@@ -71,7 +71,7 @@ def _via_kafka(args: argparse.Namespace, body: dict[str, Any]) -> int:
             args.tenant,
             body,
             idempotency_key=args.idempotency_key,
-            topic=KafkaSettings().tasks_topic,
+            topic=settings.kafka.tasks_topic,
         )
         meta = fut.get(timeout=30)
     finally:

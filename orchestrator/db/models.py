@@ -3,7 +3,7 @@
 Write-path notes (they keep WAL per step small):
 - The per-step tables (`steps`, `step_attempts`, `messages`) carry no foreign keys: each FK check
   locks the parent row and logs that lock, on every insert. Only the runner, holding the task's
-  lease, writes them; deleting a task deletes them explicitly (`store.delete_task`).
+  lease, writes them; deleting a task deletes them explicitly (`tasks.control.delete_task`).
 - `tasks` rows stay narrow; the goal and the transcript live in `messages`, appended, never rewritten.
 - Steps, attempts and messages use natural composite keys `(task_id, step_index[, attempt])`,
   so no surrogate key index is written per row.

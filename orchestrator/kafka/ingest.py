@@ -1,7 +1,7 @@
 """Kafka ingest: `dayzero.tasks` → task rows, exactly once per (tenant, idempotency key).
 
 Per poll: validate every record (the REST body schema plus `tenant`; key = idempotency key),
-create the valid ones in ONE DB transaction (`bulk_create_tasks`), commit it, send the invalid
+create the valid ones in ONE DB transaction (`tasks.create.create_tasks`), commit it, send the invalid
 ones to the DLQ with the reason in headers and wait for the broker's ack, and only then commit the
 offsets. A crash anywhere before the offset commit redelivers the batch; the idempotent insert
 turns the redelivery into no-ops (a DLQ record may then appear twice). Records without a key get
@@ -25,17 +25,17 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator.api.bulk import bulk_create_tasks
 from orchestrator.api.schemas import KafkaTaskMessage
-from orchestrator.api.submission import InvalidSubmission, submit_task, to_new_task
 from orchestrator.auth import known_tenants
-from orchestrator.config import Settings
+from orchestrator.config import KafkaSettings, Settings
+from orchestrator.db.tables import tasks_t
 from orchestrator.failpoints import failpoint
-from orchestrator.kafka.config import KafkaSettings
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.statemachine import TaskStatus
-from orchestrator.store import IdempotencyConflict, NewTask, tasks_t
+from orchestrator.tasks.create import NewTask, create_tasks
+from orchestrator.tasks.errors import IdempotencyConflict
+from orchestrator.tasks.submission import InvalidSubmission, submit_task, to_new_task
 from orchestrator.tracing import context_of, trace_error, tracer, valid_traceparent
 from preprocess import jsonlimits
 
@@ -263,7 +263,7 @@ class Ingestor:
         simple = [a for a in accepted if not a.message.attachments]
         specs = [self._spec(a) for a in simple]
         outcomes: list[tuple[str, bool] | IdempotencyConflict | InvalidSubmission] = list(
-            bulk_create_tasks(conn, specs, self.settings.budgets) if specs else []
+            create_tasks(conn, specs, self.settings.budgets) if specs else []
         )
         with_files = [a for a in accepted if a.message.attachments]
         for a in with_files:  # rare: inline or uploaded images, via the REST path's code

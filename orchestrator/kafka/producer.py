@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -31,7 +30,3 @@ def send_task(
     key, value = task_message(tenant, body, idempotency_key)
     headers = [("traceparent", traceparent.encode())] if traceparent else []
     return producer.send(topic, key=key, value=value, headers=headers)
-
-
-def parse_json_body(text: str) -> dict[str, Any]:
-    return json.loads(text)

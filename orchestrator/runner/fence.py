@@ -14,8 +14,8 @@ from sqlalchemy import Engine, select
 
 from orchestrator.clock import utcnow
 from orchestrator.db.engine import DB_UNAVAILABLE
+from orchestrator.db.tables import steps_t, tasks_t
 from orchestrator.statemachine import StepStatus
-from orchestrator.store import steps_t, tasks_t
 from workers.fence import Refusal
 
 

@@ -1,11 +1,9 @@
 """One step's transaction: decided in memory, then written at once, fenced on the lease.
 
 The runner holds the task's lease, so its in-memory `TaskView` is the truth while it works; a
-`StepTxn` records the writes a step needs and `commit()` sends them:
-- on PostgreSQL as ONE statement of data-modifying CTEs (one round trip, then COMMIT), whose
-  result says whether the lease still held and every conditional update hit its row;
-- on SQLite as the same statements one after another inside `BEGIN IMMEDIATE`
-(see `runner.writes`).
+`StepTxn` records the writes a step needs and `commit()` sends them through the one transaction
+writer (`tasks.writer.TaskWrite`, fenced on the lease): on PostgreSQL ONE statement, then
+COMMIT; on SQLite the same statements inside `BEGIN IMMEDIATE`.
 If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
 (`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
 `cancel_requested`, which the runner honours at the next step boundary.
@@ -21,10 +19,10 @@ from typing import Any
 from sqlalchemy import Connection, Table
 
 from orchestrator.clock import utcnow
+from orchestrator.db.tables import attempts_t, messages_t, steps_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import TASKS_FINISHED
 from orchestrator.runner.lease import LeaseLost
-from orchestrator.runner.writes import RowWrite, apply_postgres, apply_sequential
 from orchestrator.statemachine import (
     TERMINAL_TASK_STATUSES,
     StepEvent,
@@ -33,7 +31,8 @@ from orchestrator.statemachine import (
     next_step_status,
     next_task_status,
 )
-from orchestrator.store import StaleTransition, attempts_t, messages_t, steps_t
+from orchestrator.tasks.errors import StaleTransition
+from orchestrator.tasks.writer import TaskWrite, lease_fence
 from orchestrator.tracing import record_transition
 
 
@@ -74,6 +73,8 @@ class TaskView:
     traceparent: str | None = None
     attachments: list[dict[str, Any]] = field(default_factory=list)
     cancel_requested: bool = False
+    # The OpenAI `tools` list offered to the model, built once per claim (by the model step).
+    offered_tools: list[dict[str, Any]] | None = None
     # Attempts this runner started itself and has not executed yet: not in doubt.
     fresh_attempts: set[tuple[int, int]] = field(default_factory=set)
 
@@ -96,10 +97,10 @@ class StepTxn:
         self.task = task
         self.runner_id = runner_id
         self.lease_s = lease_s
-        self.now = utcnow()
-        self._events: list[tuple[str, dict[str, Any]]] = []
+        self._w = TaskWrite(task.id, lease_fence(runner_id), utcnow())
+        self.now = self._w.now
+        self._events = self._w.events
         self._task_values: dict[str, Any] = {}
-        self._writes: list[RowWrite] = []
         # (entity, from, to, step index or None): traced once the commit succeeded
         self._transitions: list[tuple[str, str, str, int | None]] = []
 
@@ -122,7 +123,7 @@ class StepTxn:
 
     def update_row(self, table: Table, where: Mapping[str, Any], **values: Any) -> None:
         """An UPDATE of one row (keyed by `where`) that must hit exactly that row."""
-        self._writes.append(RowWrite(table, values, dict(where)))
+        self._w.update_row(table, where, **values)
 
     # -- steps, attempts, messages -----------------------------------------------------------
     def add_step(self, step: StepView, *, start: bool = False) -> None:
@@ -146,7 +147,7 @@ class StepTxn:
             "runner_id": step.runner_id,
             "created_at": self.now,
         }
-        self._writes.append(RowWrite(steps_t, row))
+        self._w.insert(steps_t, row)
         self.task.steps[step.index] = step
         self.task.next_step_index = max(self.task.next_step_index, step.index + 1)
 
@@ -156,7 +157,7 @@ class StepTxn:
         if new in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             values.setdefault("finished_at", self.now)
         where = {"task_id": self.task.id, "step_index": step.index, "status": step.status}
-        self._writes.append(RowWrite(steps_t, {"status": new.value, **values}, where))
+        self._w.update_row(steps_t, where, status=new.value, **values)
         step.status = new.value
         for k in ("attempt_count", "next_attempt_at", "started_at", "runner_id"):
             if k in values:
@@ -220,7 +221,7 @@ class StepTxn:
             "started_at": step.started_at or self.now,
             "finished_at": self.now,
         }
-        self._writes.append(RowWrite(attempts_t, row))
+        self._w.insert(attempts_t, row)
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
     def append_transcript(self, messages: Sequence[dict[str, Any]], step_index: int) -> None:
@@ -236,7 +237,7 @@ class StepTxn:
                 "step_index": step_index,
                 "created_at": self.now,
             }
-            self._writes.append(RowWrite(messages_t, row))
+            self._w.insert(messages_t, row)
         self.task.transcript.extend(messages)
 
     # -- commit ------------------------------------------------------------------------------
@@ -255,18 +256,9 @@ class StepTxn:
             "lease_until": self.now + dt.timedelta(seconds=self.lease_s),
             **self._task_values,
         }
-        apply = apply_postgres if conn.dialect.name == "postgresql" else apply_sequential
+        self._w.task_values = task_values
         with conn.begin():
-            outcome = apply(
-                conn,
-                t.id,
-                self.runner_id,
-                task_values,
-                len(self._events),
-                self._writes,
-                self._events,
-                self.now,
-            )
+            outcome = self._w.apply(conn)
             if outcome is None:
                 raise LeaseLost(t.id)
             if not outcome.all_hit:

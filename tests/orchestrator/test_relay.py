@@ -13,8 +13,8 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
+from orchestrator.kafka.relay import Relay, RelayConfig
 from orchestrator.kafka.topics import ensure_topics
-from orchestrator.relay import Relay, RelayConfig
 from orchestrator.store import events_t, list_events
 from tests.orchestrator.conftest import submit
 from tests.support.kafka_broker import consume_all, kafka_broker  # noqa: F401 - the session broker fixture

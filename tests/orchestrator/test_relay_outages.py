@@ -9,7 +9,7 @@ import pytest
 from kafka.errors import KafkaTimeoutError
 from sqlalchemy import func, select
 
-from orchestrator.relay import Relay, RelayConfig
+from orchestrator.kafka.relay import Relay, RelayConfig
 from orchestrator.store import events_t
 from tests.orchestrator.conftest import submit
 from tests.orchestrator.test_relay import FakeProducer, _Sent

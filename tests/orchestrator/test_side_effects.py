@@ -57,3 +57,31 @@ def test_steptxn_refuses_writes_after_the_lease_moved(db, make_runner):
         tx.commit(conn)
     with db.connect() as conn:
         assert get_task(conn, task_id).event_seq == 2  # created + ready; nothing written
+
+
+def test_retryable_failure_of_a_side_effect_that_may_have_started_is_not_retried(db, make_runner, state_dir):
+    # The failure says "retryable" but not that nothing happened: the charge may have gone
+    # through, and the tool neither is idempotent nor takes a key, so it must not run again.
+    task_id = submit(db, {"cycles": 1, "tool": "flaky_charge", "args": {"fail_times": 1}})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+        tool_msg = next(m for m in list_messages(conn, task_id) if m["role"] == "tool")
+    assert task.status == "SUCCEEDED"
+    assert [(a.attempt, a.status, a.error["kind"]) for a in attempts] == [(1, "FAILED", "retryable")]
+    assert len((state_dir / "charges.log").read_text().split()) == 1
+    assert json.loads(tool_msg["content"])["kind"] == "retryable"  # the model is told
+
+
+def test_failure_before_a_side_effect_started_is_retried(db, make_runner, state_dir):
+    # `started=False` travels from the tool through the job outcome to the runner's decision.
+    task_id = submit(
+        db, {"cycles": 1, "tool": "flaky_charge", "args": {"fail_times": 1, "before_start": True}}
+    )
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+    assert [(a.attempt, a.status) for a in attempts] == [(1, "FAILED"), (2, "SUCCEEDED")]
+    assert attempts[0].error["started"] is False
+    assert len((state_dir / "charges.log").read_text().split()) == 1

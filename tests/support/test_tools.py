@@ -129,6 +129,33 @@ class Charge:
         return ToolResult(content={"charged": True})
 
 
+class FlakyCharge:
+    """`charge` whose first `fail_times` calls fail transiently: by default after the charge was
+    written (a connection reset once the request was sent: it may have happened), with
+    `before_start` before anything was touched (`started=False`: safe to try again)."""
+
+    spec = ToolSpec(
+        name="flaky_charge",
+        description="charge a card over a flaky connection",
+        parameters=OBJ,
+        idempotent=False,
+        retry=RetryPolicy(max_attempts=3, backoff_base_s=0.05, backoff_max_s=0.1, timeout_s=5.0),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        tries_log = _state_dir() / f"flaky-charge-{context.task_id}-{context.step_id}.log"
+        with open(tries_log, "a") as f:
+            f.write("x\n")
+        failing = len(tries_log.read_text().splitlines()) <= int(arguments.get("fail_times", 1))
+        if failing and arguments.get("before_start"):
+            raise RetryableToolError("connection refused", started=False)
+        with open(_state_dir() / "charges.log", "a") as f:
+            f.write(f"{context.idempotency_key}\n")
+        if failing:
+            raise RetryableToolError("connection reset after the request was sent")
+        return ToolResult(content={"charged": True})
+
+
 class SlowCharge:
     """`charge`, then a long pause: a worker killed in the pause has done the side effect but not
     acked the job, which Redis redelivers after the visibility timeout (the late duplicate)."""
@@ -179,4 +206,16 @@ class WhoAmI:
 
 
 def dayzero_tools() -> list[Any]:
-    return [Echo(), SlowEcho(), Ledger(), Flaky(), Broken(), Hang(), Charge(), SlowCharge(), Gate(), WhoAmI()]
+    return [
+        Echo(),
+        SlowEcho(),
+        Ledger(),
+        Flaky(),
+        Broken(),
+        Hang(),
+        Charge(),
+        FlakyCharge(),
+        SlowCharge(),
+        Gate(),
+        WhoAmI(),
+    ]

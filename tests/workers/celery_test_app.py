@@ -15,7 +15,8 @@ import redis
 from celery import Celery
 
 from workers import jobs
-from workers.celery_app import current_traceparent, make_celery_app
+from workers.celery_app import make_celery_app
+from workers.telemetry import current_traceparent
 
 VISIBILITY_TIMEOUT_S = 3.0
 

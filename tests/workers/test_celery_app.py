@@ -13,6 +13,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from workers import celery_app as ca
 from workers import commands, jobs
+from workers.telemetry import current_traceparent
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -99,10 +100,10 @@ def test_prerun_hook_attaches_and_postrun_detaches():
         span_ctx = span.get_span_context()
         assert format(span_ctx.trace_id, "032x") == TRACEPARENT.split("-")[1]
         assert format(span.parent.span_id, "016x") == TRACEPARENT.split("-")[2]
-        assert ca.current_traceparent().split("-")[1] == TRACEPARENT.split("-")[1]
+        assert current_traceparent().split("-")[1] == TRACEPARENT.split("-")[1]
     finally:
         ca.detach_trace_context(task_id="t1")
-    assert ca.current_traceparent() is None
+    assert current_traceparent() is None
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

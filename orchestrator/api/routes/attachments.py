@@ -10,12 +10,12 @@ from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy import insert, select
 
 from orchestrator.api.blobs import BlobWriter, TooLarge
-from orchestrator.api.deps import EngineDep, IngressDep, SettingsDep, TenantDep
+from orchestrator.api.deps import DbDep, IngressDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
 from orchestrator.api.schemas import ATTACHMENT_MEDIA_TYPES, ID_PATTERN, AttachmentOut
 from orchestrator.api.views import attachment_out
 from orchestrator.clock import utcnow
-from orchestrator.store import attachments_t
+from orchestrator.db.tables import attachments_t
 
 router = APIRouter(prefix="/v1/attachments", tags=["attachments"])
 
@@ -38,7 +38,7 @@ _UPLOAD_BODY = {
 async def upload(
     request: Request,
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     settings: SettingsDep,
     ingress: IngressDep,
     filename: Annotated[str | None, Query(max_length=255, pattern=r"^[^\x00-\x1f/\\]+$")] = None,
@@ -95,7 +95,7 @@ async def upload(
 
 @router.get("/{attachment_id}", response_model=AttachmentOut, responses=problem_responses(401, 404, 422))
 def get_attachment(
-    attachment_id: Annotated[str, Path(pattern=ID_PATTERN)], tenant: TenantDep, engine: EngineDep
+    attachment_id: Annotated[str, Path(pattern=ID_PATTERN)], tenant: TenantDep, engine: DbDep
 ) -> AttachmentOut:
     with engine.connect() as conn:
         row = conn.execute(

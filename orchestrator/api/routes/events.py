@@ -12,13 +12,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import Engine, select
 
-from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
+from orchestrator.api.deps import DbDep, IngressDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
+from orchestrator.api.feed import EventFeed
 from orchestrator.api.routes.tasks import TaskId
+from orchestrator.db.tables import events_t
+from orchestrator.events import event_record
 from orchestrator.metrics import SSE_STREAMS
-from orchestrator.relay import EventFeed, event_record
 from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
-from orchestrator.store import events_t, get_task
+from orchestrator.tasks.queries import get_task
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"])
 MAX_EVENT_ID = 999_999_999_999_999_999  # 18 digits: below 2^63, so a valid BIGINT `events.seq` bound
@@ -88,7 +90,7 @@ async def stream_events(
     task_id: TaskId,
     request: Request,
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     ingress: IngressDep,
     after: Annotated[
         int | None,

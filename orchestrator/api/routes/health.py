@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from sqlalchemy import text
 
-from orchestrator.api.deps import EngineDep
+from orchestrator.api.deps import DbDep
 from orchestrator.api.errors import ProblemError, problem_responses
 from orchestrator.api.schemas import Health, Readiness
 from orchestrator.db import migrate
@@ -20,7 +20,7 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses=problem_responses(503))
-def readyz(engine: EngineDep) -> Readiness:
+def readyz(engine: DbDep) -> Readiness:
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))

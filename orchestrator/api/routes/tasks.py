@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, StringConstraints
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator.api.deps import EngineDep, SettingsDep, TenantDep
+from orchestrator.api.deps import DbDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
 from orchestrator.api.schemas import (
     ID_PATTERN,
@@ -21,10 +21,12 @@ from orchestrator.api.schemas import (
     TaskSummary,
     check_text,
 )
-from orchestrator.api.submission import InvalidSubmission, submit_task
 from orchestrator.api.views import new_task_row, task_detail, task_summary
+from orchestrator.db.tables import tasks_t
 from orchestrator.metrics import TASKS_SUBMITTED
-from orchestrator.store import get_task, list_attempts, list_steps, request_cancel, tasks_t
+from orchestrator.tasks.control import request_cancel
+from orchestrator.tasks.queries import get_task, list_attempts, list_steps
+from orchestrator.tasks.submission import InvalidSubmission, submit_task
 from orchestrator.tracing import current_traceparent, task_span, valid_traceparent
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
@@ -54,7 +56,7 @@ TaskId = Annotated[str, Path(pattern=ID_PATTERN, description="the task id")]
 def create_task(
     body: TaskCreate,
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     settings: SettingsDep,
     response: Response,
     idempotency_key: Annotated[
@@ -153,7 +155,7 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 )
 def list_tasks(
     tenant: TenantDep,
-    engine: EngineDep,
+    engine: DbDep,
     status: Annotated[list[StatusName] | None, Query(description="any of these states")] = None,
     created_after: Annotated[IsoDateTime | None, Query(description="inclusive; naive = UTC")] = None,
     created_before: Annotated[IsoDateTime | None, Query(description="exclusive; naive = UTC")] = None,
@@ -205,7 +207,7 @@ def list_tasks(
     summary="A task with its steps and their attempts",
     responses=problem_responses(401, 404, 422),
 )
-def get_one(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> TaskDetail:
+def get_one(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> TaskDetail:
     with engine.connect() as conn:
         row = get_task(conn, task_id, tenant)
         steps = list_steps(conn, task_id)
@@ -220,7 +222,7 @@ def get_one(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> TaskDetail
     summary="Cancel a task (now if no runner holds it, else at its next step boundary)",
     responses=problem_responses(401, 404, 422),
 )
-def cancel(task_id: TaskId, tenant: TenantDep, engine: EngineDep) -> Any:
+def cancel(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> Any:
     with engine.begin() as conn:
         request_cancel(conn, task_id, tenant)
         row = get_task(conn, task_id, tenant)

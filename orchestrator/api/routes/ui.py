@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse
 
-from orchestrator.api.deps import EngineDep, IngressDep, TenantDep
+from orchestrator.api.deps import DbDep, IngressDep, TenantDep
 from orchestrator.api.errors import ProblemError
 from orchestrator.api.routes.tasks import TaskId
 from orchestrator.api.views import task_summary
-from orchestrator.store import get_task, list_attempts, list_steps
+from orchestrator.tasks.queries import get_task, list_attempts, list_steps
 from orchestrator.tracing import trace_id_of
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -57,7 +57,7 @@ def static(name: str) -> FileResponse:
 
 
 @router.get("/api/tasks/{task_id}")
-def timeline(task_id: TaskId, tenant: TenantDep, engine: EngineDep, ingress: IngressDep) -> dict[str, Any]:
+def timeline(task_id: TaskId, tenant: TenantDep, engine: DbDep, ingress: IngressDep) -> dict[str, Any]:
     """The task, its steps with every attempt (times, status, error, usage) and its trace."""
     with engine.connect() as conn:
         task = get_task(conn, task_id, tenant)

@@ -10,9 +10,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from orchestrator.api import create_app
-from orchestrator.api.config import IngressSettings
 from orchestrator.auth import create_api_key
-from orchestrator.config import Settings
+from orchestrator.config import IngressSettings, Settings
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text, update
 
 from orchestrator.api import create_app
-from orchestrator.api.config import IngressSettings
+from orchestrator.config import IngressSettings
 from orchestrator.store import tasks_t
 from tests.orchestrator.api.conftest import make_keys
 from tests.orchestrator.api.live_server import live_server

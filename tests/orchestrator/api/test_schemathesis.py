@@ -13,8 +13,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 
 from orchestrator.api import create_app
-from orchestrator.api.config import IngressSettings
-from orchestrator.config import Settings
+from orchestrator.config import IngressSettings, Settings
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
 from tests.conftest import PG_ADMIN_URL, _pg_url

@@ -9,7 +9,7 @@ import threading
 import httpx
 
 from orchestrator.api import create_app
-from orchestrator.api.config import IngressSettings
+from orchestrator.config import IngressSettings
 from orchestrator.store import list_events
 from tests.orchestrator.api.conftest import make_keys
 from tests.orchestrator.api.live_server import live_server
@@ -74,10 +74,10 @@ def test_postgres_feed_wakes_on_notify_before_the_poll_interval(pg_url):
     import asyncio
     import time
 
+    from orchestrator.api.feed import PgNotifyFeed
     from orchestrator.config import Budgets
     from orchestrator.db import migrate
     from orchestrator.db.engine import make_engine
-    from orchestrator.relay import PgNotifyFeed
     from orchestrator.store import NewTask, create_task
 
     engine = make_engine(pg_url)

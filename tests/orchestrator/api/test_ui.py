@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import expect
 
 from orchestrator.api import create_app
-from orchestrator.api.config import IngressSettings
+from orchestrator.config import IngressSettings
 from tests.orchestrator.api.conftest import make_keys
 from tests.orchestrator.api.live_server import live_server
 

@@ -10,8 +10,7 @@ import pytest
 from sqlalchemy import Engine
 
 from orchestrator.auth import create_api_key
-from orchestrator.config import Settings
-from orchestrator.kafka.config import KafkaSettings
+from orchestrator.config import KafkaSettings, Settings
 from orchestrator.kafka.ingest import Ingestor, make_consumer, make_dlq_producer
 from orchestrator.kafka.topics import ensure_topics
 from tests.support.kafka_broker import kafka_broker  # noqa: F401 - the session broker fixture

@@ -12,8 +12,7 @@ import time
 from sqlalchemy import select
 
 from orchestrator.api import create_app
-from orchestrator.api.config import IngressSettings
-from orchestrator.config import Settings
+from orchestrator.config import IngressSettings, Settings
 from orchestrator.store import tasks_t
 from tests.orchestrator.api.live_server import live_server
 

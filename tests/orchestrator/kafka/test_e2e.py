@@ -6,7 +6,7 @@ import json
 import time
 
 from orchestrator.kafka.producer import send_task
-from orchestrator.relay import Relay, RelayConfig, make_relay_producer
+from orchestrator.kafka.relay import Relay, RelayConfig, make_relay_producer
 from orchestrator.store import get_task, list_events
 from tests.support.kafka_broker import consume_all
 

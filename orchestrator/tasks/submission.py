@@ -1,4 +1,7 @@
-"""One way in for a task, shared by REST and Kafka: `TaskCreate` → attachments → `store.create_task`."""
+"""A `TaskCreate` body becomes a task: attachments checked and stored, then `create_tasks`.
+
+Shared by REST (`POST /v1/tasks`) and Kafka ingest; `dayzero run` builds a `NewTask` directly.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ from typing import Any
 from sqlalchemy import Connection, insert, select
 
 from orchestrator.api.blobs import put_blob
-from orchestrator.api.bulk import bulk_create_tasks
 from orchestrator.api.schemas import InlineAttachment, TaskCreate, UploadedAttachment
 from orchestrator.clock import utcnow
 from orchestrator.config import Budgets
-from orchestrator.store import IdempotencyConflict, NewTask, attachments_t, create_task, tasks_t
+from orchestrator.db.tables import attachments_t
+from orchestrator.tasks.create import NewTask, create_tasks, existing_tasks, replay_of
+from orchestrator.tasks.errors import IdempotencyConflict
 
 _INLINE_NS = uuid.UUID("6f6c2b2e-4d0a-4c3e-9a55-0d1f3f0c6a21")
 
@@ -101,20 +105,9 @@ def submit_task(
 ) -> tuple[str, bool]:
     """Create the task (or find the one this idempotency key made). Never commits.
 
-    Without attachments this is `bulk_create_tasks` for one task (rows identical to
-    `store.create_task`'s, see tests/orchestrator/kafka/test_bulk.py); `inserted` then receives
-    the new task row, so the caller need not read it back.
-
-    Raises `IdempotencyConflict` (same key, different body) and `InvalidSubmission`.
+    `inserted` receives the new task row, so the caller need not read it back. Raises
+    `IdempotencyConflict` (same key, different body) and `InvalidSubmission`.
     """
-    if not body.attachments:
-        spec = to_new_task(
-            body, tenant, idempotency_key=idempotency_key, attachment_ids=[], traceparent=traceparent
-        )
-        (out,) = bulk_create_tasks(conn, [spec], budgets, inserted=inserted)
-        if isinstance(out, IdempotencyConflict):
-            raise out
-        return out
     inline = _decode_inline(body, tenant, idempotency_key)
     att_ids = [
         inline[i].id if i in inline else a.upload_id  # type: ignore[union-attr]
@@ -123,17 +116,21 @@ def submit_task(
     spec = to_new_task(
         body, tenant, idempotency_key=idempotency_key, attachment_ids=att_ids, traceparent=traceparent
     )
-    if idempotency_key is not None:
-        # Checked before touching attachments: on a replay they already belong to the task.
-        existing = conn.execute(
-            select(tasks_t.c.id, tasks_t.c.request_hash).where(
-                tasks_t.c.tenant == tenant, tasks_t.c.idempotency_key == idempotency_key
-            )
-        ).first()
-        if existing is not None:
-            if existing.request_hash != spec.request_hash():
-                raise IdempotencyConflict(existing.id)
-            return existing.id, False
+    # Looked up once, before touching attachments: on a replay they already belong to the task.
+    known = existing_tasks(conn, [spec])
+    out = replay_of(known, spec)
+    if out is None:
+        _store_attachments(conn, body, tenant, blob_dir, inline)
+        (out,) = create_tasks(conn, [spec], budgets, known=known, inserted=inserted)
+    if isinstance(out, IdempotencyConflict):
+        raise out
+    return out
+
+
+def _store_attachments(
+    conn: Connection, body: TaskCreate, tenant: str, blob_dir: str, inline: dict[int, _Inline]
+) -> None:
+    """Check the referenced uploads are this tenant's and unused; store the inline ones."""
     uploaded = [a.upload_id for a in body.attachments if isinstance(a, UploadedAttachment)]
     if uploaded:
         rows = conn.execute(
@@ -171,4 +168,3 @@ def submit_task(
                 for a in inline.values()
             ],
         )
-    return create_task(conn, spec, budgets)

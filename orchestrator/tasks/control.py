@@ -1,0 +1,45 @@
+"""What a client may do to a task it owns besides reading it: cancel it, delete it."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, select, update
+
+from orchestrator.clock import utcnow
+from orchestrator.db.tables import attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.statemachine import TERMINAL_TASK_STATUSES, IllegalTransition, TaskEvent, TaskStatus
+from orchestrator.tasks.errors import TaskNotFound
+from orchestrator.tasks.queries import get_task
+from orchestrator.tasks.writer import transition_task
+
+
+def request_cancel(conn: Connection, task_id: str, tenant: str | None = None) -> str:
+    """Ask for cancellation. A task no runner holds is cancelled now; a running one at its next
+    step boundary. Returns the status after the call."""
+    q = select(tasks_t.c.status, tasks_t.c.lease_owner, tasks_t.c.lease_until).where(tasks_t.c.id == task_id)
+    if tenant is not None:
+        q = q.where(tasks_t.c.tenant == tenant)
+    row = conn.execute(q.with_for_update()).first()
+    if row is None:
+        raise TaskNotFound(task_id)
+    if TaskStatus(row.status) in TERMINAL_TASK_STATUSES:
+        return row.status
+    held = row.lease_owner is not None and row.lease_until is not None and row.lease_until > utcnow()
+    if held:
+        conn.execute(update(tasks_t).where(tasks_t.c.id == task_id).values(cancel_requested=True))
+        return row.status
+    try:
+        return transition_task(
+            conn, task_id, row.status, TaskEvent.CANCEL, values={"cancel_requested": True}
+        ).value
+    except IllegalTransition:
+        return row.status
+
+
+def delete_task(conn: Connection, task_id: str, tenant: str | None = None) -> None:
+    """Delete a finished task and everything it owns (the per-step tables carry no FKs)."""
+    task = get_task(conn, task_id, tenant)
+    if TaskStatus(task.status) not in TERMINAL_TASK_STATUSES:
+        raise IllegalTransition("task", task.status, "delete")
+    for table in (attempts_t, steps_t, messages_t, events_t):
+        conn.execute(table.delete().where(table.c.task_id == task_id))
+    conn.execute(tasks_t.delete().where(tasks_t.c.id == task_id))

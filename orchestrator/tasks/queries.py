@@ -1,0 +1,112 @@
+"""Reads of tasks, steps, attempts, messages, events and attachments: every query in one place.
+
+Functions take an open `Connection` and never write; a tenant, where given, scopes the read
+(another tenant's task is indistinguishable from a missing one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Row, select
+
+from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.statemachine import TaskStatus
+from orchestrator.tasks.errors import TaskNotFound
+
+UNFINISHED = (TaskStatus.PREPROCESSING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING)
+
+
+def get_task(conn: Connection, task_id: str, tenant: str | None = None) -> Row[Any]:
+    q = select(tasks_t).where(tasks_t.c.id == task_id)
+    if tenant is not None:
+        q = q.where(tasks_t.c.tenant == tenant)
+    row = conn.execute(q).first()
+    if row is None:
+        raise TaskNotFound(task_id)
+    return row
+
+
+def list_steps(conn: Connection, task_id: str) -> list[Row[Any]]:
+    return list(
+        conn.execute(select(steps_t).where(steps_t.c.task_id == task_id).order_by(steps_t.c.step_index))
+    )
+
+
+def list_attempts(conn: Connection, task_id: str) -> list[Row[Any]]:
+    return list(
+        conn.execute(
+            select(attempts_t)
+            .where(attempts_t.c.task_id == task_id)
+            .order_by(attempts_t.c.step_index, attempts_t.c.attempt)
+        )
+    )
+
+
+def list_messages(conn: Connection, task_id: str) -> list[dict[str, Any]]:
+    rows = conn.execute(select(messages_t).where(messages_t.c.task_id == task_id).order_by(messages_t.c.seq))
+    return [message_dict(r) for r in rows]
+
+
+def message_dict(r: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {"role": r.role, "content": r.content}
+    if r.tool_calls:
+        m["tool_calls"] = r.tool_calls
+    if r.tool_call_id:
+        m["tool_call_id"] = r.tool_call_id
+    return m
+
+
+def list_events(conn: Connection, task_id: str, after_seq: int = 0) -> list[Row[Any]]:
+    return list(
+        conn.execute(
+            select(events_t)
+            .where(events_t.c.task_id == task_id, events_t.c.seq > after_seq)
+            .order_by(events_t.c.seq)
+        )
+    )
+
+
+def list_attachments(conn: Connection, task_id: str) -> list[Row[Any]]:
+    return list(
+        conn.execute(
+            select(attachments_t)
+            .where(attachments_t.c.task_id == task_id)
+            .order_by(attachments_t.c.created_at)
+        )
+    )
+
+
+def has_unfinished_tasks(conn: Connection) -> bool:
+    q = select(tasks_t.c.id).where(tasks_t.c.status.in_([s.value for s in UNFINISHED]))
+    return conn.execute(q.limit(1)).first() is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """Everything a runner reads about a task it has just claimed."""
+
+    task: Any  # the tasks row
+    messages: list[dict[str, Any]]
+    steps: list[Any]  # step rows in order
+    attachments: list[Any]
+
+
+def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
+    """The task's state; `task` is its row when the caller has it already (the claim returns it)."""
+    return TaskState(
+        task=task if task is not None else get_task(conn, task_id),
+        messages=list_messages(conn, task_id),
+        steps=list_steps(conn, task_id),
+        attachments=list_attachments(conn, task_id),
+    )
+
+
+# The same reads as `task_state`, as SQL text for PostgreSQL's pipelined claim
+# (`runner.lease.claim_with_state`): `{task}` is a subquery that yields the task's id.
+STATE_SQL_PG = (
+    "SELECT * FROM messages WHERE task_id = ({task}) ORDER BY seq",
+    "SELECT * FROM steps WHERE task_id = ({task}) ORDER BY step_index",
+    "SELECT * FROM attachments WHERE task_id = ({task}) ORDER BY created_at",
+)
