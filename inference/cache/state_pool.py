@@ -147,6 +147,17 @@ class StatePool:
         if ck.pins == 0 and ck.ready:
             self._lru[ck.priority][key] = None
 
+    def set_priority(self, key: int, priority: int) -> None:
+        """Re-rank a checkpoint (an interval snapshot that is also a resume point becomes HIGH)."""
+        ck = self._ckpt.get(key)
+        if ck is None or ck.priority == priority:
+            return
+        in_lru = key in self._lru[ck.priority]
+        self._lru[ck.priority].pop(key, None)
+        ck.priority = priority
+        if in_lru:
+            self._lru[priority][key] = None
+
     def drop_checkpoint(self, key: int) -> bool:
         """Forget an unpinned checkpoint (its KV prefix is gone); True if one was dropped."""
         ck = self._ckpt.get(key)

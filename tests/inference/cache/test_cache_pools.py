@@ -102,3 +102,15 @@ def test_state_pool_low_checkpoints_evicted_first():
     sp.allocate_live("y")
     assert sp.has_checkpoint(1) and not sp.has_checkpoint(3)
     sp.check_invariants()
+
+
+def test_state_pool_raised_priority_outlives_low_checkpoints():
+    sp = StatePool(3)
+    for k in (1, 2, 3):
+        sp.reserve_checkpoint(k, 16, LOW)
+        sp.commit(k)
+    sp.set_priority(1, HIGH)  # the oldest LOW becomes a resume point: evicted last now
+    sp.allocate_live("x")
+    sp.allocate_live("y")
+    assert sp.has_checkpoint(1) and not sp.has_checkpoint(2) and not sp.has_checkpoint(3)
+    sp.check_invariants()
