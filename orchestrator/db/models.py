@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from orchestrator.db.types import BigIntId, JSONType, UTCDateTime
+from orchestrator.db.types import BigIntId, JSONText, JSONType, UTCDateTime
 
 
 class Base(DeclarativeBase):
@@ -171,7 +171,7 @@ class Event(Base):
     task_id: Mapped[str] = mapped_column(String(36), nullable=False)
     seq: Mapped[int] = mapped_column(BigInteger, nullable=False)
     type: Mapped[str] = mapped_column(String(64), nullable=False)
-    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONText)  # json, not jsonb: see types
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     published_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
