@@ -8,7 +8,8 @@ Accounting: a step is one executed attempt (41 per 20-cycle task). A step's late
 the end of the previous step's commit to the end of its own; the first step of a task also
 carries the task's start (claim, load, the commit that starts it), so p99 includes it. WAL is
 counted for this benchmark's database only: the records (pg_walinspect) of the transactions
-that touched its relations, commit records included; other databases' writes are left out.
+that touched its relations, commit records included; other databases' writes are left out;
+`wal_by_task_length` also splits it by table and index.
 Steps per task are read from the database, so a task that stops early (a budget) is divided
 by the steps it ran.
 
@@ -130,6 +131,29 @@ def wal_record_bytes(url: str, start_lsn: int, end_lsn: int) -> tuple[int, int]:
     return int(rec or 0), int(fpi or 0)
 
 
+def wal_by_relation(url: str, start_lsn: int, end_lsn: int) -> dict[str, int]:
+    """This database's WAL record bytes between two LSNs by relation (table or index; a record
+    counts for the first block it touches), largest first; records without a block (commits)
+    are "(no block: commit)"."""
+    engine = make_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "WITH r AS (SELECT xid, record_length - fpi_length AS len, "
+                "substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS node, block_ref "
+                "FROM pg_get_wal_records_info('0/0'::pg_lsn + CAST(:a AS numeric), "
+                "'0/0'::pg_lsn + CAST(:b AS numeric))), "
+                "ours AS (SELECT DISTINCT xid FROM r WHERE xid <> '0' AND block_ref LIKE :rel) "
+                "SELECT coalesce(c.relname, '(no block: commit)'), sum(r.len) FROM r "
+                "LEFT JOIN pg_class c ON c.relfilenode::text = r.node "
+                "WHERE r.xid IN (SELECT xid FROM ours) GROUP BY 1 ORDER BY 2 DESC"
+            ),
+            {"a": start_lsn, "b": end_lsn, "rel": f"%/{_db_oid(conn)}/%"},
+        ).all()
+    engine.dispose()
+    return {name: int(n) for name, n in rows}
+
+
 def _db_oid(conn: Any) -> int:
     return int(
         conn.exec_driver_sql("SELECT oid FROM pg_database WHERE datname = current_database()").scalar_one()
@@ -150,12 +174,14 @@ def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks:
         rec, fpi = wal_record_bytes(url, lsn0, lsn1)
         ran, ok = steps_run(url, ids)
         steps = ran / n_tasks  # as run, not as planned
+        by_rel = wal_by_relation(url, lsn0, lsn1)
         out[f"cycles_{cycles}"] = {
             "steps": steps,
             "tasks_succeeded": ok,
             "wal_record_bytes_per_task": rec / n_tasks,
             "wal_record_bytes_per_step": rec / n_tasks / steps,
             "full_page_image_bytes_per_task": fpi / n_tasks,
+            "wal_record_bytes_per_task_by_relation": {k: round(v / n_tasks) for k, v in by_rel.items()},
         }
     return out
 

@@ -5,6 +5,7 @@ Write-path notes (they keep WAL per step small):
   locks the parent row and logs that lock, on every insert. Only the runner, holding the task's
   lease, writes them; deleting a task deletes them explicitly (`tasks.control.delete_task`).
 - `tasks` rows stay narrow; the goal and the transcript live in `messages`, appended, never rewritten.
+- A step's successful attempt lives on its step row; `step_attempts` holds failed/lost tries only.
 - Steps, attempts and messages use natural composite keys `(task_id, step_index[, attempt])`,
   so no surrogate key index is written per row.
 - `events` is the transactional outbox: one row per state change, written in the same
@@ -29,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from orchestrator.db.types import BigIntId, JSONType, UTCDateTime
+from orchestrator.db.types import BigIntId, JSONText, JSONType, UTCDateTime
 
 
 class Base(DeclarativeBase):
@@ -89,17 +90,23 @@ class Step(Base):
     arguments: Mapped[str | None] = mapped_column(Text)
     attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    # The current attempt: when and by whom it was started (its attempt row is written when it ends).
+    # The current attempt: when and by whom it was started. A failed or lost attempt gets its
+    # own `step_attempts` row when it ends; the attempt that succeeds is kept here instead (no
+    # row of its own): `runner_id` is then the runner that finished it, `resumed` and `usage`
+    # are that attempt's (`tasks.queries.list_attempts` shows it as an attempt like the others).
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     runner_id: Mapped[str | None] = mapped_column(String(64))
+    resumed: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
 class StepAttempt(Base):
-    """One finished try of a step (append-only). The idempotency key a tool sees is
-    `task_id:step_index:attempt`; the attempt in flight is described by its step row."""
+    """One failed or lost try of a step (append-only). The idempotency key a tool sees is
+    `task_id:step_index:attempt`; the attempt in flight, and the one that succeeded, are
+    described by the step row (one row write less per step)."""
 
     __tablename__ = "step_attempts"
 
@@ -164,7 +171,7 @@ class Event(Base):
     task_id: Mapped[str] = mapped_column(String(36), nullable=False)
     seq: Mapped[int] = mapped_column(BigInteger, nullable=False)
     type: Mapped[str] = mapped_column(String(64), nullable=False)
-    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONText)  # json, not jsonb: see types
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     published_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 

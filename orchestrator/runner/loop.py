@@ -1,7 +1,7 @@
 """The runner loop: claim a task, then execute its steps one transaction each.
 
-Crash safety. The transaction that finishes step k also starts step k+1 (its attempt row is
-written RUNNING before anything executes). A runner killed at any instant leaves either the
+Crash safety. The transaction that finishes step k also starts step k+1 (its step row is
+written RUNNING, at its attempt number, before anything executes). A runner killed at any instant leaves either the
 previous committed state or the next one; when its lease expires another runner claims the task
 and finds the open step:
 - RUNNING, started by someone else: the attempt is *in doubt* (it may have run). Model steps and

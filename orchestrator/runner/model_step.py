@@ -59,14 +59,13 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
     MODEL_TOKENS.labels("completion").inc(usage.completion_tokens)
     if usage.ttft_ms is not None:
         MODEL_TTFT.observe(usage.ttft_ms / 1000)
-    tx.finish_attempt(step, "SUCCEEDED", usage=usage.to_dict())
-    tx.step_transition(step, StepEvent.SUCCEED)
+    tx.succeed_step(step, usage=usage.to_dict())
     task.step_count += 1
     task.prompt_tokens += usage.prompt_tokens
     task.cached_tokens += usage.cached_tokens
     task.completion_tokens += usage.completion_tokens
     tx.append_transcript([turn.message()], step.index)
-    # Usage is kept on the attempt row; the event carries the token total only.
+    # Usage is kept on the step row (its successful attempt); the event carries the token total only.
     tokens = usage.prompt_tokens + usage.completion_tokens
     tx.event(
         "step.succeeded",

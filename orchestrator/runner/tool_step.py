@@ -98,8 +98,7 @@ def record_tool_outcome(
         TOOL_ATTEMPTS.labels(step.tool_name or "", "ok").inc()
         span.set_attribute("dayzero.tool.outcome", "ok")
         content = outcome.get("content")
-        tx.finish_attempt(step, "SUCCEEDED")
-        tx.step_transition(step, StepEvent.SUCCEED)
+        tx.succeed_step(step)
         tx.event("step.succeeded", {"step": step.index, "kind": "tool", "tool": step.tool_name})
     else:
         err = dict(outcome.get("error") or {"error": "tool failed", "kind": ErrorKind.PERMANENT.value})

@@ -196,6 +196,24 @@ class StepTxn:
         self._started_event(step)
         return attempt
 
+    def _resumed(self, step: StepView) -> int:
+        """1 when this runner did not start the step's current attempt itself: it took the attempt
+        over after the runner that started it died, under the same idempotency key."""
+        return 0 if (step.index, step.attempt_count) in self.task.fresh_attempts else 1
+
+    def succeed_step(self, step: StepView, *, usage: Mapping[str, Any] | None = None) -> None:
+        """RUNNING → SUCCEEDED. The successful attempt is recorded on the step row itself, in the
+        same UPDATE (no attempt row of its own: one row write less per step)."""
+        self.step_transition(
+            step,
+            StepEvent.SUCCEED,
+            runner_id=self.runner_id,
+            resumed=self._resumed(step),
+            usage=usage,
+            started_at=step.started_at or self.now,
+        )
+        self.task.fresh_attempts.discard((step.index, step.attempt_count))
+
     def finish_attempt(
         self,
         step: StepView,
@@ -204,18 +222,17 @@ class StepTxn:
         error: Mapping[str, Any] | None = None,
         usage: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record the outcome of the step's current attempt (the attempt table is append-only).
-
-        `resumed` is 1 when this runner did not start the attempt itself: it took the attempt
-        over after the runner that started it died, under the same idempotency key."""
-        fresh = (step.index, step.attempt_count) in self.task.fresh_attempts
+        """Record a failed or lost attempt of the step (the attempt table is append-only); a
+        successful one is recorded by `succeed_step`."""
+        if status == "SUCCEEDED":
+            raise ValueError("a successful attempt is recorded by succeed_step, on the step row")
         row = {
             "task_id": self.task.id,
             "step_index": step.index,
             "attempt": step.attempt_count,
             "status": status,
             "runner_id": self.runner_id,
-            "resumed": 0 if fresh else 1,
+            "resumed": self._resumed(step),
             "error": error,
             "usage": usage,
             "started_at": step.started_at or self.now,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, select
+from sqlalchemy import Connection, Row, null, select, union_all
 
 from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
-from orchestrator.statemachine import TaskStatus
+from orchestrator.statemachine import StepStatus, TaskStatus
 from orchestrator.tasks.errors import TaskNotFound
 
 UNFINISHED = (TaskStatus.PREPROCESSING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING)
@@ -35,13 +35,35 @@ def list_steps(conn: Connection, task_id: str) -> list[Row[Any]]:
 
 
 def list_attempts(conn: Connection, task_id: str) -> list[Row[Any]]:
-    return list(
-        conn.execute(
-            select(attempts_t)
-            .where(attempts_t.c.task_id == task_id)
-            .order_by(attempts_t.c.step_index, attempts_t.c.attempt)
-        )
-    )
+    """Every finished attempt, in order: the failed/lost ones from `step_attempts`, and each
+    succeeded step's successful attempt, which is kept on its step row (`models.Step`)."""
+    a, s = attempts_t.c, steps_t.c
+    failed = select(
+        a.task_id,
+        a.step_index,
+        a.attempt,
+        a.status,
+        a.runner_id,
+        a.resumed,
+        a.error,
+        a.usage,
+        a.started_at,
+        a.finished_at,
+    ).where(a.task_id == task_id)
+    succeeded = select(
+        s.task_id,
+        s.step_index,
+        s.attempt_count,
+        s.status,
+        s.runner_id,
+        s.resumed,
+        null().label("error"),
+        s.usage,
+        s.started_at,
+        s.finished_at,
+    ).where(s.task_id == task_id, s.status == StepStatus.SUCCEEDED.value)
+    q = union_all(failed, succeeded).subquery()
+    return list(conn.execute(select(q).order_by(q.c.step_index, q.c.attempt)))
 
 
 def list_messages(conn: Connection, task_id: str) -> list[dict[str, Any]]:

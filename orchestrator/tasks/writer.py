@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, Connection, Table, insert, update
+from sqlalchemy.dialects import postgresql
 
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
@@ -140,8 +141,20 @@ def _db_value(table: Table, column: str, value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _pg_json_casts(table: Table) -> dict[str, str]:
+    """The PostgreSQL type of each JSON column (`jsonb`, or `json` for `types.JSONText`)."""
+    pg = postgresql.dialect()
+    return {
+        c.name: "jsonb" if isinstance(c.type.dialect_impl(pg), postgresql.JSONB) else "json"
+        for c in table.columns
+        if isinstance(c.type, JSON)
+    }
+
+
 def _placeholder(table: Table, column: str, name: str) -> str:
-    return f"%({name})s::jsonb" if column in _json_columns(table) else f"%({name})s"
+    cast = _pg_json_casts(table).get(column)
+    return f"%({name})s::{cast}" if cast else f"%({name})s"
 
 
 @functools.lru_cache(maxsize=256)
@@ -170,8 +183,10 @@ def _render_pg(
             ctes.append(f"w{i} AS (UPDATE {tname} SET {sets_i} WHERE {cond} RETURNING 1)")
             checks.append(f"(SELECT count(*) FROM w{i})")
     if n_events:
+        payload_cast = _pg_json_casts(events_t)["payload"]
         rows = ", ".join(
-            f"(%(e{j}_off)s::int, %(e{j}_type)s::varchar, %(e{j}_payload)s::jsonb)" for j in range(n_events)
+            f"(%(e{j}_off)s::int, %(e{j}_type)s::varchar, %(e{j}_payload)s::{payload_cast})"
+            for j in range(n_events)
         )
         ctes.append(
             "ev AS (INSERT INTO events (task_id, seq, type, payload, created_at) "
