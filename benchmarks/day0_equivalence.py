@@ -25,7 +25,6 @@ the arithmetic. Writes `$OUT/day0_equivalence.json` and an SVG bar chart beside 
 from __future__ import annotations
 
 import argparse
-import importlib.abc
 import json
 import os
 import sys
@@ -36,6 +35,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# the same error figures and the same fla hiding as the Kimi-Linear GPU check
+from model_equivalence_gpu import HideFla, errors  # benchmarks/ is sys.path[0] when run
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
@@ -75,18 +77,9 @@ def tiny(arch: str) -> dict[str, Any]:
     return tiny_deepseek_v32_config() if arch == "deepseek_v32" else tiny_qwen3_next_config()
 
 
-class _HideFla(importlib.abc.MetaPathFinder):
-    """Hide `fla` while transformers' modules bind their kernels: the reference stays torch."""
-
-    def find_spec(self, name, path, target=None):
-        if name == "fla" or name.startswith("fla."):
-            raise ImportError("hidden from the reference")
-        return None
-
-
 def reference(arch: str, cfg: dict[str, Any], device: str):
     """transformers' model of `cfg` on `device` (eager attention, fp32, pure-PyTorch linear attention)."""
-    blocker = _HideFla()
+    blocker = HideFla()
     sys.meta_path.insert(0, blocker)
     loaded = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "fla" or k.startswith("fla.")}
     try:
@@ -107,18 +100,6 @@ def reference(arch: str, cfg: dict[str, Any], device: str):
     hc._attn_implementation = "eager"
     with torch.device(device):
         return model_cls(hc).eval()
-
-
-def errors(ours: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    d = (ours.double() - ref.double()).abs()
-    scale = ref.double().abs()
-    return {
-        "max_abs": float(d.max()),
-        "mean_abs": float(d.mean()),
-        "mean_rel": float(d.mean() / scale.mean()),
-        "max_rel": float(d.max() / scale.max()),
-        "top1_agree": float((ours.argmax(-1) == ref.argmax(-1)).double().mean()),
-    }
 
 
 class Ours:

@@ -178,6 +178,22 @@ def decode(copy_gbps: float) -> list[dict[str, Any]]:
     return rows
 
 
+def _timed_tile(row: dict[str, Any], fn, latent_bytes: int, copy_gbps: float) -> dict[str, Any]:
+    """One tile/split choice timed by graph replay, as a share of the copy bandwidth (or the error
+    of a tile that does not fit shared memory)."""
+    try:
+        t = bench_graph(fn, 10)
+    except Exception as exc:  # a tile that does not fit shared memory
+        return {**row, "error": repr(exc)[:200]}
+    row = {
+        **row,
+        "us": round(t * 1e6, 1),
+        "pct_of_copy_bw": round(100 * latent_bytes / t / 1e9 / copy_gbps, 1),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
     """The decode kernel's tile (BLOCK_N, warps, stages) and split count at the shapes that miss
     80% of copy bandwidth: what the `TILES` / `default_num_splits` heuristics should pick."""
@@ -195,15 +211,8 @@ def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
         for tile, sp in opts:
             kw = dict(kv_lora_rank=R, scale=192**-0.5, kv_scales=scales, num_splits=sp, tile=tile)
             row = {"batch": batch, "ctx": ctx, "cache": "fp8" if fp8 else "bf16", "tile": tile, "splits": sp}
-            try:
-                t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
-            except Exception as exc:  # a tile that does not fit shared memory
-                rows.append({**row, "error": repr(exc)[:200]})
-                continue
-            row["us"] = round(t * 1e6, 1)
-            row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, fp8) / t / 1e9 / copy_gbps, 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            fn = lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)  # noqa: B023, E731
+            rows.append(_timed_tile(row, fn, _latent_bytes(batch, ctx, fp8), copy_gbps))
         torch.cuda.empty_cache()
     return rows
 
@@ -220,15 +229,8 @@ def decode_deep(copy_gbps: float) -> list[dict[str, Any]]:
         for tile in (base, (64, 4, 5), (64, 8, 5), (32, 4, 5), (32, 8, 5)):
             kw = dict(kv_lora_rank=R, scale=192**-0.5, num_splits=splits, tile=tile)
             row = {"batch": batch, "ctx": ctx, "tile": tile, "splits": splits, "baseline": tile == base}
-            try:
-                t = bench_graph(lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw), 10)  # noqa: B023
-            except Exception as exc:
-                rows.append({**row, "error": repr(exc)[:200]})
-                continue
-            row["us"] = round(t * 1e6, 1)
-            row["pct_of_copy_bw"] = round(100 * _latent_bytes(batch, ctx, False) / t / 1e9 / copy_gbps, 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            fn = lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)  # noqa: B023, E731
+            rows.append(_timed_tile(row, fn, _latent_bytes(batch, ctx, False), copy_gbps))
         torch.cuda.empty_cache()
     return rows
 

@@ -37,7 +37,7 @@ from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, bu
 from tests.inference.model.kimi_hf_mapping import published_to_hf, tiny_kimi_linear_config
 
 
-class _BlockFla(importlib.abc.MetaPathFinder):
+class HideFla(importlib.abc.MetaPathFinder):
     """Hide `fla` while transformers' KimiLinear module binds its kernels: the reference stays torch."""
 
     def find_spec(self, name, path, target=None):
@@ -47,7 +47,7 @@ class _BlockFla(importlib.abc.MetaPathFinder):
 
 
 def reference_class():
-    blocker = _BlockFla()
+    blocker = HideFla()
     sys.meta_path.insert(0, blocker)
     try:
         from transformers.models.kimi_linear import modeling_kimi_linear
