@@ -152,20 +152,23 @@ def prefill_decode(model, spec, dtype, device, n: int, steps: int, kv: str = "au
     sync(device)
     t0 = time.perf_counter()
     eng.add_request(rand(n, n), SamplingParams(temperature=0, max_tokens=steps + 5, ignore_eos=True))
-    while not any(o.new_token_ids for o in eng.step()):
-        pass
+    tokens: list[int] = []
+    while not tokens:
+        tokens += [t for o in eng.step() for t in o.new_token_ids]
     sync(device)
     ttft = time.perf_counter() - t0
     for _ in range(4):
-        eng.step()
+        tokens += [t for o in eng.step() for t in o.new_token_ids]
     sync(device)
     t1 = time.perf_counter()
-    got = sum(len(o.new_token_ids) for _ in range(steps) for o in eng.step())
+    timed = [t for _ in range(steps) for o in eng.step() for t in o.new_token_ids]
     sync(device)
     dt = time.perf_counter() - t1
+    got = len(timed)
+    tokens += timed
     row = {"tokens": n, "ttft_s": round(ttft, 3), "prefill_tok_per_s": round(n / ttft, 1),
            "decode_tok_per_s": round(got / dt, 1), "decode_ms_per_step": round(1000 * dt / steps, 3),
-           "kv_cache_dtype": kv}  # fmt: skip
+           "kv_cache_dtype": kv, "output_ids": tokens}  # fmt: skip
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated() / GiB, 2)
     del eng
@@ -252,6 +255,10 @@ def returning(model, spec, dtype, device, context: int, mode: str, disk_dir: str
            **{k: v for k, v in st.items() if k.startswith(("promoted_", "tier_"))}}  # fmt: skip
     if store is not None:
         row["bytes_loaded"] = dict(store.bytes_loaded)
+        if store.transfer_times:  # the return's promotion, start to landed, inside the engine
+            nb, dt = max(store.transfer_times)
+            row["promotion_bytes"], row["promotion_ms"] = nb, round(1000 * dt, 2)
+            row["promotion_gb_per_s"] = round(nb / dt / 1e9, 2)
         store.close()
     del eng
     free(device)
@@ -274,8 +281,11 @@ def pinned_h2d(device, nbytes: int) -> float:
 
 def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
     """The tier store promoting a whole `context`-token conversation (its KV blocks) from the host
-    tier into the benchmark config's cache tensors, timed from `start` to its event, vs one pinned
-    copy of the same bytes (no model needed: the copies are the same)."""
+    tier into the benchmark config's cache tensors, timed from `start` to its event (the loads
+    are built before: the scheduler builds them), vs one pinned copy of the same bytes (no model
+    needed: the copies are the same). Two layouts of the GPU targets: `consecutive` (a free run
+    of the pool: straight copies into it) and `scattered` (a shuffled order: the staging buffer
+    and one scatter per tensor group)."""
     n = context // 64
     cache = HybridCacheTensors.allocate(
         HybridCacheSpec.from_model_spec(spec, dtype), n + 1, 64, 2, device, dtype
@@ -283,25 +293,31 @@ def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
     store = TierStore(cache, TierCapacity(host_blocks=n, host_states=0, disk_bytes=0))
     store.apply([Store(BLOCK, b, HOST, b) for b in range(n)])
     sync(device)
-    best = float("inf")
-    for i in range(4):  # the first one warms the allocator up
-        t0 = time.perf_counter()
-        store.start([Transfer(i, tuple(Load(BLOCK, HOST, b, b) for b in range(n)))])
-        while not store.poll(wait=True):
-            pass
-        sync(device)
-        if i:
-            best = min(best, time.perf_counter() - t0)
     nbytes = n * store.unit_bytes[BLOCK]
-    res = {
-        "context": context,
-        "blocks": n,
-        "bytes": nbytes,
-        "promotion_gb_per_s": round(nbytes / best / 1e9, 2),
-    }
+    res: dict[str, Any] = {"context": context, "blocks": n, "bytes": nbytes}
+    shuffled = list(range(n))
+    random.Random(0).shuffle(shuffled)
+    for name, targets in (("consecutive", list(range(n))), ("scattered", shuffled)):
+        loads = tuple(Load(BLOCK, HOST, b, g) for b, g in enumerate(targets))
+        best = float("inf")
+        for i in range(4):  # the first one warms the allocator up
+            sync(device)
+            t0 = time.perf_counter()
+            store.start([Transfer(i, loads)])
+            while not store.poll(wait=True):
+                pass
+            sync(device)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+        res[f"promotion_gb_per_s_{name}"] = round(nbytes / best / 1e9, 2)
+    res["promotion_gb_per_s"] = res["promotion_gb_per_s_consecutive"]
     if device.type == "cuda":
         res["pinned_h2d_gb_per_s"] = round(pinned_h2d(device, nbytes), 2)
-        res["fraction_of_h2d"] = round(res["promotion_gb_per_s"] / res["pinned_h2d_gb_per_s"], 3)
+        for name in ("consecutive", "scattered"):
+            res[f"fraction_of_h2d_{name}"] = round(
+                res[f"promotion_gb_per_s_{name}"] / res["pinned_h2d_gb_per_s"], 3
+            )
+        res["fraction_of_h2d"] = res["fraction_of_h2d_consecutive"]
     store.close()
     del cache, store
     free(device)
@@ -460,6 +476,9 @@ def main() -> None:
     ap.add_argument(
         "--lengths", default=None, help="comma list of prefill lengths (default 32K,128K,512K,1M)"
     )
+    ap.add_argument(
+        "--hf-lengths", default=None, help="lengths for transformers (default: --lengths up to --hf-max)"
+    )
     ap.add_argument("--dsa-lengths", default=None, help="lengths for the DSA variant (default: --lengths)")
     ap.add_argument(
         "--hf-max", type=int, default=32768, help="longest prompt given to transformers (0: none)"
@@ -496,7 +515,8 @@ def main() -> None:
     plan = []  # in the order of --sections (the most wanted first: a time limit cuts the tail)
     for s in want:
         if s == "prefill_decode":
-            plan += [("dense", n) for n in lengths] + [("hf", n) for n in lengths if n <= args.hf_max]
+            hf = [int(x) for x in args.hf_lengths.split(",") if x] if args.hf_lengths is not None else lengths
+            plan += [("dense", n) for n in lengths] + [("hf", n) for n in hf if n <= args.hf_max]
             plan += [("dsa", n) for n in dsa_lengths]
         else:
             plan.append((s, None))
@@ -555,6 +575,17 @@ def main() -> None:
                 for kv in ("auto", "fp8"):
                     RESULTS["fp8"][f"decode_{kv}"] = run_section(
                         f"fp8_{kv}", prefill_decode, m, spec, dtype, device, c, steps, kv=kv
+                    )
+                a, b = (RESULTS["fp8"][f"decode_{kv}"].get("output_ids") for kv in ("auto", "fp8"))
+                if a and b:  # greedy agreement of the same prompt with bf16 vs FP8 latents
+                    same = next(
+                        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+                    )
+                    RESULTS["fp8"]["greedy_common_prefix"] = f"{same}/{min(len(a), len(b))}"
+                    RESULTS["fp8"]["decode_speed_fp8_vs_bf16"] = round(
+                        RESULTS["fp8"]["decode_fp8"]["decode_tok_per_s"]
+                        / RESULTS["fp8"]["decode_auto"]["decode_tok_per_s"],
+                        3,
                     )
             elif kind == "fp8_accuracy":
                 RESULTS["fp8_accuracy"] = run_section(
