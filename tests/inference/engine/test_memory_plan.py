@@ -122,9 +122,10 @@ def test_cuda_profile_covers_the_attention_workspace_at_the_longest_context():
 
     def engine(max_len):
         cfg = EngineConfig.of(
-            block_size=64, max_model_len=max_len, max_num_batched_tokens=4096, enable_cuda_graphs=False
-        )
-        return build_engine(engine_config=cfg, device="cuda", dtype="bfloat16")
+            block_size=64, num_blocks=max_len // 64 + 8, max_model_len=max_len,
+            max_num_batched_tokens=4096, enable_cuda_graphs=False,
+        )  # fmt: skip
+        return build_engine(engine_config=cfg, device="cuda", dtype="bfloat16", fixed_blocks=True)
 
     short = engine(8192).memory_plan.activations
     torch.cuda.empty_cache()
