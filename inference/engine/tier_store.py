@@ -22,11 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 
 import fsspec
+import numpy as np
 import torch
 
 from inference.cache.tiers import BLOCK, DISK, HOST, STATE, Drop, Load, Move, Store, TierCapacity, Transfer
 from inference.model.cache_tensors import HybridCacheTensors
 
+DISK_THREADS = 4  # file reads/writes at once (page-cache copies and object-store requests overlap)
 DIRECT_MIN = 8  # units: a shorter run is cheaper through the staging buffer (one copy per host run)
 
 
@@ -102,12 +104,15 @@ class TierStore:
             self.fs.makedirs(self.root, exist_ok=True)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         disk = bool(capacity.disk_bytes)
-        # the worker: every file read, write and delete, FIFO (a write lands before a later read)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-disk") if disk else None
+        # file reads, writes and deletes, `DISK_THREADS` at a time; ordered per file (`_file_op`)
+        self._pool = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-io") if disk else None
         # the copy thread: takes the bytes of units bound for disk (off the engine thread)
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-copy") if disk else None
+        # the loader: waits for a promotion's file reads, then copies them to the GPU (in order)
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-load") if disk else None
         self._pending: list[_Pending] = []
-        self._writes: list[Future] = []  # disk writes and deletes queued on the worker thread
+        self._writes: list[Future] = []  # file operations not yet seen done (errors surface in poll)
+        self._last_op: dict[str, Future] = {}  # file -> its latest queued operation
         self._host_reads: dict[tuple[int, int], Future] = {}  # host location -> a move taking it
         self._host_event = None  # marks the last device -> host store (a move reads after it)
         self.num_moves = 0
@@ -128,22 +133,32 @@ class TierStore:
         `rows` may be overwritten once it is done."""
         taken = self._copier.submit(_take_bytes, rows, event)
         path = self._path(kind, loc)
-        self._writes.append(self._pool.submit(lambda: self.fs.pipe_file(path, taken.result())))
+        self._file_op(path, lambda: self.fs.pipe_file(path, taken.result()))
         self.bytes_stored[DISK] += self.unit_bytes[kind]
         return taken
 
-    def _read(self, kind: int, locs: list[int]) -> list[torch.Tensor]:
-        """Units from disk as one pinned `[len(locs), bytes]` tensor per group."""
-        groups = self.gpu[kind]
-        out = [torch.empty((len(locs), g.shape[1]), dtype=torch.uint8, pin_memory=self.stream is not None)
-               for g in groups]  # fmt: skip
-        for i, loc in enumerate(locs):
-            data = torch.frombuffer(bytearray(self.fs.cat_file(self._path(kind, loc))), dtype=torch.uint8)
-            off = 0
-            for g, o in zip(groups, out, strict=True):
-                o[i].copy_(data[off : off + g.shape[1]])
-                off += g.shape[1]
-        return out
+    def _file_op(self, path: str, fn) -> Future:
+        """Queue `fn` on the I/O threads after every operation queued before on the same file (a
+        write lands before a later read or delete of it; other files do not wait). The earlier
+        operation was submitted first, so it runs or ran when this one starts: no deadlock."""
+        prev = self._last_op.get(path)
+
+        def run():
+            if prev is not None:
+                prev.exception()  # waits; its own error is raised where it is collected
+            return fn()
+
+        fut = self._pool.submit(run)
+        self._last_op[path] = fut
+        self._writes.append(fut)
+        return fut
+
+    def _read_into(self, path: str, row: torch.Tensor) -> None:
+        """One unit file into one row of a (pinned) staging tensor: one copy of its bytes."""
+        data = np.frombuffer(self.fs.cat_file(path), dtype=np.uint8)
+        if data.size != row.numel():
+            raise OSError(f"KV tier file {path} has {data.size} bytes, expected {row.numel()}")
+        row.numpy()[:] = data
 
     # -- ops in order ----------------------------------------------------------------------
     def apply(self, ops: list[Store | Move | Drop]) -> None:
@@ -171,7 +186,8 @@ class TierStore:
                 self._host_reads[(op.kind, op.src)] = self._write(op.kind, op.dst, rows, self._host_event)
                 self.num_moves += 1
             elif isinstance(op, Drop):
-                self._writes.append(self._pool.submit(self.fs.rm_file, self._path(op.kind, op.loc)))
+                path = self._path(op.kind, op.loc)
+                self._file_op(path, lambda path=path: self.fs.rm_file(path))
             i += 1
 
     def _event(self):
@@ -216,7 +232,7 @@ class TierStore:
             if self.stream is not None:
                 self.stream.wait_stream(torch.cuda.current_stream(self.device))
             event = self._load_host(host)
-            future = self._pool.submit(self._load_disk, disk) if disk else None
+            future = self._start_disk(disk) if disk else None
             self._pending.append(_Pending(tr, event, future, nbytes, time.perf_counter()))
             self.bytes_loaded[HOST] += sum(self.unit_bytes[ld.kind] for ld in host)
             self.bytes_loaded[DISK] += sum(self.unit_bytes[ld.kind] for ld in disk)
@@ -271,15 +287,40 @@ class TierStore:
             ev.record(self.stream)
             return ev
 
-    def _load_disk(self, loads: list[Load]):
-        """On the worker thread: read the files, then the same copies on the side stream."""
+    def _start_disk(self, loads: list[Load]) -> Future:
+        """Queue a promotion's file reads now (in order with the writes and deletes of the same
+        files, in parallel otherwise) into one pinned `[units, unit bytes]` buffer per kind; the
+        loader thread then copies each buffer to the GPU and into the pool on the side stream."""
+        staged = []
+        for kind in (BLOCK, STATE):
+            ls = [ld for ld in loads if ld.kind == kind]
+            if not ls:
+                continue
+            buf = torch.empty(
+                (len(ls), self.unit_bytes[kind]), dtype=torch.uint8, pin_memory=self.stream is not None
+            )
+            paths = [self._path(kind, ld.loc) for ld in ls]
+            reads = [
+                self._file_op(path, lambda path=path, row=buf[i]: self._read_into(path, row))
+                for i, path in enumerate(paths)
+            ]
+            staged.append((kind, ls, buf, reads))
+        return self._loader.submit(self._load_disk, staged)
+
+    def _load_disk(self, staged: list) -> object:
+        """On the loader thread: once a kind's files are read, one copy of the whole buffer to the
+        device, then `_put` from its per-group columns (device-to-device). Returns the event."""
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else _nullctx()
         with ctx:
-            for kind in (BLOCK, STATE):
-                ls = [ld for ld in loads if ld.kind == kind]
-                if ls:
-                    staged = self._read(kind, [ld.loc for ld in ls])
-                    self._put(kind, staged, list(range(len(ls))), [ld.gpu for ld in ls])
+            for kind, ls, buf, reads in staged:
+                for r in reads:
+                    r.result()
+                src = buf.to(self.device, non_blocking=True)
+                cols, off = [], 0
+                for g in self.gpu[kind]:
+                    cols.append(src[:, off : off + g.shape[1]])
+                    off += g.shape[1]
+                self._put(kind, cols, list(range(len(ls))), [ld.gpu for ld in ls])
             if self.stream is None:
                 return None
             ev = torch.cuda.Event()
@@ -288,8 +329,12 @@ class TierStore:
 
     def poll(self, wait: bool = False) -> list[int]:
         """Ids of the promotions whose data is on the GPU now (`wait`: block for at least one)."""
-        while self._writes and self._writes[0].done():
-            self._writes.pop(0).result()  # a failed disk write raises here, in the engine thread
+        if self._writes:
+            done_ops = [f for f in self._writes if f.done()]
+            self._writes = [f for f in self._writes if not f.done()]
+            for f in done_ops:
+                f.result()  # a failed disk write raises here, in the engine thread
+            self._last_op = {p: f for p, f in self._last_op.items() if not f.done()}
         for loc in [loc for loc, f in self._host_reads.items() if f.done()]:
             del self._host_reads[loc]
         done, left = [], []
@@ -333,6 +378,8 @@ class TierStore:
 
     def close(self) -> None:
         """Finish queued disk work, then remove a temporary disk folder."""
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
         if self._copier is not None:
             self._copier.shutdown(wait=True)
         if self._pool is not None:
