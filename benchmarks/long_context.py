@@ -408,30 +408,82 @@ def fp8_accuracy(device, max_tokens: int) -> dict[str, Any]:
 
 
 # -- the plot ---------------------------------------------------------------------------------
+ROW_SECTIONS = ("prefill_decode", "returning", "turn10", "fp8")  # dicts of rows; the rest are rows
+META = ("device", "torch", "quick", "config", "section_wall_s", "measured_by", "not_measured")
+
+
+def merge(old: dict[str, Any], new: dict[str, Any], session: str, old_session: str) -> dict[str, Any]:
+    """`new`'s rows into `old` (a figures file), each row tagged with who measured it: untagged
+    rows of `old` get `old_session`, `new`'s get `session`; a new row replaces the old one of the
+    same name. Rows that failed go to `not_measured` (the error, not the trace)."""
+
+    def tag(row: Any, who: str) -> Any:
+        if isinstance(row, dict) and "error" not in row:
+            row.setdefault("measured_by", who)
+        return row
+
+    out = json.loads(json.dumps(old))
+    for sec in ROW_SECTIONS:
+        for row in out.get(sec, {}).values():
+            tag(row, old_session)
+    for sec in set(out) - set(META) - set(ROW_SECTIONS):
+        tag(out[sec], old_session)
+    failed = out.setdefault("not_measured", {})
+    for sec, val in new.items():
+        if sec in META:
+            continue
+        rows = val.items() if sec in ROW_SECTIONS and isinstance(val, dict) else [(None, val)]
+        for name, row in rows:
+            where = f"{sec}.{name}" if name else sec
+            if isinstance(row, dict) and "error" in row:
+                failed[where] = f"{session}: {row['error']}"
+                continue
+            failed.pop(where, None)
+            if name is None:
+                out[sec] = tag(row, session)
+            else:
+                out.setdefault(sec, {})[name] = tag(row, session)
+    walls = out.setdefault("section_wall_s", {})
+    for k, v in new.get("section_wall_s", {}).items():
+        walls[k] = v
+    return out
+
+
 def plot(results: dict[str, Any], path: str) -> str | None:
-    """Four panels of horizontal bars (Pillow; skipped where it is not installed)."""
+    """Four panels of horizontal bars (Pillow; skipped where it is not installed); a bar's label
+    names the session that measured it where the row says."""
     try:
         from PIL import Image, ImageDraw
     except ImportError:
         return None
-    panels: list[tuple[str, list[tuple[str, float]]]] = []
-    pd = results.get("prefill_decode", {})
-    panels.append(
-        (
-            "prefill TTFT (s)",
-            [(k, v["ttft_s"]) for k, v in pd.items() if isinstance(v, dict) and "ttft_s" in v],
-        )
-    )
-    panels.append(("decode batch 1 (tok/s)", [(k, v["decode_tok_per_s"]) for k, v in pd.items() if isinstance(v, dict) and "decode_tok_per_s" in v]))  # fmt: skip
-    ret = results.get("returning", {})
-    bars = [(k, v["ttft_ms"]) for k, v in ret.items() if isinstance(v, dict) and "ttft_ms" in v]
-    bars += [(f"turn10 {k} {w}", v[f"ttft_ms_{w}_cache"]) for k, v in results.get("turn10", {}).items()
-             if isinstance(v, dict) and "ratio" in v for w in ("with", "without")]  # fmt: skip
+
+    def label(name: str, row: Any) -> str:
+        who = row.get("measured_by", "") if isinstance(row, dict) else ""
+        return f"{name} [{who.split(' (')[0]}]" if who else name
+
+    def rows(sec: str):
+        return [(k, v) for k, v in results.get(sec, {}).items() if isinstance(v, dict)]
+
+    pd = rows("prefill_decode") + [(f"fp8 {k}", v) for k, v in rows("fp8") if "ttft_s" in v]
+    panels: list[tuple[str, list[tuple[str, float]]]] = [
+        ("prefill TTFT (s)", [(label(k, v), v["ttft_s"]) for k, v in pd if "ttft_s" in v]),
+        ("decode batch 1 (tok/s)", [(label(k, v), v["decode_tok_per_s"]) for k, v in pd if "decode_tok_per_s" in v]),
+    ]  # fmt: skip
+    bars = [(label(f"return {k}", v), v["ttft_ms"]) for k, v in rows("returning") if "ttft_ms" in v]
+    bars += [(label(f"turn10 {k} {w}", v), v[f"ttft_ms_{w}_cache"]) for k, v in rows("turn10")
+             if "ratio" in v for w in ("with", "without")]  # fmt: skip
     panels.append(("returning conversation / turn-10 TTFT (ms)", bars))
     pr = results.get("promotion", {})
-    panels.append(
-        ("bandwidth (GB/s)", [(k, pr[k]) for k in ("promotion_gb_per_s", "pinned_h2d_gb_per_s") if k in pr])
-    )
+    names = ("promotion_gb_per_s_consecutive", "promotion_gb_per_s_scattered", "pinned_h2d_gb_per_s")
+    bw = [(label(k, pr), pr[k]) for k in names if k in pr]
+    if not bw and "promotion_gb_per_s" in pr:  # a run from before the two layouts were measured
+        bw = [(label("promotion_gb_per_s", pr), pr["promotion_gb_per_s"])]
+    bw += [
+        (label(f"in engine from {k}", v), v["promotion_gb_per_s"])
+        for k, v in rows("returning")
+        if "promotion_gb_per_s" in v
+    ]
+    panels.append(("bandwidth (GB/s)", bw))
     row_h, w, label_w = 18, 900, 330
     h = sum(30 + row_h * max(len(b), 1) for _, b in panels) + 20
     img = Image.new("RGB", (w, h), "white")
@@ -488,9 +540,20 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
     ap.add_argument("--plot", default=None, help="PNG path (default beside the JSON)")
     ap.add_argument("--plot-from", default=None, help="only draw the PNG of a saved JSON")
+    ap.add_argument(
+        "--merge-into", default=None, help="with --plot-from: merge that run into this figures JSON"
+    )
+    ap.add_argument(
+        "--session", default="new", help="who measured the merged run, e.g. 'session 5 (2026-12-01)'"
+    )
+    ap.add_argument("--old-session", default="earlier", help="who measured the untagged rows already there")
     args = ap.parse_args()
     if args.plot_from:
-        print(plot(json.loads(Path(args.plot_from).read_text()), args.plot or "long_context.png"))
+        res = json.loads(Path(args.plot_from).read_text())
+        if args.merge_into:
+            res = merge(json.loads(Path(args.merge_into).read_text()), res, args.session, args.old_session)
+            Path(args.merge_into).write_text(json.dumps(res, indent=2, default=str))
+        print(plot(res, args.plot or "long_context.png"))
         return
     want = [s for s in args.sections.split(",") if s]
     if unknown := set(want) - set(SECTIONS):
