@@ -15,7 +15,36 @@ on the CPU (real float8_e4m3 storage, dequantised by the reference attention pat
 Sections: prefill_decode (TTFT and batch-1 decode tok/s at each length, dense and DSA, transformers
 at the lengths where it fits), turn10, returning, promotion, fp8, fp8_accuracy.
 
-Recorded (2026-12-01):
+Merge a run into the figures file (rows tagged with who measured them) and redraw it:
+
+    python benchmarks/long_context.py --plot-from run.json --merge-into docs/figures/long_context_h200.json \
+        --session "session 5 (2026-12-01)" --plot docs/figures/long_context_h200.png
+
+Recorded, session 5 (2026-12-01), H200, torch 2.11, bf16, one call: `--sections
+promotion,returning,turn10,fp8,prefill_decode --lengths 524288 --hf-lengths 32768,131072 --hf-max
+131072 --dsa-lengths "" --decode-steps 32` (bench wall 200 s, cold Triton cache):
+- promotion of a 131,072-token conversation's KV (2,048 blocks, 604 MB) from the pinned host tier:
+  48.58 GB/s into a consecutive run of the pool (straight copies) = 0.891x of one pinned H2D copy
+  of the same bytes (54.51 GB/s); 41.42 GB/s = 0.760x into shuffled blocks (staging + scatter).
+- returning 128K conversation after eviction (TTFT of the return, 64 new tokens): recompute
+  2,274.8 ms; host tier 307.5 ms = 0.135x (131,103 of 131,168 tokens cached; its promotion 602.5
+  MB in 18.3 ms inside the engine, a span that also holds the eviction of the other conversation
+  to the host in the same step); disk tier 2,185.6 ms = 0.961x (promotion 1,271 ms, 0.47 GB/s:
+  the reads queued behind the other conversation's disk writes on the one FIFO worker of then;
+  the per-file ordering on 4 I/O threads came after this run).
+- turn-10 TTFT with vs without the cache: 16K 132.9 vs 290.2 ms (0.458x); 128K 210.2 vs 2,270.2 ms
+  (0.093x). Cached turns alternate ~60 / ~110-130 ms at 16K (~130 / ~210 at 128K) for 65 new
+  tokens: a fixed per-turn cost, not the context. bf16 replies differ from the cache-less ones
+  (different chunk boundaries; exactness holds in fp32).
+- FP8 latents at 128K: KV 4,608 -> 2,320 B/token (-49.65%, 0.562 -> 0.283 GiB); decode 229.1 vs
+  237.9 tok/s bf16 (0.963x), TTFT 2.281 vs 2.236 s, peak 9.67 vs 9.92 GiB; greedy agreement on
+  the random-weight model 4/37 tokens (near-flat random logits flip early; the demo-model study
+  below is the accuracy figure).
+- dense 524,288 tokens: TTFT 18.155 s (28.9k tok/s), decode 193.2 tok/s, peak 12.93 GiB.
+- transformers: not measured (its import of huggingface_hub needs `truststore`, absent from the
+  wheels the device gets).
+
+Recorded, session 4 (2026-12-01):
 - H200, torch 2.11, `--sections promotion`: a 131,072-token conversation's KV (2,048 blocks,
   604 MB) promoted from the pinned host tier at 37.55 GB/s vs 55.11 GB/s for one pinned copy of
   the same bytes (0.681; the timed span includes building the 2,048 loads in Python and the

@@ -13,6 +13,11 @@ the checkpoint, so nothing it brought back is evicted before use.
 Hybrid rule (the reason for this file): a plan always ends at a checkpoint that matches tokens
 [0, p) exactly, and restores the KV chain [0, p) with it — KV and recurrent state come back
 together or not at all.
+
+Partial promotion: when the GPU pool cannot take the deepest plan back now (running requests
+hold it), the deepest plan that fits is promoted instead — every checkpoint position of the walk
+is a plan (a conversation leaves one at each prompt end, message end and generation end) — and
+the tokens after it are recomputed.
 """
 
 from __future__ import annotations

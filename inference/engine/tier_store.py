@@ -1,16 +1,28 @@
 """The tensor side of the offload tiers: pinned host pools, a disk/fsspec store, and the copies
 `inference/cache/tiers.py` orders (stores, host->disk moves, deletes, asynchronous promotions).
 
-A unit is one KV block (every MLA layer's latent rows, FP8 scales and indexer keys) or one state
-slot (every KDA layer's recurrent state and conv window). On the host each tensor group has one
-pinned pool `[locations, bytes per unit]`; on disk a unit is one file of its groups' bytes.
+A unit is one KV block (the rows of every tensor the cache holds per block: MLA latents, their
+FP8 scales, indexer keys, found generically by `_unit_tensors`) or one state slot (every KDA
+layer's recurrent state and conv window). On the host each tensor group has one pinned pool
+`[locations, bytes per unit]`; on disk a unit is one file of its groups' bytes.
 
 Ordering (why it is safe): `apply` runs at the very start of a step, on the compute stream, before
 any write of the step, so a block evicted in this step's scheduling is read before its new owner
 writes it. Promotions then run on a side stream that first waits for the compute stream (their
 targets may be the blocks just stored) and records an event; `poll` reports a transfer once its
-event has completed, and only then may the scheduler admit the request that needs it. On a CPU
-the host copies are synchronous and disk reads run on a worker thread: the same interface.
+event has completed, and only then may the scheduler admit the request that needs it.
+
+Copies (how it is fast): a promotion's units whose host locations and GPU blocks are both
+consecutive (the promoter assigns targets in location order) go straight into the pool, one copy
+per run and tensor group; the rest through a device staging buffer and one scatter.
+
+Disk (off the engine thread): a unit bound for disk (a host -> disk move or a GPU -> disk store)
+has its bytes taken on a copy thread, after an event marking the device -> host copy that filled
+them; a store reusing a moved host location waits only for that location's bytes. Files are
+written, read and deleted on `DISK_THREADS` I/O threads, ordered per file (a read or delete waits
+for the write of its own file, never for other files'). The scheduler's bookkeeping is final when
+it emits the ops: these orderings make every later op on the same location see it done. On a CPU
+the host copies are synchronous; the rest is the same.
 """
 
 from __future__ import annotations
