@@ -128,3 +128,30 @@ def test_moves_do_not_wait_on_the_engine_thread(tmp_path):
     store.flush()
     assert (tmp_path / "kv-4.bin").stat().st_size == store.unit_bytes[BLOCK]
     store.close()
+
+
+def test_every_tensor_the_cache_holds_moves_with_its_unit(tmp_path):
+    """The tier store finds the cache's pools from its fields: a pool added later (here an extra
+    per-block tensor of each MLA layer) round-trips with the rest, without a change here."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Extended(HybridCacheTensors):
+        extra: dict = field(default_factory=dict)
+
+    base = cache("cpu")
+    c = Extended(
+        **{f: getattr(base, f) for f in ("spec", "block_size", "kv", "kv_scale", "index_k", "state", "conv")}
+    )
+    c.extra = {i: torch.randn(12, 4, 3) for i in c.kv}
+    want = {i: t[5].clone() for i, t in c.extra.items()}
+    store = TierStore(c, TierCapacity(host_blocks=2, host_states=0, disk_bytes=1 << 20), str(tmp_path))
+    store.apply([Store(BLOCK, 5, HOST, 0), Store(BLOCK, 5, DISK, 3)])
+    for t in c.extra.values():
+        t.zero_()
+    store.start([Transfer(0, (Load(BLOCK, HOST, 0, 1), Load(BLOCK, DISK, 3, 2)))])
+    while not store.poll(wait=True):
+        pass
+    for i, t in c.extra.items():
+        assert torch.equal(t[1], want[i]) and torch.equal(t[2], want[i])
+    store.close()
