@@ -15,7 +15,36 @@ on the CPU (real float8_e4m3 storage, dequantised by the reference attention pat
 Sections: prefill_decode (TTFT and batch-1 decode tok/s at each length, dense and DSA, transformers
 at the lengths where it fits), turn10, returning, promotion, fp8, fp8_accuracy.
 
-Recorded (2026-12-01):
+Merge a run into the figures file (rows tagged with who measured them) and redraw it:
+
+    python benchmarks/long_context.py --plot-from run.json --merge-into docs/figures/long_context_h200.json \
+        --session "session 5 (2026-12-01)" --plot docs/figures/long_context_h200.png
+
+Recorded, session 5 (2026-12-01), H200, torch 2.11, bf16, one call: `--sections
+promotion,returning,turn10,fp8,prefill_decode --lengths 524288 --hf-lengths 32768,131072 --hf-max
+131072 --dsa-lengths "" --decode-steps 32` (bench wall 200 s, cold Triton cache):
+- promotion of a 131,072-token conversation's KV (2,048 blocks, 604 MB) from the pinned host tier:
+  48.58 GB/s into a consecutive run of the pool (straight copies) = 0.891x of one pinned H2D copy
+  of the same bytes (54.51 GB/s); 41.42 GB/s = 0.760x into shuffled blocks (staging + scatter).
+- returning 128K conversation after eviction (TTFT of the return, 64 new tokens): recompute
+  2,274.8 ms; host tier 307.5 ms = 0.135x (131,103 of 131,168 tokens cached; its promotion 602.5
+  MB in 18.3 ms inside the engine, a span that also holds the eviction of the other conversation
+  to the host in the same step); disk tier 2,185.6 ms = 0.961x (promotion 1,271 ms, 0.47 GB/s:
+  the reads queued behind the other conversation's disk writes on the one FIFO worker of then;
+  the per-file ordering on 4 I/O threads came after this run).
+- turn-10 TTFT with vs without the cache: 16K 132.9 vs 290.2 ms (0.458x); 128K 210.2 vs 2,270.2 ms
+  (0.093x). Cached turns alternate ~60 / ~110-130 ms at 16K (~130 / ~210 at 128K) for 65 new
+  tokens: a fixed per-turn cost, not the context. bf16 replies differ from the cache-less ones
+  (different chunk boundaries; exactness holds in fp32).
+- FP8 latents at 128K: KV 4,608 -> 2,320 B/token (-49.65%, 0.562 -> 0.283 GiB); decode 229.1 vs
+  237.9 tok/s bf16 (0.963x), TTFT 2.281 vs 2.236 s, peak 9.67 vs 9.92 GiB; greedy agreement on
+  the random-weight model 4/37 tokens (near-flat random logits flip early; the demo-model study
+  below is the accuracy figure).
+- dense 524,288 tokens: TTFT 18.155 s (28.9k tok/s), decode 193.2 tok/s, peak 12.93 GiB.
+- transformers: not measured (its import of huggingface_hub needs `truststore`, absent from the
+  wheels the device gets).
+
+Recorded, session 4 (2026-12-01):
 - H200, torch 2.11, `--sections promotion`: a 131,072-token conversation's KV (2,048 blocks,
   604 MB) promoted from the pinned host tier at 37.55 GB/s vs 55.11 GB/s for one pinned copy of
   the same bytes (0.681; the timed span includes building the 2,048 loads in Python and the
@@ -152,20 +181,23 @@ def prefill_decode(model, spec, dtype, device, n: int, steps: int, kv: str = "au
     sync(device)
     t0 = time.perf_counter()
     eng.add_request(rand(n, n), SamplingParams(temperature=0, max_tokens=steps + 5, ignore_eos=True))
-    while not any(o.new_token_ids for o in eng.step()):
-        pass
+    tokens: list[int] = []
+    while not tokens:
+        tokens += [t for o in eng.step() for t in o.new_token_ids]
     sync(device)
     ttft = time.perf_counter() - t0
     for _ in range(4):
-        eng.step()
+        tokens += [t for o in eng.step() for t in o.new_token_ids]
     sync(device)
     t1 = time.perf_counter()
-    got = sum(len(o.new_token_ids) for _ in range(steps) for o in eng.step())
+    timed = [t for _ in range(steps) for o in eng.step() for t in o.new_token_ids]
     sync(device)
     dt = time.perf_counter() - t1
+    got = len(timed)
+    tokens += timed
     row = {"tokens": n, "ttft_s": round(ttft, 3), "prefill_tok_per_s": round(n / ttft, 1),
            "decode_tok_per_s": round(got / dt, 1), "decode_ms_per_step": round(1000 * dt / steps, 3),
-           "kv_cache_dtype": kv}  # fmt: skip
+           "kv_cache_dtype": kv, "output_ids": tokens}  # fmt: skip
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated() / GiB, 2)
     del eng
@@ -252,6 +284,10 @@ def returning(model, spec, dtype, device, context: int, mode: str, disk_dir: str
            **{k: v for k, v in st.items() if k.startswith(("promoted_", "tier_"))}}  # fmt: skip
     if store is not None:
         row["bytes_loaded"] = dict(store.bytes_loaded)
+        if store.transfer_times:  # the return's promotion, start to landed, inside the engine
+            nb, dt = max(store.transfer_times)
+            row["promotion_bytes"], row["promotion_ms"] = nb, round(1000 * dt, 2)
+            row["promotion_gb_per_s"] = round(nb / dt / 1e9, 2)
         store.close()
     del eng
     free(device)
@@ -274,8 +310,11 @@ def pinned_h2d(device, nbytes: int) -> float:
 
 def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
     """The tier store promoting a whole `context`-token conversation (its KV blocks) from the host
-    tier into the benchmark config's cache tensors, timed from `start` to its event, vs one pinned
-    copy of the same bytes (no model needed: the copies are the same)."""
+    tier into the benchmark config's cache tensors, timed from `start` to its event (the loads
+    are built before: the scheduler builds them), vs one pinned copy of the same bytes (no model
+    needed: the copies are the same). Two layouts of the GPU targets: `consecutive` (a free run
+    of the pool: straight copies into it) and `scattered` (a shuffled order: the staging buffer
+    and one scatter per tensor group)."""
     n = context // 64
     cache = HybridCacheTensors.allocate(
         HybridCacheSpec.from_model_spec(spec, dtype), n + 1, 64, 2, device, dtype
@@ -283,25 +322,31 @@ def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
     store = TierStore(cache, TierCapacity(host_blocks=n, host_states=0, disk_bytes=0))
     store.apply([Store(BLOCK, b, HOST, b) for b in range(n)])
     sync(device)
-    best = float("inf")
-    for i in range(4):  # the first one warms the allocator up
-        t0 = time.perf_counter()
-        store.start([Transfer(i, tuple(Load(BLOCK, HOST, b, b) for b in range(n)))])
-        while not store.poll(wait=True):
-            pass
-        sync(device)
-        if i:
-            best = min(best, time.perf_counter() - t0)
     nbytes = n * store.unit_bytes[BLOCK]
-    res = {
-        "context": context,
-        "blocks": n,
-        "bytes": nbytes,
-        "promotion_gb_per_s": round(nbytes / best / 1e9, 2),
-    }
+    res: dict[str, Any] = {"context": context, "blocks": n, "bytes": nbytes}
+    shuffled = list(range(n))
+    random.Random(0).shuffle(shuffled)
+    for name, targets in (("consecutive", list(range(n))), ("scattered", shuffled)):
+        loads = tuple(Load(BLOCK, HOST, b, g) for b, g in enumerate(targets))
+        best = float("inf")
+        for i in range(4):  # the first one warms the allocator up
+            sync(device)
+            t0 = time.perf_counter()
+            store.start([Transfer(i, loads)])
+            while not store.poll(wait=True):
+                pass
+            sync(device)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+        res[f"promotion_gb_per_s_{name}"] = round(nbytes / best / 1e9, 2)
+    res["promotion_gb_per_s"] = res["promotion_gb_per_s_consecutive"]
     if device.type == "cuda":
         res["pinned_h2d_gb_per_s"] = round(pinned_h2d(device, nbytes), 2)
-        res["fraction_of_h2d"] = round(res["promotion_gb_per_s"] / res["pinned_h2d_gb_per_s"], 3)
+        for name in ("consecutive", "scattered"):
+            res[f"fraction_of_h2d_{name}"] = round(
+                res[f"promotion_gb_per_s_{name}"] / res["pinned_h2d_gb_per_s"], 3
+            )
+        res["fraction_of_h2d"] = res["fraction_of_h2d_consecutive"]
     store.close()
     del cache, store
     free(device)
@@ -392,30 +437,82 @@ def fp8_accuracy(device, max_tokens: int) -> dict[str, Any]:
 
 
 # -- the plot ---------------------------------------------------------------------------------
+ROW_SECTIONS = ("prefill_decode", "returning", "turn10", "fp8")  # dicts of rows; the rest are rows
+META = ("device", "torch", "quick", "config", "section_wall_s", "measured_by", "not_measured")
+
+
+def merge(old: dict[str, Any], new: dict[str, Any], session: str, old_session: str) -> dict[str, Any]:
+    """`new`'s rows into `old` (a figures file), each row tagged with who measured it: untagged
+    rows of `old` get `old_session`, `new`'s get `session`; a new row replaces the old one of the
+    same name. Rows that failed go to `not_measured` (the error, not the trace)."""
+
+    def tag(row: Any, who: str) -> Any:
+        if isinstance(row, dict) and "error" not in row:
+            row.setdefault("measured_by", who)
+        return row
+
+    out = json.loads(json.dumps(old))
+    for sec in ROW_SECTIONS:
+        for row in out.get(sec, {}).values():
+            tag(row, old_session)
+    for sec in set(out) - set(META) - set(ROW_SECTIONS):
+        tag(out[sec], old_session)
+    failed = out.setdefault("not_measured", {})
+    for sec, val in new.items():
+        if sec in META:
+            continue
+        rows = val.items() if sec in ROW_SECTIONS and isinstance(val, dict) else [(None, val)]
+        for name, row in rows:
+            where = f"{sec}.{name}" if name else sec
+            if isinstance(row, dict) and "error" in row:
+                failed[where] = f"{session}: {row['error']}"
+                continue
+            failed.pop(where, None)
+            if name is None:
+                out[sec] = tag(row, session)
+            else:
+                out.setdefault(sec, {})[name] = tag(row, session)
+    walls = out.setdefault("section_wall_s", {})
+    for k, v in new.get("section_wall_s", {}).items():
+        walls[k] = v
+    return out
+
+
 def plot(results: dict[str, Any], path: str) -> str | None:
-    """Four panels of horizontal bars (Pillow; skipped where it is not installed)."""
+    """Four panels of horizontal bars (Pillow; skipped where it is not installed); a bar's label
+    names the session that measured it where the row says."""
     try:
         from PIL import Image, ImageDraw
     except ImportError:
         return None
-    panels: list[tuple[str, list[tuple[str, float]]]] = []
-    pd = results.get("prefill_decode", {})
-    panels.append(
-        (
-            "prefill TTFT (s)",
-            [(k, v["ttft_s"]) for k, v in pd.items() if isinstance(v, dict) and "ttft_s" in v],
-        )
-    )
-    panels.append(("decode batch 1 (tok/s)", [(k, v["decode_tok_per_s"]) for k, v in pd.items() if isinstance(v, dict) and "decode_tok_per_s" in v]))  # fmt: skip
-    ret = results.get("returning", {})
-    bars = [(k, v["ttft_ms"]) for k, v in ret.items() if isinstance(v, dict) and "ttft_ms" in v]
-    bars += [(f"turn10 {k} {w}", v[f"ttft_ms_{w}_cache"]) for k, v in results.get("turn10", {}).items()
-             if isinstance(v, dict) and "ratio" in v for w in ("with", "without")]  # fmt: skip
+
+    def label(name: str, row: Any) -> str:
+        who = row.get("measured_by", "") if isinstance(row, dict) else ""
+        return f"{name} [{who.split(' (')[0]}]" if who else name
+
+    def rows(sec: str):
+        return [(k, v) for k, v in results.get(sec, {}).items() if isinstance(v, dict)]
+
+    pd = rows("prefill_decode") + [(f"fp8 {k}", v) for k, v in rows("fp8") if "ttft_s" in v]
+    panels: list[tuple[str, list[tuple[str, float]]]] = [
+        ("prefill TTFT (s)", [(label(k, v), v["ttft_s"]) for k, v in pd if "ttft_s" in v]),
+        ("decode batch 1 (tok/s)", [(label(k, v), v["decode_tok_per_s"]) for k, v in pd if "decode_tok_per_s" in v]),
+    ]  # fmt: skip
+    bars = [(label(f"return {k}", v), v["ttft_ms"]) for k, v in rows("returning") if "ttft_ms" in v]
+    bars += [(label(f"turn10 {k} {w}", v), v[f"ttft_ms_{w}_cache"]) for k, v in rows("turn10")
+             if "ratio" in v for w in ("with", "without")]  # fmt: skip
     panels.append(("returning conversation / turn-10 TTFT (ms)", bars))
     pr = results.get("promotion", {})
-    panels.append(
-        ("bandwidth (GB/s)", [(k, pr[k]) for k in ("promotion_gb_per_s", "pinned_h2d_gb_per_s") if k in pr])
-    )
+    names = ("promotion_gb_per_s_consecutive", "promotion_gb_per_s_scattered", "pinned_h2d_gb_per_s")
+    bw = [(label(k, pr), pr[k]) for k in names if k in pr]
+    if not bw and "promotion_gb_per_s" in pr:  # a run from before the two layouts were measured
+        bw = [(label("promotion_gb_per_s", pr), pr["promotion_gb_per_s"])]
+    bw += [
+        (label(f"in engine from {k}", v), v["promotion_gb_per_s"])
+        for k, v in rows("returning")
+        if "promotion_gb_per_s" in v
+    ]
+    panels.append(("bandwidth (GB/s)", bw))
     row_h, w, label_w = 18, 900, 330
     h = sum(30 + row_h * max(len(b), 1) for _, b in panels) + 20
     img = Image.new("RGB", (w, h), "white")
@@ -460,6 +557,9 @@ def main() -> None:
     ap.add_argument(
         "--lengths", default=None, help="comma list of prefill lengths (default 32K,128K,512K,1M)"
     )
+    ap.add_argument(
+        "--hf-lengths", default=None, help="lengths for transformers (default: --lengths up to --hf-max)"
+    )
     ap.add_argument("--dsa-lengths", default=None, help="lengths for the DSA variant (default: --lengths)")
     ap.add_argument(
         "--hf-max", type=int, default=32768, help="longest prompt given to transformers (0: none)"
@@ -469,9 +569,20 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
     ap.add_argument("--plot", default=None, help="PNG path (default beside the JSON)")
     ap.add_argument("--plot-from", default=None, help="only draw the PNG of a saved JSON")
+    ap.add_argument(
+        "--merge-into", default=None, help="with --plot-from: merge that run into this figures JSON"
+    )
+    ap.add_argument(
+        "--session", default="new", help="who measured the merged run, e.g. 'session 5 (2026-12-01)'"
+    )
+    ap.add_argument("--old-session", default="earlier", help="who measured the untagged rows already there")
     args = ap.parse_args()
     if args.plot_from:
-        print(plot(json.loads(Path(args.plot_from).read_text()), args.plot or "long_context.png"))
+        res = json.loads(Path(args.plot_from).read_text())
+        if args.merge_into:
+            res = merge(json.loads(Path(args.merge_into).read_text()), res, args.session, args.old_session)
+            Path(args.merge_into).write_text(json.dumps(res, indent=2, default=str))
+        print(plot(res, args.plot or "long_context.png"))
         return
     want = [s for s in args.sections.split(",") if s]
     if unknown := set(want) - set(SECTIONS):
@@ -496,7 +607,8 @@ def main() -> None:
     plan = []  # in the order of --sections (the most wanted first: a time limit cuts the tail)
     for s in want:
         if s == "prefill_decode":
-            plan += [("dense", n) for n in lengths] + [("hf", n) for n in lengths if n <= args.hf_max]
+            hf = [int(x) for x in args.hf_lengths.split(",") if x] if args.hf_lengths is not None else lengths
+            plan += [("dense", n) for n in lengths] + [("hf", n) for n in hf if n <= args.hf_max]
             plan += [("dsa", n) for n in dsa_lengths]
         else:
             plan.append((s, None))
@@ -555,6 +667,17 @@ def main() -> None:
                 for kv in ("auto", "fp8"):
                     RESULTS["fp8"][f"decode_{kv}"] = run_section(
                         f"fp8_{kv}", prefill_decode, m, spec, dtype, device, c, steps, kv=kv
+                    )
+                a, b = (RESULTS["fp8"][f"decode_{kv}"].get("output_ids") for kv in ("auto", "fp8"))
+                if a and b:  # greedy agreement of the same prompt with bf16 vs FP8 latents
+                    same = next(
+                        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+                    )
+                    RESULTS["fp8"]["greedy_common_prefix"] = f"{same}/{min(len(a), len(b))}"
+                    RESULTS["fp8"]["decode_speed_fp8_vs_bf16"] = round(
+                        RESULTS["fp8"]["decode_fp8"]["decode_tok_per_s"]
+                        / RESULTS["fp8"]["decode_auto"]["decode_tok_per_s"],
+                        3,
                     )
             elif kind == "fp8_accuracy":
                 RESULTS["fp8_accuracy"] = run_section(

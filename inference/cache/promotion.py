@@ -13,6 +13,11 @@ the checkpoint, so nothing it brought back is evicted before use.
 Hybrid rule (the reason for this file): a plan always ends at a checkpoint that matches tokens
 [0, p) exactly, and restores the KV chain [0, p) with it — KV and recurrent state come back
 together or not at all.
+
+Partial promotion: when the GPU pool cannot take the deepest plan back now (running requests
+hold it), the deepest plan that fits is promoted instead — every checkpoint position of the walk
+is a plan (a conversation leaves one at each prompt end, message end and generation end) — and
+the tokens after it are recomputed.
 """
 
 from __future__ import annotations
@@ -62,22 +67,24 @@ class Promoter:
     next_id: int = 0
     promoted_blocks: dict[int, int] = field(default_factory=lambda: {HOST: 0, DISK: 0})
     promoted_ckpts: dict[int, int] = field(default_factory=lambda: {HOST: 0, DISK: 0})
+    num_partial: int = 0  # promotions of a shallower plan than the deepest (the GPU was short)
 
     # -- the walk --------------------------------------------------------------------------
-    def plan(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan]):
-        """Deepest hit over the GPU and the tiers (a `_Plan`), None, or WAIT."""
+    def plans(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan]):
+        """Every usable hit over the GPU and the tiers (`_Plan`s, shallowest first), or WAIT.
+        Each ends at a checkpoint matching its tokens exactly, with the full KV chain before it."""
         from inference.cache.coordinator import _extra
 
         c, tiers = self.c, self.c.tiers
         B, limit = c.B, len(token_ids) - 1
         keys = c._keys(c._rc(req_id), token_ids, mm)
-        best: _Plan | None = None
+        found: list[_Plan] = []
         parent: int | None = None
         for j in range(len(keys) + 1):
             tails = [*c._tails.get(parent, {}).items(), *tiers.tails.get(parent, {}).items()]
             for key, tail in tails:
                 p = j * B + len(tail.tokens)
-                if (best is not None and p <= best.num_tokens) or p > limit:
+                if p > limit or any(f.num_tokens == p for f in found[-B:]):
                     continue
                 if tuple(token_ids[j * B : p]) != tail.tokens or tail.extra != _extra(mm, j * B, p):
                     continue
@@ -85,9 +92,9 @@ class Promoter:
                     return WAIT
                 ck = c.states.get_checkpoint(key)
                 if ck is not None and ck.ident == tail:
-                    best = _Plan(p, j, key, None)
+                    found.append(_Plan(p, j, key, None))
                 elif (e := tiers.ckpt(key, tail)) is not None:
-                    best = _Plan(p, j, key, e)
+                    found.append(_Plan(p, j, key, e))
             if j == len(keys) or (j + 1) * B > limit:
                 break
             k = keys[j]
@@ -97,29 +104,73 @@ class Promoter:
                 if tiers.block(k) is None:
                     break
             parent, p = k.hash, (j + 1) * B
-            if best is not None and p <= best.num_tokens:
-                continue
             if parent in self.inflight:
                 return WAIT
             ck = c.states.get_checkpoint(parent)
             if ck is not None and ck.ident == k:
-                best = _Plan(p, j + 1, parent, None)
+                found.append(_Plan(p, j + 1, parent, None))
             elif (e := tiers.ckpt(parent, k)) is not None:
-                best = _Plan(p, j + 1, parent, e)
-        return best
+                found.append(_Plan(p, j + 1, parent, e))
+        return sorted(found, key=lambda f: f.num_tokens)
+
+    def plan(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan]):
+        """The deepest hit over the GPU and the tiers (a `_Plan`), None, or WAIT."""
+        found = self.plans(req_id, token_ids, mm)
+        return found if found is WAIT else (found[-1] if found else None)
 
     # -- starting and finishing ------------------------------------------------------------
     def prepare(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> bool:
-        """True if the request may be admitted now; False while (or after starting) a promotion."""
+        """True if the request may be admitted now; False while (or after starting) a promotion.
+
+        Partial promotion: when the GPU pool cannot take the whole prefix back now, the deepest
+        plan whose blocks fit is promoted instead (a shallower checkpoint, with the KV chain
+        before it: still KV and state together) and the rest is recomputed; only when none
+        deeper than the GPU hit fits is the request admitted with its GPU hit alone."""
         pr = self.promotions.get(req_id)
         if pr is not None:
             return pr.done
-        plan = self.plan(req_id, token_ids, mm)
-        if plan is WAIT:
+        found = self.plans(req_id, token_ids, mm)
+        if found is WAIT:
             return False
-        if plan is None or plan.num_tokens <= self.c.find_hit(req_id, token_ids, mm).num_tokens:
+        gpu_hit = self.c.find_hit(req_id, token_ids, mm).num_tokens
+        deeper = [f for f in found if f.num_tokens > gpu_hit]
+        if not deeper:
             return True
-        return not self._start(req_id, plan, token_ids, mm)
+        room = self._room()
+        tried = 0
+        for plan in reversed(deeper):
+            if self._need(req_id, plan, token_ids, mm) > room:
+                continue
+            if self._start(req_id, plan, token_ids, mm):
+                if plan is not deeper[-1]:
+                    self.num_partial += 1
+                return False
+            tried += 1
+            if tried == 2:  # the estimate was wrong twice: the pools are churning, stop here
+                break
+            room = self._room()
+        return True
+
+    def _room(self) -> int:
+        """Blocks `_allocate_blocks` can hand out now: free and evictable cached ones, plus the
+        private blocks of evictable checkpoints (an upper bound: the chain's own cached blocks,
+        touched first, are among them; `_start` still checks)."""
+        c = self.c
+        private = sum(1 for ck in c.states.evictable() if ck.key in c._ckpt_block)
+        return c.blocks.num_free + private
+
+    def _need(self, req_id: str, plan: _Plan, token_ids: Sequence[int], mm) -> int:
+        """GPU blocks promoting `plan` takes: its chain's blocks not on the GPU, its checkpoint's
+        private block, and the chain's cached GPU blocks that touching takes out of the LRU."""
+        c = self.c
+        keys = c._keys(c._rc(req_id), token_ids, mm)[: plan.depth]
+        need = 0
+        for k in keys:
+            g = c.blocks.lookup(k)
+            need += g is None or c.blocks.ref_cnt[g] == 0
+        if plan.ck_entry is not None and len(plan.ck_entry.units) > 1:
+            need += 1
+        return need
 
     def _start(self, req_id: str, plan: _Plan, token_ids: Sequence[int], mm) -> bool:
         c, tiers = self.c, self.c.tiers
@@ -142,30 +193,41 @@ class Promoter:
             if ck is None:
                 c.blocks.free(new)
                 new = None
-        if new is None:  # the GPU is too full to take it back now: admit with the GPU hit
+        if new is None:  # the GPU is too full to take it back now
             for e in entries:
                 tiers.unpin(e)
             c.blocks.free(reversed(on_gpu), [HIGH] * len(on_gpu))
             if plan.ck_entry is None:
                 c.states.unpin(plan.ck_key)
             return False
-        loads, promoted, it = [], [], iter(new)
-        for k, e in from_tier:
-            g = next(it)
+        # Targets in the order of the sources' tier locations, ascending: a run of consecutive
+        # host locations then meets a run of consecutive GPU blocks where the pool has one, and
+        # is copied straight into the pool (tier_store.TierStore._put). The chain does not care
+        # which GPU block holds which of its blocks.
+        new.sort()
+        tail_target = new.pop() if tail_block else None
+        by_loc = sorted(
+            range(len(from_tier)), key=lambda i: (from_tier[i][1].tier, from_tier[i][1].units[0][1])
+        )
+        target = [0] * len(from_tier)
+        for i, g in zip(by_loc, new, strict=True):
+            target[i] = g
+        loads, promoted = [], []
+        for (k, e), g in zip(from_tier, target, strict=True):
             loads += tiers.loads(e, [g])
             promoted.append((g, k))
             self.inflight.add(k.hash)
             self.promoted_blocks[e.tier] += 1
         if plan.ck_entry is not None:
             e = plan.ck_entry
-            gpu = [ck.slot] + ([next(it)] if tail_block else [])
+            gpu = [ck.slot] + ([tail_target] if tail_block else [])
             loads += tiers.loads(e, gpu)
             if tail_block:
-                c._ckpt_block[plan.ck_key] = gpu[1]
+                c._ckpt_block[plan.ck_key] = tail_target
                 c._tails.setdefault(e.ident.parent, {})[plan.ck_key] = e.ident
             self.inflight.add(plan.ck_key)
             self.promoted_ckpts[e.tier] += 1
-        it = iter(g for g, _ in promoted)
+        it = iter(target)
         held = [g if g is not None else next(it) for _, g in chain]
         pr = _Promotion(self.next_id, req_id, held, promoted, entries, plan.ck_key, plan.ck_entry is not None)
         self.next_id += 1
@@ -253,6 +315,7 @@ class Promoter:
             "promoted_ckpts_host": self.promoted_ckpts[HOST],
             "promoted_ckpts_disk": self.promoted_ckpts[DISK],
             "transfers_in_flight": self.num_in_flight,
+            "promotions_partial": self.num_partial,
         }
 
 

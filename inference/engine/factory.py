@@ -88,16 +88,43 @@ def small_vl_model_config() -> dict[str, Any]:
     }
 
 
+def longest_step(engine: Engine, n: int, context: int) -> None:
+    """Run the largest step a sequence of `context` tokens can take: one prefill chunk of `n`
+    tokens ending at its last prompt position (`context - 1`), attending to every earlier one.
+    The KV before the chunk is whatever the pool holds (its values do not change the memory the
+    step takes: the attention workspace grows with the keys, not with what they hold); the
+    engine's pool must cover `context` tokens from block 0."""
+    from inference.engine.request import Request
+    from inference.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+    B = engine.config.cache.block_size
+    start = max(context - 1 - n, 0)
+    end = start + n
+    rid = "memory-plan-profile"
+    req = Request(rid, [0] * end, SamplingParams(temperature=0.0, max_tokens=1))
+    step = ScheduledRequest(
+        rid, tuple([0] * n), start, tuple(range(-(-end // B))), slot=0, is_new=True, sample=True
+    )
+    try:
+        engine.runner.execute(SchedulerOutput(scheduled=[step], state_zeros=[0]), {rid: req})
+    finally:
+        engine.runner.drop(rid)
+
+
 def _profile_activations(
     model: Any, tokenizer: Any, cache_spec: Any, config: EngineConfig, device, dtype
 ) -> int:
     """Peak memory growth of the largest step: one sequence's prefill chunk of
-    `max_num_batched_tokens` tokens, run by a throw-away engine with pools just large enough."""
-    n = max(1, min(config.scheduler.max_num_batched_tokens, config.scheduler.max_model_len - 1))
+    `max_num_batched_tokens` tokens, both at the start of a sequence and at the end of one of
+    `max_model_len` tokens (where the attention workspace over all earlier keys is largest: a
+    1M-token request must not run out of memory in its last chunk), run by a throw-away engine
+    whose pools just hold one such sequence (the pools themselves are not counted)."""
+    L = config.scheduler.max_model_len
+    n = max(1, min(config.scheduler.max_num_batched_tokens, L - 1))
     probe_config = config.evolve(
-        num_blocks=-(-(n + 1) // config.cache.block_size) + 1,
+        num_blocks=-(-L // config.cache.block_size) + 1,
         num_state_slots=2,
-        max_model_len=n + 1,
+        max_model_len=L,
         enable_cuda_graphs=False,
         enable_prefix_caching=False,
         tiers=TierConfig(),
@@ -107,13 +134,16 @@ def _profile_activations(
     before = torch.cuda.memory_allocated(device)
     probe = Engine(model, tokenizer, probe_config, cache_spec=cache_spec, device=device, dtype=dtype)
     pools = torch.cuda.memory_allocated(device) - before
-    torch.cuda.reset_peak_memory_stats(device)
-    probe.generate([[0] * n], SamplingParams(temperature=0.0, max_tokens=1))
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - before - pools
+    peaks = []
+    for context in dict.fromkeys((n + 1, L)):  # the first chunk, then the last one of max_model_len
+        torch.cuda.reset_peak_memory_stats(device)
+        longest_step(probe, n, context)
+        torch.cuda.synchronize(device)
+        peaks.append(torch.cuda.max_memory_allocated(device) - before - pools)
+    log.info("profiled step peaks (first chunk, last chunk at %d tokens): %s bytes", L, peaks)
     del probe
     torch.cuda.empty_cache()
-    return max(peak, 0)
+    return max(max(peaks), 0)
 
 
 def plan_pools(

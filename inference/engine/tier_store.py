@@ -1,34 +1,75 @@
 """The tensor side of the offload tiers: pinned host pools, a disk/fsspec store, and the copies
 `inference/cache/tiers.py` orders (stores, host->disk moves, deletes, asynchronous promotions).
 
-A unit is one KV block (every MLA layer's latent rows, FP8 scales and indexer keys) or one state
-slot (every KDA layer's recurrent state and conv window). On the host each tensor group has one
-pinned pool `[locations, bytes per unit]`; on disk a unit is one file of its groups' bytes.
+A unit is one KV block (the rows of every tensor the cache holds per block: MLA latents, their
+FP8 scales, indexer keys, found generically by `_unit_tensors`) or one state slot (every KDA
+layer's recurrent state and conv window). On the host each tensor group has one pinned pool
+`[locations, bytes per unit]`; on disk a unit is one file of its groups' bytes.
 
 Ordering (why it is safe): `apply` runs at the very start of a step, on the compute stream, before
 any write of the step, so a block evicted in this step's scheduling is read before its new owner
 writes it. Promotions then run on a side stream that first waits for the compute stream (their
 targets may be the blocks just stored) and records an event; `poll` reports a transfer once its
-event has completed, and only then may the scheduler admit the request that needs it. On a CPU
-the host copies are synchronous and disk reads run on a worker thread: the same interface.
+event has completed, and only then may the scheduler admit the request that needs it.
+
+Copies (how it is fast): a promotion's units whose host locations and GPU blocks are both
+consecutive (the promoter assigns targets in location order) go straight into the pool, one copy
+per run and tensor group; the rest through a device staging buffer and one scatter.
+
+Disk (off the engine thread): a unit bound for disk (a host -> disk move or a GPU -> disk store)
+has its bytes taken on a copy thread, after an event marking the device -> host copy that filled
+them; a store reusing a moved host location waits only for that location's bytes. Files are
+written, read and deleted on `DISK_THREADS` I/O threads, ordered per file (a read or delete waits
+for the write of its own file, never for other files'). The scheduler's bookkeeping is final when
+it emits the ops: these orderings make every later op on the same location see it done. On a CPU
+the host copies are synchronous; the rest is the same.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import fsspec
+import numpy as np
 import torch
 
 from inference.cache.tiers import BLOCK, DISK, HOST, STATE, Drop, Load, Move, Store, TierCapacity, Transfer
 from inference.model.cache_tensors import HybridCacheTensors
 
+DISK_THREADS = 4  # file reads/writes at once (page-cache copies and object-store requests overlap)
+DIRECT_MIN = 8  # units: a shorter run is cheaper through the staging buffer (one copy per host run)
+
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """A pool `[N, ...]` as `[N, bytes per row]` uint8 (a view: writes go to the pool)."""
     return t.view(torch.uint8).view(t.shape[0], -1)
+
+
+def _unit_tensors(cache: HybridCacheTensors) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every pool the cache holds, split by unit: a tensor of an MLA layer is indexed by KV block,
+    one of a KDA layer by state slot. Generic over the cache's fields (latents, their scales,
+    indexer keys and whatever is added later), so nothing the cache holds is left behind."""
+    mla, kda = set(cache.spec.mla_layers), set(cache.spec.kda_layers)
+    kv: list[torch.Tensor] = []
+    st: list[torch.Tensor] = []
+    for f in fields(cache):
+        pools = getattr(cache, f.name)
+        if not isinstance(pools, dict):
+            continue
+        for layer, t in sorted(pools.items()):
+            if not isinstance(t, torch.Tensor):
+                continue
+            if layer in mla:
+                kv.append(t)
+            elif layer in kda:
+                st.append(t)
+            else:
+                raise ValueError(f"cache tensor {f.name}[{layer}] belongs to no MLA or KDA layer")
+    return kv, st
 
 
 def _runs(locs: list[int]) -> list[tuple[int, int, int]]:
@@ -56,8 +97,7 @@ class TierStore:
 
     def __init__(self, cache: HybridCacheTensors, capacity: TierCapacity, disk_url: str = "") -> None:
         self.cache = cache
-        kv = [*cache.kv.values(), *cache.kv_scale.values(), *cache.index_k.values()]
-        st = [*cache.state.values(), *cache.conv.values()]
+        kv, st = _unit_tensors(cache)
         self.gpu = {BLOCK: [_rows(t) for t in kv], STATE: [_rows(t) for t in st]}
         self.device = kv[0].device if kv else st[0].device
         cuda = self.device.type == "cuda"
@@ -75,9 +115,21 @@ class TierStore:
             self.fs, self.root = fsspec.core.url_to_fs(disk_url)
             self.fs.makedirs(self.root, exist_ok=True)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-read") if capacity.disk_bytes else None
+        disk = bool(capacity.disk_bytes)
+        # file reads, writes and deletes, `DISK_THREADS` at a time; ordered per file (`_file_op`)
+        self._pool = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-io") if disk else None
+        # the copy thread: takes the bytes of units bound for disk (off the engine thread)
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-copy") if disk else None
+        # the loader: waits for a promotion's file reads, then copies them to the GPU (in order)
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-load") if disk else None
         self._pending: list[_Pending] = []
-        self._writes: list[Future] = []  # disk writes and deletes queued on the worker thread
+        self._writes: list[Future] = []  # file operations not yet seen done (errors surface in poll)
+        self._last_op: dict[str, Future] = {}  # file -> its latest queued operation
+        self._host_reads: dict[tuple[int, int], Future] = {}  # host location -> a move taking it
+        self._host_event = None  # marks the last device -> host store (a move reads after it)
+        self.num_moves = 0
+        # finished promotions: (bytes, seconds from `start` to the poll that saw them land)
+        self.transfer_times: deque[tuple[int, float]] = deque(maxlen=256)
         self.bytes_loaded = {HOST: 0, DISK: 0}
         self.bytes_stored = {HOST: 0, DISK: 0}
 
@@ -85,29 +137,46 @@ class TierStore:
     def _path(self, kind: int, loc: int) -> str:
         return f"{self.root}/{'kv' if kind == BLOCK else 'state'}-{loc}.bin"
 
-    def _write(self, kind: int, loc: int, rows: list[torch.Tensor]) -> None:
-        """One unit's group rows (CPU uint8) as one file. The bytes are copied now; the file is
-        written on the worker thread, whose FIFO order puts it before any later read or delete."""
-        data = b"".join(r.numpy().tobytes() for r in rows)
-        self._writes.append(self._pool.submit(self.fs.pipe_file, self._path(kind, loc), data))
+    def _write(self, kind: int, loc: int, rows: list[torch.Tensor], event) -> Future:
+        """Queue one unit's group rows (CPU uint8, pinned or not) as one file. Off the engine
+        thread: the copy thread waits for `event` (the device-to-host copy filling `rows`) and
+        takes the bytes; the file is written on the worker thread, queued now, so its FIFO order
+        puts the write before any later read or delete of the file. Returns the bytes' future:
+        `rows` may be overwritten once it is done."""
+        taken = self._copier.submit(_take_bytes, rows, event)
+        path = self._path(kind, loc)
+        self._file_op(path, lambda: self.fs.pipe_file(path, taken.result()))
         self.bytes_stored[DISK] += self.unit_bytes[kind]
+        return taken
 
-    def _read(self, kind: int, locs: list[int]) -> list[torch.Tensor]:
-        """Units from disk as one pinned `[len(locs), bytes]` tensor per group."""
-        groups = self.gpu[kind]
-        out = [torch.empty((len(locs), g.shape[1]), dtype=torch.uint8, pin_memory=self.stream is not None)
-               for g in groups]  # fmt: skip
-        for i, loc in enumerate(locs):
-            data = torch.frombuffer(bytearray(self.fs.cat_file(self._path(kind, loc))), dtype=torch.uint8)
-            off = 0
-            for g, o in zip(groups, out, strict=True):
-                o[i].copy_(data[off : off + g.shape[1]])
-                off += g.shape[1]
-        return out
+    def _file_op(self, path: str, fn) -> Future:
+        """Queue `fn` on the I/O threads after every operation queued before on the same file (a
+        write lands before a later read or delete of it; other files do not wait). The earlier
+        operation was submitted first, so it runs or ran when this one starts: no deadlock."""
+        prev = self._last_op.get(path)
+
+        def run():
+            if prev is not None:
+                prev.exception()  # waits; its own error is raised where it is collected
+            return fn()
+
+        fut = self._pool.submit(run)
+        self._last_op[path] = fut
+        self._writes.append(fut)
+        return fut
+
+    def _read_into(self, path: str, row: torch.Tensor) -> None:
+        """One unit file into one row of a (pinned) staging tensor: one copy of its bytes."""
+        data = np.frombuffer(self.fs.cat_file(path), dtype=np.uint8)
+        if data.size != row.numel():
+            raise OSError(f"KV tier file {path} has {data.size} bytes, expected {row.numel()}")
+        row.numpy()[:] = data
 
     # -- ops in order ----------------------------------------------------------------------
     def apply(self, ops: list[Store | Move | Drop]) -> None:
-        """Run the scheduler's tier ops in list order (consecutive stores are batched)."""
+        """Run the scheduler's tier ops in list order (consecutive stores are batched). Nothing
+        here waits for the device or the disk on the engine thread, except a store into a host
+        location whose previous bytes a queued move has not taken yet (a memcpy away)."""
         i = 0
         while i < len(ops):
             op = ops[i]
@@ -124,36 +193,50 @@ class TierStore:
                 i = j
                 continue
             if isinstance(op, Move):
-                self._sync_host()
-                self._write(op.kind, op.dst, [h[op.src] for h in self.host[op.kind]])
+                # the host rows are taken on the copy thread once the last host store has landed
+                rows = [h[op.src] for h in self.host[op.kind]]
+                self._host_reads[(op.kind, op.src)] = self._write(op.kind, op.dst, rows, self._host_event)
+                self.num_moves += 1
             elif isinstance(op, Drop):
-                self._writes.append(self._pool.submit(self.fs.rm_file, self._path(op.kind, op.loc)))
+                path = self._path(op.kind, op.loc)
+                self._file_op(path, lambda path=path: self.fs.rm_file(path))
             i += 1
 
-    def _sync_host(self) -> None:
-        """Host pools are read on the CPU next: the device-to-host copies must have landed."""
-        if self.stream is not None:
-            torch.cuda.current_stream(self.device).synchronize()
+    def _event(self):
+        """An event on the compute stream marking the copies queued so far (None on a CPU)."""
+        if self.stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
 
     def _store(self, kind: int, tier: int, ops: list[Store]) -> None:
         ops = sorted(ops, key=lambda o: o.loc)
         idx = torch.tensor([o.gpu for o in ops], dtype=torch.int64, device=self.device)
         gathered = [g.index_select(0, idx) for g in self.gpu[kind]]  # contiguous, in location order
         if tier == HOST:
+            for o in ops:  # a move still taking this location's old bytes must finish first
+                if (taken := self._host_reads.pop((kind, o.loc), None)) is not None:
+                    taken.result()
             for h, src in zip(self.host[kind], gathered, strict=True):
                 for pos, loc, n in _runs([o.loc for o in ops]):
                     h[loc : loc + n].copy_(src[pos : pos + n], non_blocking=True)
+            self._host_event = self._event()
             self.bytes_stored[HOST] += len(ops) * self.unit_bytes[kind]
         else:
-            cpu = [t.cpu() for t in gathered]
+            if self.stream is not None:  # device -> pinned host, not waited for here
+                cpu = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in gathered]
+                for c, t in zip(cpu, gathered, strict=True):
+                    c.copy_(t, non_blocking=True)
+            else:
+                cpu = gathered
+            event = self._event()
             for i, o in enumerate(ops):
-                self._write(kind, o.loc, [t[i] for t in cpu])
+                self._write(kind, o.loc, [t[i] for t in cpu], event)
 
     # -- promotions ------------------------------------------------------------------------
     def start(self, transfers: list[Transfer]) -> None:
         """Begin promotions (after `apply` of the same step: the side stream waits for it)."""
-        import time
-
         for tr in transfers:
             nbytes = sum(self.unit_bytes[ld.kind] for ld in tr.loads)
             disk = [ld for ld in tr.loads if ld.tier == DISK]
@@ -161,48 +244,95 @@ class TierStore:
             if self.stream is not None:
                 self.stream.wait_stream(torch.cuda.current_stream(self.device))
             event = self._load_host(host)
-            future = self._pool.submit(self._load_disk, disk) if disk else None
+            future = self._start_disk(disk) if disk else None
             self._pending.append(_Pending(tr, event, future, nbytes, time.perf_counter()))
             self.bytes_loaded[HOST] += sum(self.unit_bytes[ld.kind] for ld in host)
             self.bytes_loaded[DISK] += sum(self.unit_bytes[ld.kind] for ld in disk)
 
-    def _scatter(self, kind: int, gpu_ids: list[int], staged: list[torch.Tensor]) -> None:
-        idx = torch.tensor(gpu_ids, dtype=torch.int64).to(self.device, non_blocking=True)
-        for g, s in zip(self.gpu[kind], staged, strict=True):
-            g.index_copy_(0, idx, s.to(self.device, non_blocking=True))
+    def _put(self, kind: int, srcs: list[torch.Tensor], rows: list[int], gpu_ids: list[int]) -> None:
+        """Host rows `rows` of each group's host tensor in `srcs` into GPU units `gpu_ids` (pairwise),
+        on the current stream. A run of at least `DIRECT_MIN` units consecutive on both sides is
+        one copy straight into the pool; the other units are gathered into a device staging
+        buffer (one copy per run of consecutive host rows) and scattered with one `index_copy_`."""
+        pairs = sorted(zip(rows, gpu_ids, strict=True))
+        direct: list[tuple[int, int, int]] = []  # (host row, gpu unit, length)
+        rest: list[tuple[int, int]] = []
+        i = 0
+        while i < len(pairs):
+            j = i + 1
+            while (
+                j < len(pairs) and pairs[j][0] == pairs[j - 1][0] + 1 and pairs[j][1] == pairs[j - 1][1] + 1
+            ):
+                j += 1
+            if j - i >= DIRECT_MIN:
+                direct.append((pairs[i][0], pairs[i][1], j - i))
+            else:
+                rest += pairs[i:j]
+            i = j
+        for g, h in zip(self.gpu[kind], srcs, strict=True):
+            for r, u, n in direct:
+                g[u : u + n].copy_(h[r : r + n], non_blocking=True)
+        if not rest:
+            return
+        idx = torch.tensor([u for _, u in rest], dtype=torch.int64).to(self.device, non_blocking=True)
+        host_runs = _runs([r for r, _ in rest])
+        for g, h in zip(self.gpu[kind], srcs, strict=True):
+            buf = torch.empty((len(rest), h.shape[1]), dtype=torch.uint8, device=self.device)
+            for pos, r, n in host_runs:
+                buf[pos : pos + n].copy_(h[r : r + n], non_blocking=True)
+            g.index_copy_(0, idx, buf)
 
     def _load_host(self, loads: list[Load]):
-        """Host -> GPU for one transfer: contiguous host runs into a staging buffer, one scatter per
-        tensor group. Returns the event marking its end (None on a CPU: done already)."""
+        """Host -> GPU for one transfer on the side stream (`_put`). Returns the event marking its
+        end (None on a CPU: done already)."""
         if not loads:
             return None
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else _nullctx()
         with ctx:
             for kind in (BLOCK, STATE):
-                ls = sorted((ld for ld in loads if ld.kind == kind), key=lambda ld: ld.loc)
-                if not ls:
-                    continue
-                staged = []
-                for h in self.host[kind]:
-                    buf = torch.empty((len(ls), h.shape[1]), dtype=torch.uint8, device=self.device)
-                    for pos, loc, n in _runs([ld.loc for ld in ls]):
-                        buf[pos : pos + n].copy_(h[loc : loc + n], non_blocking=True)
-                    staged.append(buf)
-                self._scatter(kind, [ld.gpu for ld in ls], staged)
+                ls = [ld for ld in loads if ld.kind == kind]
+                if ls:
+                    self._put(kind, self.host[kind], [ld.loc for ld in ls], [ld.gpu for ld in ls])
             if self.stream is None:
                 return None
             ev = torch.cuda.Event()
             ev.record(self.stream)
             return ev
 
-    def _load_disk(self, loads: list[Load]):
-        """On the worker thread: read the files, then the same scatter on the side stream."""
+    def _start_disk(self, loads: list[Load]) -> Future:
+        """Queue a promotion's file reads now (in order with the writes and deletes of the same
+        files, in parallel otherwise) into one pinned `[units, unit bytes]` buffer per kind; the
+        loader thread then copies each buffer to the GPU and into the pool on the side stream."""
+        staged = []
+        for kind in (BLOCK, STATE):
+            ls = [ld for ld in loads if ld.kind == kind]
+            if not ls:
+                continue
+            buf = torch.empty(
+                (len(ls), self.unit_bytes[kind]), dtype=torch.uint8, pin_memory=self.stream is not None
+            )
+            paths = [self._path(kind, ld.loc) for ld in ls]
+            reads = [
+                self._file_op(path, lambda path=path, row=buf[i]: self._read_into(path, row))
+                for i, path in enumerate(paths)
+            ]
+            staged.append((kind, ls, buf, reads))
+        return self._loader.submit(self._load_disk, staged)
+
+    def _load_disk(self, staged: list) -> object:
+        """On the loader thread: once a kind's files are read, one copy of the whole buffer to the
+        device, then `_put` from its per-group columns (device-to-device). Returns the event."""
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else _nullctx()
         with ctx:
-            for kind in (BLOCK, STATE):
-                ls = [ld for ld in loads if ld.kind == kind]
-                if ls:
-                    self._scatter(kind, [ld.gpu for ld in ls], self._read(kind, [ld.loc for ld in ls]))
+            for kind, ls, buf, reads in staged:
+                for r in reads:
+                    r.result()
+                src = buf.to(self.device, non_blocking=True)
+                cols, off = [], 0
+                for g in self.gpu[kind]:
+                    cols.append(src[:, off : off + g.shape[1]])
+                    off += g.shape[1]
+                self._put(kind, cols, list(range(len(ls))), [ld.gpu for ld in ls])
             if self.stream is None:
                 return None
             ev = torch.cuda.Event()
@@ -211,8 +341,14 @@ class TierStore:
 
     def poll(self, wait: bool = False) -> list[int]:
         """Ids of the promotions whose data is on the GPU now (`wait`: block for at least one)."""
-        while self._writes and self._writes[0].done():
-            self._writes.pop(0).result()  # a failed disk write raises here, in the engine thread
+        if self._writes:
+            done_ops = [f for f in self._writes if f.done()]
+            self._writes = [f for f in self._writes if not f.done()]
+            for f in done_ops:
+                f.result()  # a failed disk write raises here, in the engine thread
+            self._last_op = {p: f for p, f in self._last_op.items() if not f.done()}
+        for loc in [loc for loc, f in self._host_reads.items() if f.done()]:
+            del self._host_reads[loc]
         done, left = [], []
         for i, p in enumerate(self._pending):
             if wait and not done and i == 0:
@@ -222,6 +358,7 @@ class TierStore:
                     p.event.synchronize()
             if self._finished(p):
                 done.append(p.transfer.id)
+                self.transfer_times.append((p.nbytes, time.perf_counter() - p.started))
             else:
                 left.append(p)
         self._pending = left
@@ -241,6 +378,11 @@ class TierStore:
     def num_pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def num_writes_in_flight(self) -> int:
+        """Disk writes and deletes queued or running on the worker thread."""
+        return sum(not f.done() for f in self._writes)
+
     def flush(self) -> None:
         """Wait for the queued disk writes and deletes."""
         while self._writes:
@@ -248,10 +390,28 @@ class TierStore:
 
     def close(self) -> None:
         """Finish queued disk work, then remove a temporary disk folder."""
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def _take_bytes(rows: list[torch.Tensor], event) -> bytearray:
+    """One unit's bytes (its groups' rows back to back), once `event` (if any) has completed."""
+    if event is not None:
+        event.synchronize()
+    out = bytearray(sum(r.numel() for r in rows))
+    view = memoryview(out)
+    off = 0
+    for r in rows:
+        n = r.numel()
+        view[off : off + n] = r.numpy().data.cast("B")
+        off += n
+    return out
 
 
 class _nullctx:

@@ -94,3 +94,64 @@ def test_promotion_runs_on_a_side_stream_and_overlaps():
     # it landed while the compute stream was still busy: the copy overlapped the forward
     assert not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_host_location_reused_right_after_its_move_keeps_both_contents(device, tmp_path):
+    """A move queues the taking of its host bytes on the copy thread; a store reusing that host
+    location in the same step waits for them, so the file holds the old unit and the host the new."""
+    c = cache(device)
+    before = snapshot(c)
+    store = TierStore(c, TierCapacity(host_blocks=1, host_states=0, disk_bytes=1 << 20), str(tmp_path))
+    store.apply([Store(BLOCK, 5, HOST, 0), Move(BLOCK, 0, 9), Store(BLOCK, 2, HOST, 0)])
+    store.start([Transfer(0, (Load(BLOCK, DISK, 9, 0), Load(BLOCK, HOST, 0, 1)))])
+    while not store.poll(wait=True):
+        pass
+    after = snapshot(c)
+    for i in c.kv:
+        assert same(before, after, "kv", i, 5, 0) and same(before, after, "kv", i, 2, 1)
+    store.close()
+
+
+def test_moves_do_not_wait_on_the_engine_thread(tmp_path):
+    """`apply` of a move returns while the copy thread is still busy: the bytes are taken there."""
+    import threading
+
+    c = cache("cpu")
+    store = TierStore(c, TierCapacity(host_blocks=2, host_states=0, disk_bytes=1 << 20), str(tmp_path))
+    store.apply([Store(BLOCK, 3, HOST, 1)])
+    gate = threading.Event()
+    store._copier.submit(gate.wait)  # the copy thread is busy until the gate opens
+    store.apply([Move(BLOCK, 1, 4)])  # returns at once
+    assert store.num_writes_in_flight == 1 and not (tmp_path / "kv-4.bin").exists()
+    gate.set()
+    store.flush()
+    assert (tmp_path / "kv-4.bin").stat().st_size == store.unit_bytes[BLOCK]
+    store.close()
+
+
+def test_every_tensor_the_cache_holds_moves_with_its_unit(tmp_path):
+    """The tier store finds the cache's pools from its fields: a pool added later (here an extra
+    per-block tensor of each MLA layer) round-trips with the rest, without a change here."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Extended(HybridCacheTensors):
+        extra: dict = field(default_factory=dict)
+
+    base = cache("cpu")
+    c = Extended(
+        **{f: getattr(base, f) for f in ("spec", "block_size", "kv", "kv_scale", "index_k", "state", "conv")}
+    )
+    c.extra = {i: torch.randn(12, 4, 3) for i in c.kv}
+    want = {i: t[5].clone() for i, t in c.extra.items()}
+    store = TierStore(c, TierCapacity(host_blocks=2, host_states=0, disk_bytes=1 << 20), str(tmp_path))
+    store.apply([Store(BLOCK, 5, HOST, 0), Store(BLOCK, 5, DISK, 3)])
+    for t in c.extra.values():
+        t.zero_()
+    store.start([Transfer(0, (Load(BLOCK, HOST, 0, 1), Load(BLOCK, DISK, 3, 2)))])
+    while not store.poll(wait=True):
+        pass
+    for i, t in c.extra.items():
+        assert torch.equal(t[1], want[i]) and torch.equal(t[2], want[i])
+    store.close()

@@ -226,3 +226,48 @@ def test_offload_threshold_keeps_only_long_conversations():
     _, cached_none = replay(TierConfig(), 1)
     assert cached_none < cached < cached_all  # the short conversations were recomputed
     assert sched.stats()["tier_stored_host"] > 0
+
+
+def _partial_scenario(tiers: TierConfig):
+    """A three-turn conversation pushed below the GPU, then its third turn arrives while a long
+    request holds most of the GPU pool: the whole prefix cannot come back now."""
+    sched = make(tiers, num_blocks=24, slots=6)
+    ex = SymbolicExecutor(sched, transfer_delay=2)
+    rng = random.Random(1)
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    p1 = [rng.randrange(97) for _ in range(30)]
+    sched.add(make_request("a1", p1, greedy))
+    (a1,) = ex.run()
+    p2 = p1 + a1.output_token_ids + [rng.randrange(97) for _ in range(20)]
+    sched.add(make_request("a2", p2, greedy))
+    (a2,) = ex.run()
+    for i, p in enumerate(conversations(6, seed=4)):  # push it off the GPU
+        sched.add(make_request(f"x{i}", p, SamplingParams(temperature=0, max_tokens=4)))
+    ex.run()
+    hog = [rng.randrange(97) for _ in range(40)]
+    sched.add(make_request("hog", hog, SamplingParams(temperature=0, max_tokens=8)))
+    for _ in range(3):  # the hog is admitted and holds its blocks
+        ex._land()
+        sched.transfers_done(ex.loaded)
+        ex.loaded = []
+        out = sched.schedule()
+        sched.update(out, ex.execute(out))
+    p3 = p2 + a2.output_token_ids + [1, 2, 3]
+    gpu_hit = sched.cache.find_hit("probe", p3).num_tokens
+    sched.add(make_request("a3", p3, greedy))
+    done = {r.request_id: r for r in ex.run()}
+    assert done["a3"].output_token_ids == reference_output(p3, 6)  # the executor checks KV + state
+    assert done["hog"].output_token_ids == reference_output(hog, 8)
+    sched.cache.check_invariants()
+    assert sched.cache.num_request_blocks == 0 and sched.cache.num_transfers_in_flight == 0
+    return sched, done["a3"].num_cached_tokens, gpu_hit, len(p2) + len(a2.output_token_ids) - 1
+
+
+def test_partial_promotion_when_the_gpu_cannot_take_the_whole_prefix():
+    """The deepest prefix that fits comes back (a shallower checkpoint with all KV before it) and
+    the rest is recomputed; before, the request recomputed everything past its GPU hit."""
+    sched, cached, gpu_hit, whole = _partial_scenario(TierConfig(host_bytes=400))
+    assert sched.stats()["promotions_partial"] >= 1
+    assert gpu_hit < cached < whole  # part of the prefix came back, not all of it
+    _, cached_none, _, _ = _partial_scenario(TierConfig())
+    assert cached_none <= gpu_hit < cached

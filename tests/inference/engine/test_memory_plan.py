@@ -91,3 +91,50 @@ def test_cuda_plan_measures_the_device_and_leaves_the_headroom():
     assert free >= plan.headroom  # the pools took no more than the plan: the headroom is still free
     (req,) = eng.generate([[1, 2, 3] * 100], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(req.output_token_ids) == 4
+
+
+def test_the_profiled_step_is_the_last_chunk_of_the_longest_sequence():
+    """The start-up profile runs a chunk of `max_num_batched_tokens` ending at position
+    max_model_len - 1 (attending to all earlier keys), not just the first chunk of a sequence:
+    on the CPU the step runs and writes exactly the chunk's KV rows at the end of the context."""
+
+    from inference.engine.engine import EngineConfig
+    from inference.engine.factory import longest_step
+
+    L, n, B = 300, 64, 16
+    cfg = EngineConfig.of(block_size=B, num_blocks=-(-L // B) + 1, max_model_len=L, enable_cuda_graphs=False)
+    eng = build_engine(engine_config=cfg)
+    longest_step(eng, n, L)
+    (kv,) = eng.runner.cache.kv.values()
+    written = kv.reshape(-1, kv.shape[-1]).abs().sum(-1) > 0
+    assert written.nonzero().flatten().tolist() == list(range(L - 1 - n, L - 1))
+    assert not eng.runner.tables  # nothing of the probe is left in the runner
+
+
+@pytest.mark.gpu
+def test_cuda_profile_covers_the_attention_workspace_at_the_longest_context():
+    """The plan's activations grow with max_model_len (the last chunk's attention over all earlier
+    keys), and the real engine's last chunk at max_model_len stays within them."""
+    import torch
+
+    from inference.engine.engine import EngineConfig
+    from inference.engine.factory import longest_step
+
+    def engine(max_len):
+        cfg = EngineConfig.of(
+            block_size=64, num_blocks=max_len // 64 + 8, max_model_len=max_len,
+            max_num_batched_tokens=4096, enable_cuda_graphs=False,
+        )  # fmt: skip
+        return build_engine(engine_config=cfg, device="cuda", dtype="bfloat16", fixed_blocks=True)
+
+    short = engine(8192).memory_plan.activations
+    torch.cuda.empty_cache()
+    eng = engine(1 << 19)
+    long = eng.memory_plan.activations
+    assert long > short
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    longest_step(eng, 4096, 1 << 19)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= long * 1.05
