@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One H200 call for issue 12 (run from the repository root; `python3` with torch, triton, fla):
-#   phase 1, in parallel on the one GPU, sharing one Triton cache: the kernel tests (all of
-#   tests/inference/kernels, the `gpu`-marked ones included), the fp32 end-to-end greedy
-#   equivalence with the kernels on among them (tests/inference/kernels/test_engine_e2e_gpu.py:
-#   the benchmark config's attention shapes in a 4-layer model, with and without DSA);
-#   phase 2, alone on the GPU: benchmarks/kernels.py (sections in $KERNEL_SECTIONS), then, with
-#   ENGINE=1, benchmarks/engine.py's decode sections.
+#   phase 1, alone on the GPU: benchmarks/kernels.py (sections in $KERNEL_SECTIONS; skipped when
+#   empty), then, with ENGINE=1, benchmarks/engine.py's decode sections;
+#   phase 2, in parallel on the one GPU, sharing one Triton cache: the kernel tests ($TEST_GROUPS,
+#   default all of tests/inference/kernels, the `gpu`-marked ones included), the fp32 end-to-end
+#   greedy equivalence with the kernels on among them (tests/inference/kernels/test_engine_e2e_gpu.py:
+#   the benchmark config's attention shapes in a 4-layer model, with and without DSA).
 # Writes under $OUT (8 files at most): log.txt (tee it), tests.log, kernel_errors.{json,md}
 # (max abs / rel error of every kernel-vs-reference comparison), kernels_bench.json,
 # engine_bench.json (ENGINE=1), tc.tgz (the Triton cache, if under 16 MB: carry it to the next
@@ -31,15 +31,32 @@ py_test() {  # name, files...
     --confcutdir=tests/inference --durations=8 "$@" >"$W/t_$name.log" 2>&1
   echo "exit $? after $(($(date +%s) - s)) s" >>"$W/t_$name.log"
 }
-stamp "phase 1: tests"
-TESTS=tests/inference/kernels
-py_test decode_topk $TESTS/test_mla_decode.py $TESTS/test_topk.py &
-py_test prefill $TESTS/test_mla_prefill.py &
-py_test dsa_layer $TESTS/test_dsa.py $TESTS/test_mla_layer_gpu.py $TESTS/test_fp8_cache.py \
-  $TESTS/test_engine_with_kernels.py &
-py_test e2e_fp32 $TESTS/test_engine_e2e_gpu.py &
+stamp "phase 1: timed benchmarks"
+if [ -n "${KERNEL_SECTIONS-copy,decode,sweep,dsa}" ]; then
+  timeout "${KERNELS_LIMIT:-120}" python3 benchmarks/kernels.py --sections "${KERNEL_SECTIONS-copy,decode,sweep,dsa}" \
+    2>&1 | cut -c1-400
+  stamp "kernels done"
+fi
+if [ "${ENGINE:-0}" = 1 ]; then
+  timeout "${ENGINE_LIMIT:-150}" python3 benchmarks/engine.py --sections decode,decode_long --skip-hf 2>&1 |
+    grep -v "^ " | cut -c1-1200
+  stamp "engine done"
+fi
+stamp "phase 2: tests"
+T=tests/inference/kernels
+for group in ${TEST_GROUPS:-decode_topk prefill dsa_layer e2e_fp32}; do
+  case $group in
+  decode_topk) py_test decode_topk $T/test_mla_decode.py $T/test_topk.py & ;;
+  topk) py_test topk $T/test_topk.py & ;;
+  prefill) py_test prefill $T/test_mla_prefill.py & ;;
+  dsa_layer) py_test dsa_layer $T/test_dsa.py $T/test_mla_layer_gpu.py $T/test_fp8_cache.py \
+    $T/test_engine_with_kernels.py & ;;
+  dsa) py_test dsa $T/test_dsa.py & ;;
+  e2e_fp32) py_test e2e_fp32 $T/test_engine_e2e_gpu.py & ;;
+  esac
+done
 wait
-stamp "phase 1 done"
+stamp "phase 2 done"
 for f in "$W"/t_*.log; do
   echo "=== $f"
   tail -n 22 "$f"
@@ -58,15 +75,6 @@ open(f"{out}/kernel_errors.md", "w").write("\n".join(lines) + "\n")
 print(f"error table: {len(rows)} comparisons, {sum(not e['passed'] for e in rows)} over tolerance")
 PYEOF
 cat "$W"/t_*.log >"$OUT/tests.log" 2>/dev/null
-stamp "phase 2: timed benchmarks"
-timeout "${KERNELS_LIMIT:-120}" python3 benchmarks/kernels.py --sections "${KERNEL_SECTIONS:-copy,decode,sweep,dsa}" \
-  2>&1 | cut -c1-400
-stamp "kernels done"
-if [ "${ENGINE:-0}" = 1 ]; then
-  timeout "${ENGINE_LIMIT:-150}" python3 benchmarks/engine.py --sections decode,decode_long --skip-hf 2>&1 |
-    grep -v "^ " | cut -c1-1200
-  stamp "engine done"
-fi
 tar czf "$OUT/tc.tgz" -C "$(dirname "$TRITON_CACHE_DIR")" "$(basename "$TRITON_CACHE_DIR")"
 [ "$(stat -c %s "$OUT/tc.tgz")" -gt 16000000 ] && rm -f "$OUT/tc.tgz" && echo "tc.tgz over 16 MB: dropped"
 ls -la "$OUT"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.kernels.dsa import dsa_topk_paged
-from inference.kernels.dsa.reference import dsa_topk_paged_reference
+from inference.kernels.dsa.reference import dsa_scores_reference, dsa_topk_paged_reference
 from inference.kernels.mla_decode.reference import mla_decode_paged_reference, paged_rows
 from inference.model.cache_tensors import quantize_rows_fp8
 from inference.model.ops.mla import dsa_topk_indices
@@ -157,16 +157,15 @@ def test_gpu_fp8_indexer_recall_of_the_bf16_selection(fast):
     lens = [131072] * 32
     q, w, pool, tables, seq_lens = _case(lens, 64, 64, 128, torch.bfloat16, dev, seed=11)
     keys, scales = _fp8_in_block(pool)
-    want = dsa_topk_paged_reference(q, w, keys, tables, seq_lens, topk=2048, index_scales=scales)
     got = fast.dsa.dsa_topk_paged_fast(q, w, keys, tables, seq_lens, topk=2048, index_scales=scales)
-    same = (got == want).all(1).float().mean().item()
-    ERRORS.append({"case": "gpu fp8 indexer b32 x 128K k2048: share of rows identical to the fp8 reference",
-                   "max_abs_err": 1 - same, "rel_err": 1 - same, "tol": 0.1, "passed": same >= 0.9})  # fmt: skip
+    # fp8 MMAs accumulate in another order than the reference's fp32 einsum: near-tied keys at the
+    # threshold may swap, so each row must be a top-2048 of the reference's fp8 scores up to 1e-3
+    # of the row's score range (the bf16 path is held to 1e-2 above)
+    _assert_valid_topk(got, dsa_scores_reference(q, w, keys, tables, seq_lens, scales), seq_lens, 2048, 1e-3,
+                       "gpu fp8 topk vs fp8 reference scores")  # fmt: skip
     bf16 = fast.dsa.dsa_topk_paged_fast(q, w, pool, tables, seq_lens, topk=2048)
     recall = sum(torch.isin(got[n], bf16[n]).float().mean().item() for n in range(len(lens))) / len(lens)
     ERRORS.append({"case": "gpu fp8 indexer b32 x 128K k2048: 1 - recall of the bf16 top-2048",
-                   "max_abs_err": 1 - recall, "rel_err": 1 - recall, "tol": 0.2, "passed": recall >= 0.8})  # fmt: skip
+                   "max_abs_err": 1 - recall, "rel_err": 1 - recall, "tol": 0.1, "passed": recall >= 0.9})  # fmt: skip
     write_error_table()
-    _assert_valid_topk(got[:4], _scores(q[:4], w[:4], pool, tables[:4], seq_lens[:4]), seq_lens[:4], 2048, 5e-2,
-                       "gpu fp8 topk vs bf16 scores")  # fmt: skip
-    assert same >= 0.9 and recall >= 0.8, f"fp8 rows identical {same:.3f}, recall of bf16 {recall:.3f}"
+    assert recall >= 0.9, f"the fp8 indexer kept {recall:.3f} of the bf16 top-2048"

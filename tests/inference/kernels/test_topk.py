@@ -56,14 +56,14 @@ def test_reference_breaks_ties_to_the_lowest_positions():
 
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
 @pytest.mark.parametrize(("keys", "width"), [(300, 20), (1000, 64), (50, 100), (700, 700)])
-def test_kernel_equals_reference(ties, keys, width):
-    s = _scores(5, keys, ties, "cpu", seed=keys)
-    lens = torch.tensor([keys, keys // 2, 7, 0, 1], dtype=torch.int32)
-    krows = torch.tensor([width, 3, width, 5, 0], dtype=torch.int32)
+def test_kernel_equals_reference(ties, keys, width, device):
+    s = _scores(5, keys, ties, device, seed=keys)
+    lens = torch.tensor([keys, keys // 2, 7, 0, 1], dtype=torch.int32, device=device)
+    krows = torch.tensor([width, 3, width, 5, 0], dtype=torch.int32, device=device)
     for k_rows in (None, krows):
         got = _fast()(s, lens, width, k_rows)
         _record(
-            f"topk cpu-interpreter {keys} keys k={width} ties={ties}",
+            f"topk {device.type} {keys} keys k={width} ties={ties}",
             got,
             topk_positions_reference(s, lens, width, k_rows),
         )
