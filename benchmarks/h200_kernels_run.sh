@@ -53,6 +53,7 @@ for group in ${TEST_GROUPS:-decode_topk prefill dsa_layer e2e_fp32}; do
     $T/test_engine_with_kernels.py & ;;
   dsa) py_test dsa $T/test_dsa.py & ;;
   e2e_fp32) py_test e2e_fp32 $T/test_engine_e2e_gpu.py & ;;
+  e2e_dsa) py_test e2e_dsa $T/test_engine_e2e_gpu.py -k "mla+dsa" & ;;
   esac
 done
 wait

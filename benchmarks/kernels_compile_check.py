@@ -120,7 +120,7 @@ def main() -> None:
         const = dict(HI=64, HI_PAD=64, D=128, D_PAD=128, PAGE=64, BLOCK_N=bn, HAS_TROW=False, FP8=fp8,
                      IEEE=False, STAGES=st)  # fmt: skip
         compile_one(
-            f"dsa score {pool}", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr"},
+            f"dsa score {pool}", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr", "s_qt", "s_pb"},
             num_warps=w,
         )  # fmt: skip
     ints = ["row0", "max_keys", "chunk", "s_st"]
@@ -133,7 +133,7 @@ def main() -> None:
     sig = {"hist_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32", "lens_ptr": "*i32",
            "krows_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "width", "chunks"], "i32")  # fmt: skip
     for level, (shift, _bits) in enumerate(topk._LEVELS):
-        const = dict(LEVEL=level, SHIFT=shift, LAST=level == 2, NB=topk.NBINS, HAS_K=True)
+        const = dict(LEVEL=level, SHIFT=shift, LAST=level == len(topk._LEVELS) - 1, NB=topk.NBINS, HAS_K=True)
         compile_one(f"topk find {level}", topk._find_kernel, sig, const, {"hist_ptr"}, num_warps=4)
     sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32",
            "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width", "chunk", "s_st", "s_ot"], "i32")  # fmt: skip

@@ -1,7 +1,7 @@
 """Triton lightning-indexer scores over the paged indexer-key cache, then the exact radix top-k.
 
 Scores: one program scores a run of `BLOCK_N`-key tiles of one query row for all indexer heads
-(one tensor-core dot `[Hi, D] x [D, BLOCK_N]` per tile, the queries loaded once per program, the
+(one tensor-core dot `[BLOCK_N, D] x [D, Hi]` per tile, the queries loaded once per program, the
 key loads pipelined), applies ReLU and the per-head weights and sums the heads in registers:
 only the `[rows, S]` head-summed scores of the visible keys reach HBM (never `[rows, Hi, S]`),
 and rows go in blocks of at most `SCORE_BUDGET` scores, so a long prefill never holds its full
@@ -90,13 +90,15 @@ def _score_kernel(
             pool_ptr + blk[:, None] * s_pb + slot[:, None] * D + offs_d[None, :],
             mask=valid[:, None] & dmask[None, :], other=0.0,
         )  # fmt: skip
+        # keys on the MMA's M side and heads on N: the head sum then reduces inside each thread
+        # (plus a few lane shuffles) instead of across warps through shared memory
         if IEEE:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            s = tl.dot(k.to(tl.float32), tl.trans(q), input_precision="ieee")
         elif FP8:
-            s = tl.dot(q, tl.trans(k))
+            s = tl.dot(k, tl.trans(q))
         else:
-            s = tl.dot(q, tl.trans(k.to(tl.bfloat16)))
-        score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
+            s = tl.dot(k.to(tl.bfloat16), tl.trans(q))
+        score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
         if FP8:
             score = score * tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
         tl.store(orow + offs_n, tl.where(valid, score, float("-inf")), mask=offs_n < hi)

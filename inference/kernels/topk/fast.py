@@ -1,9 +1,9 @@
-"""Exact top-k positions per row in Triton: a three-level radix select spread over many programs.
+"""Exact top-k positions per row in Triton: a four-level radix select spread over many programs.
 
-Scores map to order-preserving 32-bit keys; three passes over the row's scores build per-chunk
-histograms of the keys' next digit (11, 11, then 10 bits) among the keys still matching the
-digits chosen so far; after each pass one program per row picks the digit that holds the k-th
-largest key. After the third pass the threshold key `T` and the number of ties to take at `T` are
+Scores map to order-preserving 32-bit keys; four passes over the row's scores build per-chunk
+histograms of the keys' next 8-bit digit among the keys still matching the digits chosen so
+far; after each pass one program per row picks the digit that holds the k-th largest key.
+After the last pass the threshold key `T` and the number of ties to take at `T` are
 known, and one more pass writes every key above `T` plus the first ties (lowest positions), in
 ascending position order, each chunk at the offset given by the chunk counts kept per level.
 
@@ -27,8 +27,11 @@ from torch import Tensor
 __all__ = ["select_rows", "topk_positions_fast"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-NBINS = 2048  # bins per level: digits of 11, 11 and 10 bits cover the 32-bit key
-_LEVELS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) from the top digit down
+# bins per level: four 8-bit digits cover the 32-bit key. Not fewer, wider levels: Triton's
+# histogram costs each warp ~log2(bins) ops per owned bin per 32 keys, so 2048 bins (three levels
+# of 11, 11, 10 bits) measured 602 us at batch 32 x 128K on the H200 (torch.topk: 124 us)
+NBINS = 256
+_LEVELS = ((24, 8), (16, 8), (8, 8), (0, 8))  # (shift, bits) from the top digit down
 # keys one program handles per loop iteration, and programs per SM the chunking aims at
 _BLOCK = 64 if _INTERPRET else 1024
 _PROGRAMS_PER_SM = 4
