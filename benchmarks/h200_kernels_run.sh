@@ -52,6 +52,7 @@ for group in ${TEST_GROUPS:-decode_topk prefill dsa_layer e2e_fp32}; do
   dsa_layer) py_test dsa_layer $T/test_dsa.py $T/test_mla_layer_gpu.py $T/test_fp8_cache.py \
     $T/test_engine_with_kernels.py & ;;
   dsa) py_test dsa $T/test_dsa.py & ;;
+  layer) py_test layer $T/test_mla_layer_gpu.py & ;;
   e2e_fp32) py_test e2e_fp32 $T/test_engine_e2e_gpu.py & ;;
   e2e_dsa) py_test e2e_dsa $T/test_engine_e2e_gpu.py -k "mla+dsa" & ;;
   esac
