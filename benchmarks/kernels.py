@@ -35,6 +35,17 @@ its bytes: as slow as bf16 in time), tiles dequantised to bf16 first 175.7-334.7
 (45.4%, now the pick). DSA (same call): torch.topk 118.6 us; an exact Triton radix select (four
 8-bit `tl.histogram` passes per row, one program per row) 936.3 us, so not kept; scoring ~390 us
 (2.75 TB/s on the 1.07 GB of bf16 index keys); sparse attention 65.1 us; dense 1,246.7 us.
+
+Session 5 (2026-12-01, copy 4,240-4,247 GB/s; L2 flushed by writes or by reads: they differ by
+<= 1%): `decode` b32 x 8K 102.6 us (69.4%), b32 x 16K 78.6%, b64 x 8K 78.3%, b128 x 8K 84.3%,
+b256 x 8K 86.9%, b32 x 128K 88.6%, b1 x 128K 77.5 us; `sweep`: the current splits/tiles are the
+best measured at b32 x 8K / 16K, b48 x 8K, b64 x 8K; the split merge alone 9.0 us at b32 x 8
+splits, 7.6 at b64 x 4. `dsa` (b32 x 128K, top-2048, graph replay, read flush): scoring FP8
+158.0 us (3.50 TB/s on 554 MB), bf16 302.0 (3.56 TB/s); radix top-k 147.9 us (2048-bin levels:
+602.1), torch.topk 125.1; indexer + top-k FP8 303.4, bf16 447.8; sparse attention 60.3; step FP8
+360.0 us, bf16 504.3, dense 1,245.5 (3.46x); FP8 recall of the bf16 top-2048 0.956. Prefill
+scoring of 8K queries over 128K keys: FP8 31.1 ms (548 TFLOP/s), bf16 61.2 ms (278 TFLOP/s);
+with the selection 71.6 / 99.5 ms.
 """
 
 from __future__ import annotations
