@@ -108,13 +108,37 @@ def main() -> None:
             compile_one(
                 f"decode {key} {tile}", dec._split_kernel, sig, const, div16, num_warps=w, num_stages=st
             )
-    sig = {"q_ptr": "*bf16", "w_ptr": "*fp32", "pool_ptr": "*bf16", "bt_ptr": "*i32", "lens_ptr": "*i32",
-           "trow_ptr": "*i32", "out_ptr": "*fp32"} | dict.fromkeys(
-        ["row0", "max_keys", "scale", "s_qt", "s_qh", "s_wt", "s_bt", "s_ot"], "i32")  # fmt: skip
-    sig["scale"] = "fp32"
-    const = dict(HI=64, HI_PAD=64, D=128, D_PAD=128, PAGE=64, BLOCK_N=128, HAS_TROW=False, IEEE=False)
+    import inference.kernels.topk.fast as topk
+
+    for pool, fp8 in (("*bf16", False), ("*fp8e4nv", True)):
+        sig = {"q_ptr": "*bf16", "w_ptr": "*fp32", "pool_ptr": pool, "ks_ptr": "*fp32", "bt_ptr": "*i32",
+               "lens_ptr": "*i32", "trow_ptr": "*i32", "out_ptr": "*fp32"} | dict.fromkeys(
+            ["row0", "max_keys", "keys_per_prog", "scale", "s_qt", "s_qh", "s_wt", "s_pb", "s_kb", "s_bt",
+             "s_ot"], "i32")  # fmt: skip
+        sig["scale"] = "fp32"
+        bn, w, st = dsa.SCORE_TILE["fp8" if fp8 else "bf16"]
+        const = dict(HI=64, HI_PAD=64, D=128, D_PAD=128, PAGE=64, BLOCK_N=bn, HAS_TROW=False, FP8=fp8,
+                     IEEE=False, STAGES=st)  # fmt: skip
+        compile_one(
+            f"dsa score {pool}", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr", "s_qt", "s_pb"},
+            num_warps=w,
+        )  # fmt: skip
+    ints = ["row0", "max_keys", "chunk", "s_st"]
+    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "hist_ptr": "*i32"} | dict.fromkeys(
+        ints, "i32"
+    )
+    for level, (shift, bits) in enumerate(topk._LEVELS):
+        const = dict(LEVEL=level, SHIFT=shift, BITS=bits, NB=topk.NBINS, BLOCK=topk._BLOCK)
+        compile_one(f"topk hist {level}", topk._hist_kernel, sig, const, {"s_ptr", "hist_ptr"}, num_warps=4)
+    sig = {"hist_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32", "lens_ptr": "*i32",
+           "krows_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "width", "chunks"], "i32")  # fmt: skip
+    for level, (shift, _bits) in enumerate(topk._LEVELS):
+        const = dict(LEVEL=level, SHIFT=shift, LAST=level == len(topk._LEVELS) - 1, NB=topk.NBINS, HAS_K=True)
+        compile_one(f"topk find {level}", topk._find_kernel, sig, const, {"hist_ptr"}, num_warps=4)
+    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32",
+           "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width", "chunk", "s_st", "s_ot"], "i32")  # fmt: skip
     compile_one(
-        "dsa score", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr"}, num_warps=4
+        "topk gather", topk._gather_kernel, sig, dict(BLOCK=topk._BLOCK, CH_PAD=16), {"s_ptr"}, num_warps=4
     )
 
 

@@ -7,8 +7,12 @@ Layout (per layer, keyed by 0-based layer index):
   FP8 latent option (`HybridCacheSpec.latent_fp8`) `kv[i]` is float8_e4m3fn and `kv_scale[i]`
   `[num_blocks, block_size]` fp32 holds each row's dequantisation scale (row absmax / 448: one
   scale per cached token, set once when the token is written, so appending never rescales a
-  block). With DSA on, also `index_k[i]` `[num_blocks, block_size, index_head_dim]`: the indexer
-  keys (model dtype).
+  block). With DSA on, also `index_k[i]`: the indexer keys, `[num_blocks, block_size,
+  index_head_dim]` in the model dtype, or with the FP8 option `[num_blocks, block_size *
+  (index_head_dim + 4)]` bytes per block: the block's e4m3 keys then their fp32 scales (one per
+  key: its `index_head_dim` values are one quantisation block, as DeepSeek-V3.2's FP8 indexer
+  cache keeps them). Scales inside the block travel with it through every block copy, tier
+  move and byte count without a tensor of their own; `index_keys(i)` gives the two views.
 * KDA layer `i`: `state[i]` `[num_slots, num_heads, head_k_dim, head_v_dim]` fp32 recurrent state
   and `conv[i]` `[num_slots, 3 * num_heads * head_dim, kernel_size - 1]` in the model dtype: the
   last `kernel_size - 1` pre-conv inputs, channels ordered q | k | v, oldest first.
@@ -105,7 +109,10 @@ class HybridCacheSpec:
     def kv_bytes_per_token(self) -> int:
         """Bytes one token occupies across all MLA layers (latent KV plus indexer keys)."""
         latent = self.latent_dim + 4 if self.latent_fp8 else self.latent_dim * self.kv_dtype_bytes
-        per_layer = latent + self.index_head_dim * self.kv_dtype_bytes
+        index = self.index_head_dim * (1 if self.latent_fp8 else self.kv_dtype_bytes)
+        if self.latent_fp8 and self.index_head_dim:
+            index += 4
+        per_layer = latent + index
         return per_layer * len(self.mla_layers)
 
     @property
@@ -150,7 +157,11 @@ class HybridCacheTensors:
                 out.kv_scale[i] = torch.ones(num_blocks, block_size, device=device, dtype=torch.float32)
             else:
                 out.kv[i] = torch.zeros(shape, device=device, dtype=dtype)
-            if spec.index_head_dim:
+            if spec.index_head_dim and spec.latent_fp8:
+                out.index_k[i] = torch.zeros(
+                    num_blocks, block_size * (spec.index_head_dim + 4), device=device, dtype=torch.uint8
+                )
+            elif spec.index_head_dim:
                 out.index_k[i] = torch.zeros(
                     num_blocks, block_size, spec.index_head_dim, device=device, dtype=dtype
                 )
@@ -186,6 +197,28 @@ class HybridCacheTensors:
         if layer in self.kv_scale:
             return (out.float() * self.kv_scale[layer].view(-1)[rows][..., None]).to(dtype)
         return out.to(dtype)
+
+    def index_keys(self, layer: int) -> tuple[Tensor, Tensor | None]:
+        """Layer `layer`'s indexer keys as `[num_blocks, block_size, D]` and, for FP8 keys, their
+        scales `[num_blocks, block_size]` fp32 (strided views into the one per-block tensor)."""
+        pool = self.index_k[layer]
+        if pool.dtype != torch.uint8:
+            return pool, None
+        bs, d = self.block_size, self.spec.index_head_dim
+        keys = pool[:, : bs * d].view(torch.float8_e4m3fn).view(pool.shape[0], bs, d)
+        return keys, pool[:, bs * d :].view(torch.float32)
+
+    def write_index_keys(self, layer: int, slots: Tensor, rows: Tensor) -> None:
+        """Store indexer keys `rows` `[T, D]` at flat `slots` `[T]` of layer `layer` (quantised if FP8)."""
+        keys, scales = self.index_keys(layer)
+        if scales is None:
+            keys.view(-1, keys.shape[-1]).index_copy_(0, slots, rows.to(keys.dtype))
+            return
+        q, scale = quantize_rows_fp8(rows)
+        blk, pos = slots // self.block_size, slots % self.block_size
+        # as bytes: index_put_ has no float8 kernel on the CPU
+        keys.view(torch.uint8)[blk, pos] = q.view(torch.uint8)
+        scales[blk, pos] = scale
 
     def zero_slot(self, slot: int) -> None:
         """Reset every KDA layer's state and conv window of `slot` (a new sequence starts empty)."""

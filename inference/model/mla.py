@@ -27,8 +27,9 @@ from inference.model.rope import RotaryAngles
 
 __all__ = ["DSAIndexer", "MLAttention"]
 
-# (indexer queries [T, Hi, D], indexer weights [T, Hi], indexer key pool of this layer)
-_IndexInputs = tuple[Tensor, Tensor, Tensor]
+# (indexer queries [T, Hi, D], indexer weights [T, Hi], indexer key pool of this layer, its FP8
+# scales or None)
+_IndexInputs = tuple[Tensor, Tensor, Tensor, Tensor | None]
 
 
 class DSAIndexer(nn.Module):
@@ -111,9 +112,8 @@ class MLAttention(nn.Module):
         index = None
         if self.indexer is not None:
             iq, ik, iw = self.indexer.project(x, q_latent, cos, sin)
-            ipool = cache.index_k[self.layer_idx]
-            ipool.view(-1, ipool.shape[-1]).index_copy_(0, slots, ik.to(ipool.dtype))
-            index = (iq, iw, ipool)
+            cache.write_index_keys(self.layer_idx, slots, ik)
+            index = (iq, iw, *cache.index_keys(self.layer_idx))
         out = torch.empty(x.shape[0], m.num_heads, m.v_head_dim, dtype=x.dtype, device=x.device)
         self._attend(q, meta, cache, index, out)
         return self.o_proj(out.reshape(x.shape[0], -1))
@@ -173,7 +173,7 @@ class MLAttention(nn.Module):
         if index is not None and index_rows is not None:
             indices = dsa_topk_paged(
                 index_rows[0], index_rows[1], index[2], meta.block_tables, lens,
-                topk=self.indexer.topk, table_rows=table_rows,
+                topk=self.indexer.topk, table_rows=table_rows, index_scales=index[3],
             )  # fmt: skip
         q_lat = torch.einsum("nhd,hdr->nhr", q[..., : m.qk_nope_head_dim], w_uk)
         o_lat = mla_decode_paged(

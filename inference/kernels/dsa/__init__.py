@@ -1,8 +1,10 @@
-"""DSA: lightning-indexer top-k over the paged indexer keys (the sparse attention over the chosen
-keys is `inference.kernels.mla_decode.mla_decode_paged` with `indices`)."""
+"""DSA: lightning-indexer top-k over the paged indexer keys (bf16/fp32, or FP8 with per-key scales;
+the selection is `inference.kernels.topk`). The sparse attention over the chosen keys is
+`inference.kernels.mla_decode.mla_decode_paged` with `indices`."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from inference.kernels import use_fast
@@ -20,6 +22,8 @@ def dsa_topk_paged(
     *,
     topk: int,
     table_rows: Tensor | None = None,
+    index_scales: Tensor | None = None,
+    topk_rows: Tensor | None = None,
 ) -> Tensor:
     """`[T, k]` selected key positions (`-1` = unused); contract in `dsa_topk_paged_reference`."""
     if q_index.dim() != 3 or weights.shape != q_index.shape[:2]:
@@ -32,7 +36,15 @@ def dsa_topk_paged(
         raise ValueError(f"seq_lens must be [{q_index.shape[0]}], got {tuple(seq_lens.shape)}")
     if topk <= 0:
         raise ValueError(f"topk must be positive, got {topk}")
-    kw = dict(topk=topk, table_rows=table_rows)
+    if (index_scales is not None) != (index_pool.dtype == torch.float8_e4m3fn):
+        raise ValueError("FP8 indexer keys need their index_scales (and only FP8 keys have them)")
+    if index_scales is not None and index_scales.shape != index_pool.shape[:2]:
+        raise ValueError(
+            f"index_scales must be {tuple(index_pool.shape[:2])}, got {tuple(index_scales.shape)}"
+        )
+    if topk_rows is not None and topk_rows.shape != seq_lens.shape:
+        raise ValueError(f"topk_rows must be [{seq_lens.shape[0]}], got {tuple(topk_rows.shape)}")
+    kw = dict(topk=topk, table_rows=table_rows, index_scales=index_scales, topk_rows=topk_rows)
     if use_fast(index_pool):
         from inference.kernels.dsa.fast import dsa_topk_paged_fast
 

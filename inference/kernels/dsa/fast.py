@@ -1,16 +1,21 @@
-"""Triton lightning-indexer scores over the paged indexer-key cache, then top-k.
+"""Triton lightning-indexer scores over the paged indexer-key cache, then the exact radix top-k.
 
-One program scores `BLOCK_N` keys of one query row for all indexer heads at once (one tensor-core
-dot `[Hi, D] x [D, BLOCK_N]`), applies ReLU and the per-head weights and sums the heads in
-registers: only the `[rows, S]` head-summed scores reach HBM (never `[rows, Hi, S]`), and rows
-go in blocks of at most `SCORE_BUDGET` scores, so a long prefill never holds its full `[L, S]`
-score matrix. `torch.topk` picks the keys of each block.
+Scores: one program scores a run of `BLOCK_N`-key tiles of one query row for all indexer heads
+(one tensor-core dot `[BLOCK_N, D] x [D, Hi]` per tile, the queries loaded once per program, the
+key loads pipelined), applies ReLU and the per-head weights and sums the heads in registers:
+only the `[rows, S]` head-summed scores of the visible keys reach HBM (never `[rows, Hi, S]`),
+and rows go in blocks of at most `SCORE_BUDGET` scores, so a long prefill never holds its full
+`[L, S]` score matrix. FP8 keys (`index_scales` given): the queries are quantised per head to
+e4m3 in the program and the dot runs on the fp8 tensor cores; since every scale is positive,
+`relu(s_q s_k x) = s_q s_k relu(x)`, so the query scale folds into the head weights and the key
+scale multiplies the head sum once per key. The selection is `inference.kernels.topk.fast`.
 """
 
 # ruff: noqa: SIM108  (constexpr branches inside @triton.jit stay `if` statements, as Triton lowers them)
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -19,56 +24,132 @@ import triton.language as tl
 from torch import Tensor
 
 from inference.kernels.dsa.reference import SCORE_BUDGET, selected_count
+from inference.kernels.topk.fast import select_rows
+from inference.model.cache_tensors import FP8_MAX
 
-__all__ = ["dsa_topk_paged_fast"]
+__all__ = ["SCORE_TILE", "dsa_scores_fast", "dsa_topk_paged_fast"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# the scoring kernel's (BLOCK_N, num_warps, num_stages) per key dtype. H200 sweep of
+# benchmarks/kernels.py (`dsa`, b32 x 128K, graph replay): FP8 (128, 4, 3) 157.8 us = 3.51 TB/s,
+# (128, 4, 4) 157.5, (256, 8, 3) 168.0, (128, 8, 3) 193.0, (64, 4, 5) 205.4, (64, 4, 3) 212.4;
+# bf16 (128, 4, 3) 302 us = 3.56 TB/s (not swept); fp32 (exactness checks) not timed
+SCORE_TILE = {"bf16": (128, 4, 3), "fp8": (128, 4, 3), "fp32": (64, 4, 2)}
+_PROGRAMS_PER_SM = 4
+_FP8_MAX = tl.constexpr(FP8_MAX)  # a global a @triton.jit body may read
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit
 def _score_kernel(
-    q_ptr, w_ptr, pool_ptr, bt_ptr, lens_ptr, trow_ptr, out_ptr, row0, max_keys, scale,
-    s_qt, s_qh, s_wt, s_bt, s_ot,
+    q_ptr, w_ptr, pool_ptr, ks_ptr, bt_ptr, lens_ptr, trow_ptr, out_ptr, row0, max_keys,
+    keys_per_prog, scale, s_qt, s_qh, s_wt, s_pb, s_kb, s_bt, s_ot,
     HI: tl.constexpr, HI_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_TROW: tl.constexpr, IEEE: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_TROW: tl.constexpr, FP8: tl.constexpr,
+    IEEE: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     local = tl.program_id(0)
-    nb = tl.program_id(1)
     t = row0 + local
     seq_len = tl.load(lens_ptr + t).to(tl.int32)
     if HAS_TROW:
         trow = tl.load(trow_ptr + t).to(tl.int64)
     else:
         trow = t.to(tl.int64)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    valid = offs_n < seq_len
-    score = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    if nb * BLOCK_N < seq_len:
-        if IEEE:
-            cdt = tl.float32
-        else:
-            cdt = tl.bfloat16
-        offs_h = tl.arange(0, HI_PAD)
-        offs_d = tl.arange(0, D_PAD)
-        hmask = offs_h < HI
-        dmask = offs_d < D
-        q = tl.load(
-            q_ptr + t.to(tl.int64) * s_qt + offs_h[:, None] * s_qh + offs_d[None, :],
-            mask=hmask[:, None] & dmask[None, :], other=0.0,
-        ).to(cdt)  # fmt: skip
-        w = tl.load(w_ptr + t.to(tl.int64) * s_wt + offs_h, mask=hmask, other=0.0).to(tl.float32)
+    lo = tl.program_id(1) * keys_per_prog
+    hi = tl.minimum(lo + keys_per_prog, max_keys)
+    vis = tl.minimum(hi, seq_len)  # keys past the row's length: neither scored nor read by the top-k
+    offs_h = tl.arange(0, HI_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    hmask = offs_h < HI
+    dmask = offs_d < D
+    q = tl.load(
+        q_ptr + t.to(tl.int64) * s_qt + offs_h[:, None] * s_qh + offs_d[None, :],
+        mask=hmask[:, None] & dmask[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    w = tl.load(w_ptr + t.to(tl.int64) * s_wt + offs_h, mask=hmask, other=0.0).to(tl.float32) * scale
+    if FP8:
+        amax = tl.max(tl.abs(q), 1)
+        q_scale = tl.where(amax > 0.0, amax / _FP8_MAX, 1.0)
+        q = (q / q_scale[:, None]).to(tl.float8e4nv)
+        w = w * q_scale
+        if IEEE:  # the interpreter: fp32 dots of the fp8 values
+            q = q.to(tl.float32)
+    elif IEEE:
+        q = q.to(tl.float32)
+    else:
+        q = q.to(tl.bfloat16)
+    orow = out_ptr + local.to(tl.int64) * s_ot
+    for start in tl.range(lo, vis, BLOCK_N, num_stages=STAGES):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        valid = offs_n < vis
         blk = tl.load(bt_ptr + trow * s_bt + offs_n // PAGE, mask=valid, other=0).to(tl.int64)
-        row = blk * PAGE + offs_n % PAGE
+        slot = offs_n % PAGE
         k = tl.load(
-            pool_ptr + row[:, None] * D + offs_d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
-        )
+            pool_ptr + blk[:, None] * s_pb + slot[:, None] * D + offs_d[None, :],
+            mask=valid[:, None] & dmask[None, :], other=0.0,
+        )  # fmt: skip
+        # keys on the MMA's M side and heads on N: the head sum then reduces inside each thread
+        # (plus a few lane shuffles) instead of across warps through shared memory
         if IEEE:
-            s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
+            s = tl.dot(k.to(tl.float32), tl.trans(q), input_precision="ieee")
+        elif FP8:
+            s = tl.dot(k, tl.trans(q))
         else:
-            s = tl.dot(q, tl.trans(k.to(cdt)))
-        s = tl.maximum(s * scale, 0.0) * w[:, None]
-        score = tl.where(valid, tl.sum(s, 0), float("-inf"))
-    tl.store(out_ptr + local.to(tl.int64) * s_ot + offs_n, score, mask=offs_n < max_keys)
+            s = tl.dot(k.to(tl.bfloat16), tl.trans(q))
+        score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
+        if FP8:
+            score = score * tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
+        tl.store(orow + offs_n, tl.where(valid, score, float("-inf")), mask=offs_n < hi)
+
+
+def _tile(index_pool: Tensor) -> tuple[int, int, int]:
+    kind = {torch.float8_e4m3fn: "fp8", torch.float32: "fp32"}.get(index_pool.dtype, "bf16")
+    return SCORE_TILE[kind]
+
+
+def dsa_scores_fast(
+    q_index: Tensor,
+    weights: Tensor,
+    index_pool: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scores: Tensor,
+    row0: int,
+    *,
+    index_scales: Tensor | None = None,
+    table_rows: Tensor | None = None,
+    score_tile: tuple[int, int, int] | None = None,
+) -> None:
+    """Write the scores of rows `row0 : row0 + scores.shape[0]` into `scores` `[rows, S]` fp32
+    (`-inf` at the invisible keys of the first `S` positions; nothing past a row's length is read)."""
+    rows, max_keys = scores.shape
+    hi, d = q_index.shape[1:]
+    page = index_pool.shape[1]
+    fp8 = index_scales is not None
+    ieee = index_pool.dtype == torch.float32 or _INTERPRET
+    block_n, warps, stages = score_tile or _tile(index_pool)
+    if _INTERPRET:
+        block_n = 16
+    # tiles per program: about `_PROGRAMS_PER_SM` programs per SM in all (shape-only: graph-safe)
+    sms = _sm_count(q_index.device.index or 0) if q_index.is_cuda else 4
+    tiles = triton.cdiv(max_keys, block_n)
+    keys_per_prog = block_n * max(1, triton.cdiv(rows * tiles, _PROGRAMS_PER_SM * sms))
+    trow = table_rows if table_rows is not None else seq_lens
+    ks = index_scales if fp8 else seq_lens
+    _score_kernel[(rows, triton.cdiv(max_keys, keys_per_prog))](
+        q_index, weights, index_pool, ks, block_tables, seq_lens, trow, scores, row0, max_keys,
+        keys_per_prog, d**-0.5, q_index.stride(0), q_index.stride(1), weights.stride(0),
+        index_pool.stride(0), index_scales.stride(0) if fp8 else 0, block_tables.stride(0),
+        scores.stride(0),
+        HI=hi, HI_PAD=max(16, triton.next_power_of_2(hi)), D=d,
+        D_PAD=max(32 if fp8 else 16, triton.next_power_of_2(d)),  # an fp8 MMA step takes K = 32
+        PAGE=page, BLOCK_N=block_n, HAS_TROW=table_rows is not None, FP8=fp8, IEEE=ieee,
+        STAGES=stages, num_warps=warps,
+    )  # fmt: skip
 
 
 def dsa_topk_paged_fast(
@@ -80,33 +161,33 @@ def dsa_topk_paged_fast(
     *,
     topk: int,
     table_rows: Tensor | None = None,
+    index_scales: Tensor | None = None,
+    topk_rows: Tensor | None = None,
+    score_tile: tuple[int, int, int] | None = None,
 ) -> Tensor:
-    """Same contract as `dsa_topk_paged_reference`."""
-    t, hi, d = q_index.shape
+    """Same contract as `dsa_topk_paged_reference`; `score_tile` overrides `SCORE_TILE`."""
+    t = q_index.shape[0]
     page = index_pool.shape[1]
     max_keys = block_tables.shape[1] * page
     k = selected_count(topk, max_keys)
-    out = torch.full((t, k), -1, dtype=torch.long, device=q_index.device)
+    out = torch.empty((t, k), dtype=torch.long, device=q_index.device)  # every entry is written
     if t == 0:
         return out
+    if index_pool.stride(2) != 1 or index_pool.stride(1) != index_pool.shape[2]:
+        raise ValueError("index_pool rows must be contiguous within a block")
     q_index = q_index.contiguous()
     weights = weights.contiguous()
     block_tables = block_tables.contiguous()
-    trow = table_rows.contiguous() if table_rows is not None else seq_lens
-    ieee = index_pool.dtype == torch.float32 or _INTERPRET
-    block_n = 16 if _INTERPRET else 128
+    seq_lens = seq_lens.contiguous()
+    trows = table_rows.contiguous() if table_rows is not None else None
+    krows = topk_rows.contiguous() if topk_rows is not None else None
     step = max(1, min(t, SCORE_BUDGET // max_keys))
     scores = torch.empty(step, max_keys, dtype=torch.float32, device=q_index.device)
     for r0 in range(0, t, step):
         rows = min(step, t - r0)
-        _score_kernel[(rows, triton.cdiv(max_keys, block_n))](
-            q_index, weights, index_pool, block_tables, seq_lens, trow, scores, r0, max_keys,
-            d**-0.5, q_index.stride(0), q_index.stride(1), weights.stride(0), block_tables.stride(0),
-            scores.stride(0),
-            HI=hi, HI_PAD=max(16, triton.next_power_of_2(hi)), D=d, D_PAD=max(16, triton.next_power_of_2(d)),
-            PAGE=page, BLOCK_N=block_n, HAS_TROW=table_rows is not None, IEEE=ieee,
-            num_warps=4,
+        dsa_scores_fast(
+            q_index, weights, index_pool, block_tables, seq_lens, scores[:rows], r0,
+            index_scales=index_scales, table_rows=trows, score_tile=score_tile,
         )  # fmt: skip
-        vals, idx = scores[:rows].topk(k, dim=-1)
-        out[r0 : r0 + rows] = torch.where(torch.isfinite(vals), idx, -1)
+        select_rows(scores[:rows], seq_lens, out, r0, krows)
     return out

@@ -213,6 +213,9 @@ def _merge_kernel(
 # (the fp8 -> fp16 convert between load and dot stops the pipeliner: plain global loads, then
 # ~360 scalar shared-memory loads instead of ldmatrix), and tl.dot takes no fp16 x fp8 mix. A fix
 # needs the dequantise after the shared-memory stage (a CUDA kernel) or fp8 MMAs on fp8 queries.
+# Session-5 re-sweep (`sweep`, splits x tiles, both L2 flushes): the same picks and splits are the
+# best measured at b32 x 8K (8 splits 102.6-103.6 us vs 119-141 at 4/6/12), b32 x 16K (8: 181 us
+# vs 186-223 at 12/16), b64 x 8K (4: 180.7 vs 219-259 at 2/6), b48 x 8K (5: 150 vs 168-169 at 4/8).
 TILES = {
     # (dtype class, SMs full) -> tile
     ("bf16", True): (64, 4, 3),

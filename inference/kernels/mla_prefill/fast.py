@@ -140,6 +140,8 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
     for bm, bn, w, st in ((128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2))
 ]  # fmt: skip
+# fp32 pools: (BLOCK_M, BLOCK_N, num_warps, num_stages)
+_FP32_TILE = (32, 32, 4, 1)
 _tuned_prefill_kernel = triton.autotune(configs=_CONFIGS, key=["H", "DN", "DR", "DV", "IEEE"])(
     _prefill_kernel
 )
@@ -182,6 +184,14 @@ def mla_prefill_varlen_triton(
                 DV_PAD=_pad(dv), IEEE=ieee)  # fmt: skip
     if _INTERPRET:
         _prefill_kernel[(triton.cdiv(max_q, 16), n * h)](*args, **meta, BLOCK_M=16, BLOCK_N=16)
+    elif ieee:
+        # fp32 (exactness checks, not serving): one small fixed tile, no autotuning. The tuned
+        # configs' 128-query fp32 tiles compile slowly and spill, and autotuning compiles all
+        # three per new key: the fp32 end-to-end check spent its time limit there
+        bm, bn, warps, stages = _FP32_TILE
+        _prefill_kernel[(triton.cdiv(max_q, bm), n * h)](
+            *args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
+        )
     else:
 
         def grid(cfg: dict) -> tuple[int, int]:

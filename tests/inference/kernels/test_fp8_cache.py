@@ -50,3 +50,41 @@ def test_fp8_option_sizes_the_pool_per_token():
     assert fp8.kv_bytes_per_token == (fp8.latent_dim + 4) * len(fp8.mla_layers)
     plain = _cache(fp8=False)
     assert not plain.kv_scale and plain.kv[plain.spec.mla_layers[0]].dtype == torch.float32
+
+
+def _dsa_cache(fp8: bool) -> HybridCacheTensors:
+    cfg = tiny_kimi_linear_config(
+        qk_rope_head_dim=16, q_lora_rank=32, mla_use_nope=False, rope_theta=10000.0, index_topk=24,
+        index_n_heads=8, index_head_dim=32,
+    )  # fmt: skip
+    cs = HybridCacheSpec.from_model_spec(parse_config(cfg), torch.float32, latent_fp8=fp8)
+    return HybridCacheTensors.allocate(cs, 8, 16, 2, "cpu", torch.float32)
+
+
+def test_fp8_indexer_keys_keep_their_scales_inside_the_block():
+    cache = _dsa_cache(fp8=True)
+    layer = cache.spec.mla_layers[0]
+    d = cache.spec.index_head_dim
+    raw = cache.index_k[layer]
+    assert raw.dtype == torch.uint8 and raw.shape == (8, 16 * (d + 4))  # one tensor: keys | scales
+    rows = torch.randn(5, d) * torch.tensor([1e-3, 1.0, 10.0, 1e3, 0.5])[:, None]
+    slots = torch.tensor([16, 17, 18, 40, 41])
+    cache.write_index_keys(layer, slots, rows)
+    keys, scales = cache.index_keys(layer)
+    assert keys.dtype == torch.float8_e4m3fn and keys.shape == (8, 16, d) and scales.shape == (8, 16)
+    blk, pos = slots // 16, slots % 16
+    back = keys[blk, pos].float() * scales[blk, pos][:, None]
+    assert_rel(back, rows, 1 / 16, "fp8 indexer keys read-back")
+    cache.copy_block(1, 5)  # block copies (and the tiers: whole block tensors) carry the scales
+    assert torch.equal(keys[5].float() * scales[5][:, None], keys[1].float() * scales[1][:, None])
+    assert cache.spec.kv_bytes_per_token == (cache.spec.latent_dim + 4 + d + 4) * len(cache.spec.mla_layers)
+
+
+def test_model_dtype_indexer_keys_unchanged():
+    cache = _dsa_cache(fp8=False)
+    layer = cache.spec.mla_layers[0]
+    rows = torch.randn(3, cache.spec.index_head_dim)
+    cache.write_index_keys(layer, torch.tensor([0, 5, 33]), rows)
+    keys, scales = cache.index_keys(layer)
+    assert scales is None and keys.dtype == torch.float32
+    assert torch.equal(keys.view(-1, keys.shape[-1])[torch.tensor([0, 5, 33])], rows)
