@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
+from inference.kernels.short_conv import short_conv_decode
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.fused_params import concat_params
@@ -90,19 +91,22 @@ class KimiDeltaAttention(nn.Module):
         mixed = F.linear(x, self._qkv.view(-1, hidden))  # [T, 3HD]
         f_a, g_a = F.linear(x, self._fg_a.view(-1, hidden)).chunk(2, dim=-1)
         conv_pool = cache.conv[self.layer_idx]
+        gate = self.g_b_proj(g_a).view(t, h, d)
+        f = self.f_b_proj(f_a).view(t, h, d)
+        if meta.is_pure_decode:
+            # conv window step, SiLU and the q|k|v split in one kernel (windows updated in place),
+            # then the delta rule in one fused kernel, its state updated in place in its slot
+            q, k, v = short_conv_decode(mixed, conv_pool, slots, self._conv.view(3 * h * d, -1), parts=3)
+            q, k, v = (z.view(t, h, d) for z in (q, k, v))
+            o = kda_decode(
+                q, k, v, f, self.b_proj(x), self.A_log, self.dt_bias, cache.state[self.layer_idx], slots
+            )
+            return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
         mixed, window = causal_conv_varlen(
             mixed, conv_pool.index_select(0, slots), self._conv.view(3 * h * d, -1),
             meta.cu_seqlens, meta.query_lens_cpu,
         )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
-        gate = self.g_b_proj(g_a).view(t, h, d)
-        f = self.f_b_proj(f_a).view(t, h, d)
-        if meta.is_pure_decode:  # one fused kernel, state updated in place in its slot
-            q, k, v = mixed.view(t, 3, h, d).transpose(0, 1).contiguous()  # one copy, 3 dense tensors
-            o = kda_decode(
-                q, k, v, f, self.b_proj(x), self.A_log, self.dt_bias, cache.state[self.layer_idx], slots
-            )
-            return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
         q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
         g = kda_gate(f, self.A_log, self.dt_bias)
         beta = torch.sigmoid(self.b_proj(x)).float()

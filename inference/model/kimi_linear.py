@@ -46,9 +46,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""
-        x = x + self.self_attn(self.input_layernorm(x), meta, cache)
+        h = self.self_attn(self.input_layernorm(x), meta, cache)
+        normed, x = self.post_attention_layernorm.add(h, x)  # x + h and its norm, one kernel
         ffn = getattr(self, self._ffn_name)
-        return x + ffn(self.post_attention_layernorm(x))
+        return x + ffn(normed)
 
 
 class KimiLinearModel(nn.Module):
