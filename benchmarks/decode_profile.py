@@ -5,7 +5,7 @@ CUDA graphs, 128-token prompts) decodes `--steps` timed steps twice:
 
 1. Host phases, timed with `perf_counter` around the engine's own calls (scheduler.schedule, the
    runner's decode batch build, the graph input copy, the graph replay launch, the wait for the
-   GPU before sampling, the sampler, scheduler.update, detokenise/stop strings; "other" is the
+   GPU after the replay, the sampler, scheduler.update, detokenise/stop strings; "other" is the
    rest of `Engine.step`), plus the GPU time of each graph replay from CUDA events around it.
 2. The same steps under `torch.profiler` with CUDA activities: kernels per step, kernel busy time,
    the GPU span per step and the idle gaps inside it, and the top-20 kernels by time.
@@ -82,33 +82,34 @@ def instrumented(eng: Engine, ph: Phases) -> Iterator[None]:
         (sched, "schedule"), (sched, "update"), (runner, "_decode_batch"), (runner, "sampler"),
         (eng, "step"), (runner, "execute"),
     )]  # fmt: skip
-    sampler = runner.sampler
+    sampler = runner.sampler  # not called on all-greedy graph steps (the graph's argmax is read)
 
-    def replay(self_: cuda_graphs.DecodeGraphs, g: Any) -> torch.Tensor:
+    def replay(self_: cuda_graphs.DecodeGraphs, g: Any) -> Any:
         if not (ph.on and ph.cuda):
             return saved_cls[1][2](self_, g)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         out = saved_cls[1][2](self_, g)
         b.record()
+        ph.seconds["graph_replay_launch"] += time.perf_counter() - t0
+        ph.calls["graph_replay_launch"] += 1
         ph.replay_events.append((a, b))
+        # the wait that the tokens' read-back (.tolist()) does anyway, timed apart: nothing but
+        # indexing runs on the host between the replay and that read-back
+        t0 = time.perf_counter()
+        b.synchronize()
+        ph.seconds["wait_gpu_after_replay"] += time.perf_counter() - t0
         return out
-
-    def sample(*args: Any, **kwargs: Any) -> Any:
-        if ph.on and ph.cuda:  # the wait the sampler's .tolist() would do anyway, timed apart
-            t0 = time.perf_counter()
-            torch.cuda.synchronize()
-            ph.seconds["wait_gpu_before_sampling"] += time.perf_counter() - t0
-        return sampler(*args, **kwargs)
 
     try:
         cuda_graphs.DecodeInputs.load = ph.wrap("graph_inputs_h2d", saved_cls[0][2])
-        cuda_graphs.DecodeGraphs._replay = ph.wrap("graph_replay_launch", replay)
+        cuda_graphs.DecodeGraphs._replay = replay
         stops.TextStops.step = ph.wrap("detokenise_stops", saved_cls[2][2])
         sched.schedule = ph.wrap("scheduler_schedule", saved_inst[0][2])
         sched.update = ph.wrap("scheduler_update", saved_inst[1][2])
         runner._decode_batch = ph.wrap("runner_decode_batch", saved_inst[2][2])
-        runner.sampler = ph.wrap("sampler", sample)
+        runner.sampler = ph.wrap("sampler", sampler)
         eng.step = ph.wrap("step_total", saved_inst[4][2])
         runner.execute = ph.wrap("runner_execute", saved_inst[5][2])
         yield
@@ -135,10 +136,8 @@ def host_phases(eng: Engine, device: torch.device, steps: int) -> dict[str, Any]
         wall = time.perf_counter() - t0
         ph.on = False
     sec = dict(ph.seconds)
-    # the sampler's own time without the GPU wait that its .tolist() would otherwise contain
-    sec["sampler"] = sec.get("sampler", 0.0) - sec.get("wait_gpu_before_sampling", 0.0)
     inside = ("runner_decode_batch", "graph_inputs_h2d", "graph_replay_launch",
-              "wait_gpu_before_sampling", "sampler")  # fmt: skip
+              "wait_gpu_after_replay", "sampler")  # fmt: skip
     top = ("scheduler_schedule", "runner_execute", "scheduler_update", "detokenise_stops")
     sec["runner_execute_other"] = sec.get("runner_execute", 0.0) - sum(sec.get(k, 0.0) for k in inside)
     sec["step_other"] = sec.get("step_total", 0.0) - sum(sec.get(k, 0.0) for k in top)
@@ -148,7 +147,7 @@ def host_phases(eng: Engine, device: torch.device, steps: int) -> dict[str, Any]
         "tok_per_s": round(tokens / wall, 1), "host_ms_per_step": per,
         "nesting": "step_total = scheduler_schedule + runner_execute + scheduler_update + "
         "detokenise_stops + step_other; runner_execute = runner_decode_batch + graph_inputs_h2d + "
-        "graph_replay_launch + wait_gpu_before_sampling + sampler + runner_execute_other",
+        "graph_replay_launch + wait_gpu_after_replay + sampler + runner_execute_other",
     }  # fmt: skip
     if ph.replay_events:
         torch.cuda.synchronize()
