@@ -43,7 +43,9 @@ def _route_kernel(
     ws = tl.zeros([KP], dtype=tl.float32)
     for j in range(K):
         best = tl.max(choice, axis=0)
-        pick = tl.min(tl.where(choice == best, experts, EP), axis=0)
+        # (clamped: a NaN row, e.g. a graph's padding garbage, matches nothing, yet must name
+        # a valid expert for the grouped GEMM's bookkeeping)
+        pick = tl.minimum(tl.min(tl.where(choice == best, experts, EP), axis=0), E - 1)
         ids = tl.where(slots == j, pick.to(tl.int64), ids)
         ws = tl.where(slots == j, tl.sum(tl.where(experts == pick, scores, 0.0), axis=0), ws)
         choice = tl.where(experts == pick, float("-inf"), choice)

@@ -184,6 +184,15 @@ def test_router_breaks_ties_to_the_lower_expert():
     assert ids.tolist() == [[1, 3, 6, 0]]
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # numpy, in Triton's interpreter
+def test_router_names_valid_experts_for_a_nan_row():
+    x = torch.full((2, 16), float("nan"), device=_dev())
+    _, ids = sigmoid_topk_route_fast(
+        x, torch.ones(8, 16, device=_dev()), torch.zeros(8, device=_dev()), 3, True, 1.0
+    )
+    assert ((ids >= 0) & (ids < 8)).all()
+
+
 def test_shape_errors_say_what_is_wrong():
     x = torch.zeros(2, 8)
     with pytest.raises(ValueError, match="weight"):
