@@ -24,6 +24,12 @@ The prefill_long and decode_128k sections did not fit that run's time limit.
 2026-12-01 afternoon (decode tiles fixed, no autotuner; every timed step a graph replay, no
 capture or eager fallback while timed): 294.0 / 5,458.9 / 14,378.3 tok/s at batch 1 / 32 / 128
 (3.40 / 5.86 / 8.90 ms per step). Batch 32 at 16K did not finish in the 60-70 s given to it.
+2026-12-01 evening (session 5: fused decode ops, greedy tokens inside the graph; same machine and
+config): 506.1 / 7,828.8 / 16,625.2 tok/s at batch 1 / 32 / 128 (1.976 / 4.087 / 7.699 ms per
+step), eager batch 32 1,066.0. Batch 32 at 16K: 1,787.1 tok/s (14.3 ms per step), not valid: a
+graph capture (0.26 s) and finishing requests (819 of 1,024 tokens) fell inside the timed steps;
+`engine_decode` now sizes `max_tokens` so that no request finishes there (not re-run on the GPU).
+Where a step's time goes: `benchmarks/decode_profile.py`.
 """
 
 from __future__ import annotations
@@ -93,6 +99,9 @@ def section(name: str, out_dir: str | None):
     return deco
 
 
+BATCHED_TOKENS = 8192  # make_engine's prefill chunk budget per step
+
+
 def make_engine(model, spec, dtype, device, **kw) -> Engine:
     cfg = EngineConfig.of(
         **{
@@ -101,7 +110,7 @@ def make_engine(model, spec, dtype, device, **kw) -> Engine:
                 num_blocks=1024,
                 num_state_slots=64,
                 max_num_seqs=128,
-                max_num_batched_tokens=8192,
+                max_num_batched_tokens=BATCHED_TOKENS,
                 max_model_len=40000,
                 checkpoint_interval=2048,
             ),
@@ -229,17 +238,22 @@ def _warm(eng: Engine, extra_steps: int = 3) -> None:
 def engine_decode(
     model, spec, dtype, device, batch: int, prompt_len: int, steps: int, **engine_kw
 ) -> dict[str, Any]:
+    # a request whose prompt is done decodes while the others still prefill (a token per step):
+    # room for those steps too, so that no request finishes inside the timed steps (a smaller
+    # batch there would time fewer rows and capture a graph of a smaller bucket)
+    chunk = engine_kw.get("max_num_batched_tokens", BATCHED_TOKENS)
+    max_tokens = steps + 40 + -(-batch * prompt_len // chunk)
     eng = make_engine(
         model,
         spec,
         dtype,
         device,
         num_state_slots=2 * batch + 8,
-        num_blocks=batch * ((prompt_len + steps + 80) // 64 + 2),
+        num_blocks=batch * ((prompt_len + max_tokens + 80) // 64 + 2),
         **engine_kw,
     )
     rids = [
-        eng.add_request(p, SamplingParams(temperature=0, max_tokens=steps + 40, ignore_eos=True))
+        eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
         for p in rand_prompts(batch, prompt_len, 7)
     ]
     first = eng.get_request(rids[0])

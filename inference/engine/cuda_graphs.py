@@ -132,6 +132,7 @@ class _Graph(DecodeInputs):
         super().__init__(rows, width, block_size, device)
         self.graph = torch.cuda.CUDAGraph()
         self.logits: Tensor | None = None
+        self.greedy: Tensor | None = None  # argmax over the sampled vocabulary, per row
 
 
 class DecodeGraphs:
@@ -151,8 +152,12 @@ class DecodeGraphs:
         scratch_slot: int,
         batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
         max_graphs: int = 64,
+        vocab_size: int | None = None,
     ) -> None:
+        """`vocab_size`: the sampled vocabulary (the greedy tokens' argmax ignores padded
+        embedding rows past it); None: all logits."""
         self.model, self.cache = model, cache
+        self.vocab_size = vocab_size
         self.block_size = block_size
         self.scratch_block, self.scratch_slot = scratch_block, scratch_slot
         self.batch_buckets = tuple(sorted(batch_buckets))
@@ -164,8 +169,10 @@ class DecodeGraphs:
         self.disabled = False
         self.capture_s = 0.0
 
-    def run(self, batch: DecodeBatch) -> Tensor | None:
-        """Logits `[len(batch.ids), vocab]` of the step, or None when no graph fits (run eagerly)."""
+    def run(self, batch: DecodeBatch) -> tuple[Tensor, Tensor] | None:
+        """`(logits [n, vocab], greedy tokens [n])` of the step's `n = len(batch.ids)` rows, or
+        None when no graph fits (run eagerly). The greedy tokens (argmax, first index on ties, as
+        the sampler's) are computed inside the graph, so an all-greedy step reads back only them."""
         rows = pick_bucket(len(batch.ids), self.batch_buckets)
         if rows is None:
             return None
@@ -186,14 +193,19 @@ class DecodeGraphs:
                 self.disabled = True
                 return None
         g.load(padded_inputs(batch, rows, width, self.scratch_block, self.scratch_slot, self.block_size))
-        logits = self._replay(g)
+        logits, greedy = self._replay(g)
         self.num_replays += 1
-        return logits[: len(batch.ids)]
+        return logits[: len(batch.ids)], greedy[: len(batch.ids)]
 
-    def _replay(self, g: _Graph) -> Tensor:
+    def outputs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """A decode forward's outputs: the logits and their greedy tokens over the sampled
+        vocabulary (captured with the forward, so they are computed inside the graph)."""
+        return logits, logits[:, : self.vocab_size].argmax(dim=-1)
+
+    def _replay(self, g: _Graph) -> tuple[Tensor, Tensor]:
         g.graph.replay()
-        assert g.logits is not None
-        return g.logits
+        assert g.logits is not None and g.greedy is not None
+        return g.logits, g.greedy
 
     def _capture(self, rows: int, width: int) -> _Graph:
         t0 = time.perf_counter()
@@ -211,7 +223,7 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         # thread_local: the server encodes images on the GPU from other threads meanwhile
         with torch.cuda.graph(g.graph, pool=self.pool, capture_error_mode="thread_local"):
-            g.logits = self.model(g.ids, g.meta, self.cache)
+            g.logits, g.greedy = self.outputs(self.model(g.ids, g.meta, self.cache))
         self.graphs[(rows, width)] = g
         self.capture_s += time.perf_counter() - t0
         log.info("captured decode graph rows=%d width=%d in %.2fs", rows, width, time.perf_counter() - t0)

@@ -61,6 +61,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 model, self.cache, device=self.device, block_size=block_size,
                 scratch_block=num_blocks, scratch_slot=num_slots, batch_buckets=graph_batch_buckets,
+                vocab_size=vocab_size,
             )  # fmt: skip
         self.sampler = Sampler()
         self.tables: dict[str, list[int]] = {}
@@ -151,8 +152,11 @@ class ModelRunner:
                 parts.append(mm.embeds[lo:hi])
         return torch.cat(parts).to(self.device) if parts else None
 
-    def _forward(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> torch.Tensor:
-        """Logits of the sampled rows: a captured graph for pure-decode steps where one fits."""
+    def _forward(
+        self, out: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the sampled rows, and their greedy tokens when a captured graph ran the step
+        (pure-decode steps where one fits; else None)."""
         image_embeds = self._image_embeds(out, requests)
         if (
             self.graphs is not None
@@ -160,13 +164,16 @@ class ModelRunner:
             and all(len(s.token_ids) == 1 for s in out.scheduled)
         ):
             batch, rows = self._decode_batch(out)
-            logits = self.graphs.run(batch)
-            if logits is not None:
+            ran = self.graphs.run(batch)
+            if ran is not None:
+                logits, greedy = ran
                 for s, table in zip(out.scheduled, batch.tables, strict=True):
                     self.tables[s.req_id] = table
-                return logits[rows] if len(rows) != len(batch.ids) else logits
+                if len(rows) != len(batch.ids):
+                    return logits[rows], greedy[rows]
+                return logits, greedy
         meta, ids, _ = self.build_meta(out)
-        return self.model(self._to(ids, torch.int64), meta, self.cache, image_embeds=image_embeds)
+        return self.model(self._to(ids, torch.int64), meta, self.cache, image_embeds=image_embeds), None
 
     def _decode_batch(self, out: SchedulerOutput) -> tuple[DecodeBatch, list[int]]:
         """Host lists of a one-token-per-sequence step, and the rows to sample (tables not stored)."""
@@ -206,7 +213,7 @@ class ModelRunner:
         if out.is_empty:
             return {}, {}
         t0 = time.perf_counter()
-        logits = self._forward(out, requests)
+        logits, greedy = self._forward(out, requests)
         for src, dst in out.snapshots:
             self.cache.copy_slot(src, dst)
         self.copy_blocks(out.snapshot_block_copies)
@@ -215,9 +222,19 @@ class ModelRunner:
             self.forward_time += time.perf_counter() - t0
             return {}, {}
         params = [requests[r].sampling for r in sampled_reqs]
-        if self.vocab_size is not None and logits.shape[-1] > self.vocab_size:
-            logits = logits[:, : self.vocab_size]
-        tokens, lps = self.sampler(logits, params, sampled_reqs)
+        graph_vocab = None if self.graphs is None else self.graphs.vocab_size
+        if (
+            greedy is not None
+            and graph_vocab == self.vocab_size
+            and all(p.greedy and p.logprobs is None for p in params)
+        ):
+            # the graph's argmax (captured over this vocabulary) is the sampler's greedy choice:
+            # read back only the tokens
+            tokens, lps = greedy.tolist(), [None] * len(params)
+        else:
+            if self.vocab_size is not None and logits.shape[-1] > self.vocab_size:
+                logits = logits[:, : self.vocab_size]
+            tokens, lps = self.sampler(logits, params, sampled_reqs)
         self.forward_time += time.perf_counter() - t0
         sampled = dict(zip(sampled_reqs, tokens, strict=True))
         logprobs = {r: lp for r, lp in zip(sampled_reqs, lps, strict=True) if lp is not None}

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
+from inference.kernels.short_conv import short_conv_decode
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.fused_params import concat_params
@@ -55,8 +56,7 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = nn.Linear(hd, dim, bias=False)
         self.o_norm = GatedRMSNorm(hd, eps=spec.rms_norm_eps)
         self.o_proj = nn.Linear(dim, hidden, bias=False)
-        self._qkv: Tensor | None = None
-        self._fg_a: Tensor | None = None
+        self._in: Tensor | None = None
         self._conv: Tensor | None = None
 
     def dummy_params(self, generator: torch.Generator) -> dict[str, Tensor]:
@@ -81,31 +81,33 @@ class KimiDeltaAttention(nn.Module):
         t, hidden = x.shape
         h, d = self.num_heads, self.head_dim
         slots = meta.state_slots.to(x.device)
-        # q|k|v, the two low-rank gate inputs and the three conv filters each as one tensor
-        self._qkv = concat_params([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], self._qkv)
-        self._fg_a = concat_params([self.f_a_proj.weight, self.g_a_proj.weight], self._fg_a)
+        # every projection of x (q|k|v, the two low-rank gate inputs, beta) as one weight: one
+        # GEMM; and the three conv filters as one tensor
+        in_w = [self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj]
+        self._in = concat_params([m.weight for m in in_w], self._in)
         self._conv = concat_params(
             [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], self._conv
         )
-        mixed = F.linear(x, self._qkv.view(-1, hidden))  # [T, 3HD]
-        f_a, g_a = F.linear(x, self._fg_a.view(-1, hidden)).chunk(2, dim=-1)
+        widths = [m.weight.shape[0] for m in in_w]
+        mixed, f_a, g_a, b = F.linear(x, self._in.view(-1, hidden)).split([sum(widths[:3]), *widths[3:]], -1)
         conv_pool = cache.conv[self.layer_idx]
+        gate = self.g_b_proj(g_a).view(t, h, d)
+        f = self.f_b_proj(f_a).view(t, h, d)
+        if meta.is_pure_decode:
+            # conv window step, SiLU and the q|k|v split in one kernel (windows updated in place),
+            # then the delta rule in one fused kernel, its state updated in place in its slot
+            q, k, v = short_conv_decode(mixed, conv_pool, slots, self._conv.view(3 * h * d, -1), parts=3)
+            q, k, v = (z.view(t, h, d) for z in (q, k, v))
+            o = kda_decode(q, k, v, f, b, self.A_log, self.dt_bias, cache.state[self.layer_idx], slots)
+            return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
         mixed, window = causal_conv_varlen(
             mixed, conv_pool.index_select(0, slots), self._conv.view(3 * h * d, -1),
             meta.cu_seqlens, meta.query_lens_cpu,
         )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
-        gate = self.g_b_proj(g_a).view(t, h, d)
-        f = self.f_b_proj(f_a).view(t, h, d)
-        if meta.is_pure_decode:  # one fused kernel, state updated in place in its slot
-            q, k, v = mixed.view(t, 3, h, d).transpose(0, 1).contiguous()  # one copy, 3 dense tensors
-            o = kda_decode(
-                q, k, v, f, self.b_proj(x), self.A_log, self.dt_bias, cache.state[self.layer_idx], slots
-            )
-            return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
         q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
         g = kda_gate(f, self.A_log, self.dt_bias)
-        beta = torch.sigmoid(self.b_proj(x)).float()
+        beta = torch.sigmoid(b).float()
         state_pool = cache.state[self.layer_idx]
         o, final = kda_varlen(
             q, k, v, g, beta, state_pool.index_select(0, slots), meta.cu_seqlens, meta.query_lens_cpu

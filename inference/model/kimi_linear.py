@@ -46,9 +46,23 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""
-        x = x + self.self_attn(self.input_layernorm(x), meta, cache)
-        ffn = getattr(self, self._ffn_name)
-        return x + ffn(self.post_attention_layernorm(x))
+        out, residual = self.forward_split(x, None, meta, cache)
+        return residual + out
+
+    def forward_split(
+        self, x: Tensor, residual: Tensor | None, meta: ForwardMeta, cache: HybridCacheTensors
+    ) -> tuple[Tensor, Tensor]:
+        """The block on the hidden state `residual + x` (just `x` when `residual` is None), with
+        its last residual add left to the caller: returns `(ffn output, residual)`, whose sum is
+        `forward`'s result. Each residual add is fused into the norm that follows it (the next
+        block's input norm takes this block's last add)."""
+        if residual is None:
+            normed, residual = self.input_layernorm(x), x
+        else:
+            normed, residual = self.input_layernorm.add(x, residual)
+        h = self.self_attn(normed, meta, cache)
+        normed, residual = self.post_attention_layernorm.add(h, residual)
+        return getattr(self, self._ffn_name)(normed), residual
 
 
 class KimiLinearModel(nn.Module):
@@ -64,10 +78,10 @@ class KimiLinearModel(nn.Module):
 
     def forward(self, inputs_embeds: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """inputs_embeds: `[T, hidden]` -> un-normalised final hidden states `[T, hidden]`."""
-        x = inputs_embeds
+        x, residual = inputs_embeds, None
         for layer in self.layers:
-            x = layer(x, meta, cache)
-        return x
+            x, residual = layer.forward_split(x, residual, meta, cache)
+        return residual + x
 
 
 class KimiLinearForCausalLM(nn.Module):

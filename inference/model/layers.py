@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from inference.kernels.rmsnorm import add_rms_norm, gated_rms_norm, rms_norm
 
 __all__ = ["GatedRMSNorm", "RMSNorm", "rope_cos_sin", "rope_half_split", "rope_interleaved"]
 
 
 class RMSNorm(nn.Module):
-    """`weight * (x / rms(x))`, normalised in fp32 and cast back before the weight (HF semantics)."""
+    """`weight * (x / rms(x))`, normalised in fp32 and cast back before the weight (HF semantics).
+
+    On CUDA one Triton kernel (`inference/kernels/rmsnorm`), elsewhere the PyTorch reference."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -19,8 +22,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: `[..., dim]` -> same shape and dtype."""
-        xf = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """`(norm(residual + x), residual + x)`: the residual add fused into the norm's kernel."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -32,9 +38,8 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        """x, gate: `[..., dim]` -> `[..., dim]` in `x.dtype`."""
-        xf = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), eps=self.eps)
-        return (xf * torch.sigmoid(gate.float())).to(x.dtype)
+        """x, gate: `[..., dim]` -> `[..., dim]` in `x.dtype` (one Triton kernel on CUDA)."""
+        return gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: Tensor, dim: int, theta: float) -> tuple[Tensor, Tensor]:

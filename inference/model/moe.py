@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import MoESpec
+from inference.kernels.moe_dispatch import silu_mul
+from inference.kernels.moe_router import sigmoid_topk_route
 from inference.model.fused_params import concat_params
 from inference.model.ops.moe import grouped_mm_available, moe_experts_grouped, moe_experts_reference
 
@@ -31,8 +33,7 @@ class DenseMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]` (gate and up as one GEMM)."""
         self._gate_up = concat_params([self.gate_proj.weight, self.up_proj.weight], self._gate_up)
-        gate, up = F.linear(x, self._gate_up.view(-1, x.shape[-1])).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(F.linear(x, self._gate_up.view(-1, x.shape[-1]))))
 
 
 class Expert(nn.Module):
@@ -78,6 +79,10 @@ class TopKRouter(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x: `[T, hidden]` -> `(weights [T, k] fp32, expert ids [T, k] int64)`."""
         s = self.spec
+        if s.num_groups == 1:  # one kernel on CUDA (`inference/kernels/moe_router`)
+            return sigmoid_topk_route(
+                x, self.weight, self.e_score_correction_bias, s.top_k, s.renormalize, s.routed_scaling_factor
+            )
         scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
         choice = scores + self.e_score_correction_bias.float()
         if s.num_groups > 1:
@@ -134,9 +139,14 @@ class SparseMoE(nn.Module):
         self._w2 = concat_params([x.weights()[2] for x in experts], self._w2)
         return self._w13.view(e, 2 * i, -1), self._w2.view(e, -1, i)
 
+    @staticmethod
+    def _grouped(x: Tensor) -> bool:
+        """Whether the routed experts run as grouped GEMMs (CUDA, bf16, `torch._grouped_mm`)."""
+        return x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available()
+
     def routed(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
         """Weighted sum of the chosen experts' outputs `[T, hidden]`; `ids` index `expert_modules()`."""
-        if x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available():
+        if self._grouped(x):
             return moe_experts_grouped(x, weights, ids, *self._stacked())
         gate, up, down = zip(*(e.weights() for e in self.expert_modules()), strict=True)
         return moe_experts_reference(x, weights, ids, list(gate), list(down), list(up))
@@ -144,7 +154,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""
         weights, ids = self.gate(x)
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        if self._grouped(x):
+            # the shared experts' sum fused into the routed combine
+            return moe_experts_grouped(x, weights, ids, *self._stacked(), shared=shared)
         out = self.routed(x, weights, ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        return out if shared is None else out + shared

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from inference.kernels.moe_dispatch import combine, silu_mul, sort_pairs
+
 __all__ = ["grouped_mm_available", "moe_experts_grouped", "moe_experts_reference"]
 
 
@@ -53,7 +55,9 @@ def grouped_mm_available() -> bool:
     return hasattr(torch, "_grouped_mm")
 
 
-def moe_experts_grouped(x: Tensor, weights: Tensor, ids: Tensor, w13: Tensor, w2: Tensor) -> Tensor:
+def moe_experts_grouped(
+    x: Tensor, weights: Tensor, ids: Tensor, w13: Tensor, w2: Tensor, shared: Tensor | None = None
+) -> Tensor:
     """Grouped-GEMM routed experts, free of host syncs.
 
     Args:
@@ -61,20 +65,18 @@ def moe_experts_grouped(x: Tensor, weights: Tensor, ids: Tensor, w13: Tensor, w2
         weights: `[T, k]` fp32 routing weights; ids: `[T, k]` int64 expert ids.
         w13: `[E, 2I, H]` stacked gate (rows `:I`) and up (rows `I:`) weights.
         w2: `[E, H, I]` stacked down weights.
+        shared: optional `[T, H]` dense term added to the result (the shared experts' output),
+            fused into the combine.
     Returns:
         `[T, H]` in `x.dtype`.
+
+    The bookkeeping around the two GEMMs (stable sort of the (token, slot) pairs by expert with
+    device-side group ends, SwiGLU, the fixed-order weighted sum over the k slots: no atomics) is
+    `inference/kernels/moe_dispatch`: one Triton kernel each at decode sizes on CUDA.
     """
-    t, top_k = ids.shape
-    num_experts, two_i, _ = w13.shape
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
-    # group ends from the sorted ids (bincount would size its output on the host: a sync)
-    ends = torch.arange(1, num_experts + 1, device=ids.device, dtype=flat.dtype)
-    offsets = torch.searchsorted(flat[order], ends).to(torch.int32)
-    xs = x.index_select(0, order // top_k)
+    order, tok, place, offsets = sort_pairs(ids, w13.shape[0])
+    del order  # the GEMMs need only each sorted pair's token row and the group ends
+    xs = x.index_select(0, tok)
     h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets)  # [T*k, 2I]
-    a = F.silu(h[:, : two_i // 2]) * h[:, two_i // 2 :]
-    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offsets)  # [T*k, H]
-    # back to (token, slot) order, then a fixed-order weighted sum over the k slots
-    unsorted = torch.empty_like(y).index_copy_(0, order, y)
-    return (unsorted.view(t, top_k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
+    y = torch._grouped_mm(silu_mul(h), w2.transpose(1, 2), offs=offsets)  # [T*k, H]
+    return combine(y, place, weights, shared)

@@ -145,7 +145,7 @@ class _PaddedEager(DecodeGraphs):
         return g
 
     def _replay(self, g):
-        return self.model(g.ids, g.meta, self.cache)
+        return self.outputs(self.model(g.ids, g.meta, self.cache))
 
 
 @pytest.mark.parametrize(
@@ -164,6 +164,7 @@ def test_padded_decode_graph_inputs_give_identical_outputs(reference, cfg):
     runner.graphs = _PaddedEager(
         runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
+        vocab_size=runner.vocab_size,
     )  # fmt: skip
     ps = prompts()[:6]  # 6 sequences decode in the 8-row bucket: two padding rows per step
     for _wave in range(2):
