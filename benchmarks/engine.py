@@ -29,6 +29,11 @@ config): 506.1 / 7,828.8 / 16,625.2 tok/s at batch 1 / 32 / 128 (1.976 / 4.087 /
 step), eager batch 32 1,066.0. Batch 32 at 16K: 1,787.1 tok/s (14.3 ms per step), not valid: a
 graph capture (0.26 s) and finishing requests (819 of 1,024 tokens) fell inside the timed steps;
 `engine_decode` now sizes `max_tokens` so that no request finishes there (not re-run on the GPU).
+After merging every session-5 branch (main at 95305f1; the decode path differs from the run above
+only by a clamp in the router kernel), on a fresh H200 in the session's last call: 364.7 / 5,435.1 /
+10,661.1 tok/s at batch 1 / 32 / 128 (2.742 / 5.888 / 12.006 ms per step, no capture while timed);
+28-36% below the branch's run on another machine, unexplained (clocks were not recorded; no device
+time was left to re-run both commits on one machine). The 16K section ran out of the call's time.
 Where a step's time goes: `benchmarks/decode_profile.py`.
 """
 
