@@ -56,26 +56,50 @@ def renew_lease(conn: Connection, task_id: str, runner_id: str, lease_s: float) 
         raise LeaseLost(task_id)
 
 
+# The claim also records the claimed id in a transaction-local setting that the reads of its
+# state then use (`STATE_SQL_PG`): statements sent together cannot pass values to one another,
+# and finding the row again by its lease would scan the whole table three times per claim.
 _CLAIM_PG = (
     "UPDATE tasks SET lease_owner = %(owner)s, lease_until = %(until)s WHERE id = ("
     "SELECT id FROM tasks WHERE status = ANY(%(statuses)s) AND next_run_at <= %(now)s "
     "AND (lease_until IS NULL OR lease_until < %(now)s) ORDER BY next_run_at LIMIT 1 "
-    "FOR UPDATE SKIP LOCKED) RETURNING *"
+    "FOR UPDATE SKIP LOCKED) RETURNING *, set_config('dayzero.claimed_task', id, true) AS claimed"
 )
-# The task this claim took: its owner and this claim's exact expiry (an older lease of this
-# runner on another task, given up without release, has an earlier one).
-_CLAIMED_PG = "SELECT id FROM tasks WHERE lease_owner = %(owner)s AND lease_until = %(until)s"
+_CLAIMED_PG = "current_setting('dayzero.claimed_task', true)"
+# UTC datetimes, as the `UTCDateTime` columns read them on the SQLAlchemy path; no wait for the
+# commit's WAL flush (see `claim_with_state`). Not prepared: psycopg deallocates every prepared
+# statement of a connection when it sees a ROLLBACK, and a simple-query message cannot use its
+# own (extended-protocol) prepared statements.
+_CLAIM_TXN_PG = "; ".join(
+    (
+        "BEGIN",
+        "SET LOCAL TimeZone = 'UTC'",
+        "SET LOCAL synchronous_commit = off",
+        _CLAIM_PG,
+        *(sql.format(task=_CLAIMED_PG) for sql in STATE_SQL_PG),
+        "COMMIT",
+    )
+)
 
 
 def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskState | None:
-    """`claim_next_task`, then `task_state` of the claimed task, inside the caller's transaction.
+    """`claim_next_task`, then `task_state` of the claimed task, as one transaction of its own on
+    `conn` (which must not be in a transaction); None when nothing was claimable.
 
-    On PostgreSQL the five statements go in one pipeline (one round trip) as SQL text that
-    psycopg prepares; elsewhere they run one by one."""
+    On PostgreSQL BEGIN, the claim, the three reads and COMMIT go in one message (one round
+    trip), and the commit does not wait for its WAL flush:
+    nothing depends on the claim before the task's next commit, which is durable and flushes the
+    WAL up to it (a claim lost in a server crash is a lease never held). Elsewhere the statements
+    run one by one inside `BEGIN IMMEDIATE`."""
     if conn.dialect.name != "postgresql":
-        row = claim_next_task(conn, runner_id, lease_s)
-        return None if row is None else task_state(conn, row.id, task=row)
+        with conn.begin():
+            row = claim_next_task(conn, runner_id, lease_s)
+            return None if row is None else task_state(conn, row.id, task=row)
+    from psycopg import ClientCursor
+    from psycopg.pq import ExecStatus
     from psycopg.rows import namedtuple_row
+
+    from orchestrator.tasks.writer import driver_errors
 
     now = utcnow()
     params = {
@@ -84,20 +108,26 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
         "now": now,
         "statuses": [s.value for s in CLAIMABLE],
     }
+    TUPLES_OK = ExecStatus.TUPLES_OK
     dbapi = conn.connection.driver_connection
-    with dbapi.pipeline(), dbapi.cursor(row_factory=namedtuple_row) as cur:
-        # UTC datetimes, as the `UTCDateTime` columns read them on the SQLAlchemy path
-        cur.execute("SET LOCAL TimeZone = 'UTC'")
-        cur.execute(_CLAIM_PG, params, prepare=True)
-        cursors = []
-        for sql in STATE_SQL_PG:
-            c = dbapi.cursor(row_factory=namedtuple_row)
-            c.execute(sql.format(task=_CLAIMED_PG), params, prepare=True)
-            cursors.append(c)
-        task = cur.fetchone()
-        messages, steps, attachments = (c.fetchall() for c in cursors)
-    for c in cursors:
-        c.close()
+    with driver_errors(conn, _CLAIM_TXN_PG, params):
+        # One simple-query message holding the whole transaction, parameters bound client-side:
+        # one round trip and little client work (psycopg's pipeline mode costs more here).
+        dbapi.autocommit = True
+        try:
+            with ClientCursor(dbapi, row_factory=namedtuple_row) as cur:
+                cur.execute(_CLAIM_TXN_PG, params)
+                results = []
+                while True:
+                    if cur.pgresult is not None and cur.pgresult.status == TUPLES_OK:
+                        results.append(cur.fetchall())  # the claim and the three reads
+                    if not cur.nextset():
+                        break
+        finally:
+            if not dbapi.broken:
+                dbapi.autocommit = False
+    claimed, messages, steps, attachments = results
+    task = claimed[0] if claimed else None
     if task is None:
         return None
     return TaskState(
