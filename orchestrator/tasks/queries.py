@@ -125,7 +125,7 @@ def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
     )
 
 
-# The same reads as `task_state`, as SQL text for PostgreSQL's pipelined claim
+# The same reads as `task_state`, as SQL text for PostgreSQL's one-message claim
 # (`runner.lease.claim_with_state`): `{task}` is an expression that yields the task's id.
 STATE_SQL_PG = (
     "SELECT * FROM messages WHERE task_id = ({task}) ORDER BY seq",
