@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, or_, select, update
 
 from orchestrator.clock import utcnow
+from orchestrator.db.engine import autocommit_driver
 from orchestrator.db.tables import tasks_t
 from orchestrator.statemachine import RUNNABLE_TASK_STATUSES, TaskStatus
 from orchestrator.tasks.queries import STATE_SQL_PG, TaskState, message_dict, task_state
@@ -99,8 +100,6 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
     from psycopg.pq import ExecStatus
     from psycopg.rows import namedtuple_row
 
-    from orchestrator.tasks.writer import driver_errors
-
     now = utcnow()
     params = {
         "owner": runner_id,
@@ -108,24 +107,19 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
         "now": now,
         "statuses": [s.value for s in CLAIMABLE],
     }
-    TUPLES_OK = ExecStatus.TUPLES_OK
-    dbapi = conn.connection.driver_connection
-    with driver_errors(conn, _CLAIM_TXN_PG, params):
-        # One simple-query message holding the whole transaction, parameters bound client-side:
-        # one round trip and little client work (psycopg's pipeline mode costs more here).
-        dbapi.autocommit = True
-        try:
-            with ClientCursor(dbapi, row_factory=namedtuple_row) as cur:
-                cur.execute(_CLAIM_TXN_PG, params)
-                results = []
-                while True:
-                    if cur.pgresult is not None and cur.pgresult.status == TUPLES_OK:
-                        results.append(cur.fetchall())  # the claim and the three reads
-                    if not cur.nextset():
-                        break
-        finally:
-            if not dbapi.broken:
-                dbapi.autocommit = False
+    # One simple-query message holding the whole transaction, parameters bound client-side:
+    # one round trip and little client work (psycopg's pipeline mode costs more here).
+    with (
+        autocommit_driver(conn, _CLAIM_TXN_PG, params) as dbapi,
+        ClientCursor(dbapi, row_factory=namedtuple_row) as cur,
+    ):
+        cur.execute(_CLAIM_TXN_PG, params)
+        results = []
+        while True:
+            if cur.pgresult is not None and cur.pgresult.status == ExecStatus.TUPLES_OK:
+                results.append(cur.fetchall())  # the claim and the three reads
+            if not cur.nextset():
+                break
     claimed, messages, steps, attachments = results
     task = claimed[0] if claimed else None
     if task is None:
