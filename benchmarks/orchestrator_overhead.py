@@ -16,13 +16,14 @@ by the steps it ran.
     python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4]
     DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/orchestrator_overhead.py  # its code
 
-Recorded 2026-12-01 on the 2-core CPU box shared with three other sessions (load average
-3.2-3.9), PostgreSQL 15, medians of 6 runs interleaved with the code before one-round-trip steps
-(`DZ_BENCH_REPO` = main at fb24011), before -> after: step p50 2.12 -> 1.54 ms, p99 7.98 -> 5.23,
-first step p50 7.04 -> 4.77, task start 4.71 -> 3.19, later steps' p99 6.74 -> 3.65, runner CPU
-1.38 -> 0.97 ms per step (scripted model 0.24 ms per call of it), 1 runner 411 -> 584 steps/s,
-4 runners 431 -> 786 steps/s; WAL 72.6 KB per 20-cycle task both; floors: durable one-statement
-INSERT 0.37 ms, INSERT + COMMIT 0.62 ms, 8 KB fdatasync 0.15 ms.
+Recorded 2026-12-01 on the 2-core CPU box shared with three other sessions (1-minute load
+average 1.8-3.9, median 3.6), PostgreSQL 15, medians of 6 runs interleaved with the code before
+the one-round-trip steps (`DZ_BENCH_REPO` = main at fb24011), before -> after: step p50
+2.12 -> 1.54 ms, p99 7.98 -> 5.23, first step p50 7.04 -> 4.77, task start 4.71 -> 3.19, later
+steps' p99 6.74 -> 3.65, runner CPU 1.38 -> 0.97 ms per step (scripted model 0.24 ms per call of
+it), 1 runner 411 -> 584 steps/s, 4 runners 431 -> 786 steps/s; WAL 72.6 KB per 20-cycle task
+both; floors: durable one-statement INSERT 0.37 ms, INSERT + COMMIT 0.62 ms, 8 KB fdatasync
+0.15 ms.
 """
 
 from __future__ import annotations
