@@ -107,3 +107,28 @@ def test_before_commit_runs_only_when_the_write_would_commit(db, failure):
     assert calls in ([before], []) and _counts(db, task_id) == before
     if db.dialect.name == "sqlite":
         assert calls == []
+
+
+def test_claim_prepares_its_statements_again_after_they_were_deallocated(pg_url):
+    """psycopg deallocates every prepared statement of a connection when it sees a ROLLBACK or a
+    DEALLOCATE ALL; the claim then prepares its own again instead of failing."""
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+
+    db = make_engine(pg_url)
+    migrate.upgrade(db)
+    ids = [submit(db, {"cycles": 1}) for _ in range(3)]
+    with db.connect() as conn:
+        dbapi = conn.connection.driver_connection
+        first = claim_with_state(conn, "r1", 30)
+        dbapi.execute("DEALLOCATE ALL")  # what psycopg sends after a ROLLBACK
+        dbapi.commit()
+        second = claim_with_state(conn, "r1", 30)
+        with pytest.raises(RuntimeError), conn.begin():  # a transaction rolled back on this connection
+            conn.exec_driver_sql("SELECT 1")
+            raise RuntimeError
+        third = claim_with_state(conn, "r1", 30)
+        _assert_connection_reusable(conn)
+    assert first and second and third
+    assert sorted([first.task.id, second.task.id, third.task.id]) == sorted(ids)
+    db.dispose()
