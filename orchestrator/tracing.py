@@ -15,6 +15,7 @@ turns the SDK off. Without an endpoint spans are still made (and their context p
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -56,8 +57,15 @@ def context_of(traceparent: str | None) -> otel_context.Context:
     task's stored `traceparent` (a runner's step, the relay's publish of a task's event)."""
     if trace.get_current_span().get_span_context().is_valid:
         return otel_context.get_current()
+    ctx = _stored_context(traceparent) if traceparent else None
+    return ctx if ctx is not None else otel_context.get_current()
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_context(traceparent: str) -> otel_context.Context | None:
+    """A stored traceparent parsed once, not at each of a task's spans (contexts are immutable)."""
     tp = valid_traceparent(traceparent)
-    return _PROPAGATOR.extract({"traceparent": tp}) if tp else otel_context.get_current()
+    return _PROPAGATOR.extract({"traceparent": tp}) if tp else None
 
 
 def kafka_headers(traceparent: str | None = None) -> list[tuple[str, bytes]]:

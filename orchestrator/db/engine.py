@@ -7,9 +7,11 @@ for `FOR UPDATE SKIP LOCKED`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -56,3 +58,30 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 5)
     return create_engine(url, **kwargs)
+
+
+@contextmanager
+def autocommit_driver(conn: Connection, sql: str, params: Any) -> Iterator[Any]:
+    """The psycopg connection under `conn` (not in a transaction), in autocommit mode while the
+    block runs: for statements that are a transaction of their own, or carry their own BEGIN and
+    COMMIT, so that no separate round trip begins or ends one. The runner's hot paths use it
+    (`tasks.writer`, `runner.lease`); SQLAlchemy's statement machinery is bypassed there, so the
+    driver's errors are raised as SQLAlchemy's (what `probes.outage_errors` and the callers
+    catch), and a broken connection is invalidated so that the pool does not hand it out again.
+    `sql` and `params` only label those errors."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+
+    dbapi = conn.connection.driver_connection
+    try:
+        dbapi.autocommit = True
+        try:
+            yield dbapi
+        finally:
+            if not dbapi.broken:
+                dbapi.autocommit = False
+    except psycopg.Error as exc:
+        broken = dbapi.broken
+        if broken:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=broken) from exc

@@ -5,11 +5,13 @@ lease, so a runner that lost its lease cannot change the task any more."""
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 from typing import Any
 
 from sqlalchemy import Connection, Row, or_, select, update
 
 from orchestrator.clock import utcnow
+from orchestrator.db.engine import autocommit_driver
 from orchestrator.db.tables import tasks_t
 from orchestrator.statemachine import RUNNABLE_TASK_STATUSES, TaskStatus
 from orchestrator.tasks.queries import STATE_SQL_PG, TaskState, message_dict, task_state
@@ -56,27 +58,101 @@ def renew_lease(conn: Connection, task_id: str, runner_id: str, lease_s: float) 
         raise LeaseLost(task_id)
 
 
+# The claim also records the claimed id in a transaction-local setting that the reads of its
+# state then use (`STATE_SQL_PG`): statements sent together cannot pass values to one another,
+# and finding the row again by its lease would scan the whole table three times per claim.
 _CLAIM_PG = (
-    "UPDATE tasks SET lease_owner = %(owner)s, lease_until = %(until)s WHERE id = ("
-    "SELECT id FROM tasks WHERE status = ANY(%(statuses)s) AND next_run_at <= %(now)s "
-    "AND (lease_until IS NULL OR lease_until < %(now)s) ORDER BY next_run_at LIMIT 1 "
-    "FOR UPDATE SKIP LOCKED) RETURNING *"
+    "UPDATE tasks SET lease_owner = $1, lease_until = $2 WHERE id = ("
+    "SELECT id FROM tasks WHERE status = ANY($4) AND next_run_at <= $3 "
+    "AND (lease_until IS NULL OR lease_until < $3) ORDER BY next_run_at LIMIT 1 "
+    "FOR UPDATE SKIP LOCKED) RETURNING *, set_config('dayzero.claimed_task', id, true) AS claimed"
 )
-# The task this claim took: its owner and this claim's exact expiry (an older lease of this
-# runner on another task, given up without release, has an earlier one).
-_CLAIMED_PG = "SELECT id FROM tasks WHERE lease_owner = %(owner)s AND lease_until = %(until)s"
+_CLAIMED_PG = "current_setting('dayzero.claimed_task', true)"
+# Server-side prepared statements (planning them at every claim cost ~0.5 ms of a ~1 ms claim),
+# created on each connection before its first claim (`_ensure_prepared`).
+_PREPARED_PG = {
+    "dayzero_claim": f"PREPARE dayzero_claim(text, timestamptz, timestamptz, text[]) AS {_CLAIM_PG}",
+    **{
+        f"dayzero_claim_read{i}": f"PREPARE dayzero_claim_read{i} AS {sql.format(task=_CLAIMED_PG)}"
+        for i, sql in enumerate(STATE_SQL_PG)
+    },
+}
+# UTC datetimes, as the `UTCDateTime` columns read them on the SQLAlchemy path; no wait for the
+# commit's WAL flush (see `claim_with_state`).
+_CLAIM_TXN_PG = "; ".join(
+    (
+        "BEGIN",
+        "SET LOCAL TimeZone = 'UTC'",
+        "SET LOCAL synchronous_commit = off",
+        "EXECUTE dayzero_claim(%(owner)s, %(until)s, %(now)s, %(statuses)s)",
+        *(f"EXECUTE dayzero_claim_read{i}" for i in range(len(STATE_SQL_PG))),
+        "COMMIT",
+    )
+)
+# Driver connections known to hold the statements of `_PREPARED_PG`.
+_prepared: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _ensure_prepared(dbapi: Any) -> None:
+    """Prepare what this connection lacks of `_PREPARED_PG` (one look-up per connection)."""
+    if dbapi in _prepared:
+        return
+    from psycopg import ClientCursor
+
+    have = {
+        name
+        for (name,) in dbapi.execute(
+            "SELECT name FROM pg_prepared_statements WHERE name = ANY(%s)", (list(_PREPARED_PG),)
+        )
+    }
+    missing = [sql for name, sql in _PREPARED_PG.items() if name not in have]
+    if missing:
+        with ClientCursor(dbapi) as cur:
+            cur.execute("; ".join(missing))
+    _prepared.add(dbapi)
+
+
+def _send_claim(dbapi: Any, params: dict[str, Any]) -> list[list[Any]]:
+    """The claim's one message; the row sets of the claim and the three reads."""
+    from psycopg import ClientCursor, errors
+    from psycopg.pq import ExecStatus
+    from psycopg.rows import namedtuple_row
+
+    for retry in (False, True):
+        _ensure_prepared(dbapi)
+        with ClientCursor(dbapi, row_factory=namedtuple_row) as cur:
+            try:
+                cur.execute(_CLAIM_TXN_PG, params)
+            except errors.InvalidSqlStatementName:
+                # psycopg deallocates every prepared statement of a connection (ours included)
+                # when it sees a ROLLBACK there: prepare them again, once.
+                dbapi.rollback()
+                _prepared.discard(dbapi)
+                if retry:
+                    raise
+                continue
+            results = []
+            while True:
+                if cur.pgresult is not None and cur.pgresult.status == ExecStatus.TUPLES_OK:
+                    results.append(cur.fetchall())  # the claim and the three reads
+                if not cur.nextset():
+                    return results
+    raise AssertionError("unreachable")
 
 
 def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskState | None:
-    """`claim_next_task`, then `task_state` of the claimed task, inside the caller's transaction.
+    """`claim_next_task`, then `task_state` of the claimed task, as one transaction of its own on
+    `conn` (which must not be in a transaction); None when nothing was claimable.
 
-    On PostgreSQL the five statements go in one pipeline (one round trip) as SQL text that
-    psycopg prepares; elsewhere they run one by one."""
+    On PostgreSQL BEGIN, the claim, the three reads and COMMIT go in one message (one round
+    trip), and the commit does not wait for its WAL flush:
+    nothing depends on the claim before the task's next commit, which is durable and flushes the
+    WAL up to it (a claim lost in a server crash is a lease never held). Elsewhere the statements
+    run one by one inside `BEGIN IMMEDIATE`."""
     if conn.dialect.name != "postgresql":
-        row = claim_next_task(conn, runner_id, lease_s)
-        return None if row is None else task_state(conn, row.id, task=row)
-    from psycopg.rows import namedtuple_row
-
+        with conn.begin():
+            row = claim_next_task(conn, runner_id, lease_s)
+            return None if row is None else task_state(conn, row.id, task=row)
     now = utcnow()
     params = {
         "owner": runner_id,
@@ -84,20 +160,12 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
         "now": now,
         "statuses": [s.value for s in CLAIMABLE],
     }
-    dbapi = conn.connection.driver_connection
-    with dbapi.pipeline(), dbapi.cursor(row_factory=namedtuple_row) as cur:
-        # UTC datetimes, as the `UTCDateTime` columns read them on the SQLAlchemy path
-        cur.execute("SET LOCAL TimeZone = 'UTC'")
-        cur.execute(_CLAIM_PG, params, prepare=True)
-        cursors = []
-        for sql in STATE_SQL_PG:
-            c = dbapi.cursor(row_factory=namedtuple_row)
-            c.execute(sql.format(task=_CLAIMED_PG), params, prepare=True)
-            cursors.append(c)
-        task = cur.fetchone()
-        messages, steps, attachments = (c.fetchall() for c in cursors)
-    for c in cursors:
-        c.close()
+    # One simple-query message holding the whole transaction, parameters bound client-side:
+    # one round trip and little client work (psycopg's pipeline mode costs more here).
+    with autocommit_driver(conn, _CLAIM_TXN_PG, params) as dbapi:
+        results = _send_claim(dbapi, params)
+    claimed, messages, steps, attachments = results
+    task = claimed[0] if claimed else None
     if task is None:
         return None
     return TaskState(

@@ -95,6 +95,7 @@ class Runner:
         self.health = Health()  # the loop and the lease renewals beat it (a long step is alive)
         self._stop = threading.Event()
         self.conn: Connection | None = None  # the connection driving the current task
+        self._held: Connection | None = None  # kept between `run_once` calls (`_connection`)
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
 
     # -- outer loop --------------------------------------------------------------------------
@@ -107,31 +108,37 @@ class Runner:
         lease of whatever was in flight expires and the work resumes from the last commit.
         `health` (the probes) follows: unready while the database is away."""
         backoff = Backoff()
-        while not self._stop.is_set():
-            try:
-                worked = self.run_once()
-                backoff.reset()
-                self.health.set_ready()
-            except outage_errors() as exc:
-                delay = backoff.next_delay()
-                self.health.set_unready(type(exc).__name__)
-                log.warning("database error (%s); retrying in %.1f s", exc.__class__.__name__, delay)
-                self._stop.wait(delay)
-                continue
-            if not worked:
-                self._stop.wait(self.config.poll_interval_s)
+        try:
+            while not self._stop.is_set():
+                try:
+                    worked = self.run_once()
+                    backoff.reset()
+                    self.health.set_ready()
+                except outage_errors() as exc:
+                    delay = backoff.next_delay()
+                    self.health.set_unready(type(exc).__name__)
+                    log.warning("database error (%s); retrying in %.1f s", exc.__class__.__name__, delay)
+                    self._stop.wait(delay)
+                    continue
+                if not worked:
+                    self._stop.wait(self.config.poll_interval_s)
+        finally:
+            self._release_connection()
 
     def run_until_idle(self, *, timeout_s: float = 60.0, until: Callable[[], bool] | None = None) -> None:
         """Work until no task is runnable (or `until()` holds); tasks in backoff are waited for."""
         end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if until is not None and until():
-                return
-            if self.run_once():
-                continue
-            if until is None and not self._has_unfinished_tasks():
-                return
-            time.sleep(self.config.poll_interval_s)
+        try:
+            while time.monotonic() < end:
+                if until is not None and until():
+                    return
+                if self.run_once():
+                    continue
+                if until is None and not self._has_unfinished_tasks():
+                    return
+                time.sleep(self.config.poll_interval_s)
+        finally:
+            self._release_connection()
         raise TimeoutError(f"runner did not go idle within {timeout_s} s")
 
     def _has_unfinished_tasks(self) -> bool:
@@ -141,24 +148,36 @@ class Runner:
     def run_once(self) -> bool:
         """Claim one task and drive it as far as it goes; False when nothing was claimable.
 
-        The claim and the reads of the task's state share one transaction and one connection,
-        which then drives the task. On PostgreSQL that transaction does not wait for its WAL
-        flush: nothing depends on the claim before the task's next commit, which is durable and
-        flushes the WAL up to it (a claim lost in a server crash is a lease never held)."""
-        with self.engine.connect() as conn:
-            with conn.begin():
-                if conn.dialect.name == "postgresql":
-                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
-                if state is None:
-                    return False
+        The claim and the reads of the task's state share one transaction (`claim_with_state`:
+        one round trip on PostgreSQL) and one connection, which then drives the task. The
+        connection is kept from one call to the next (checking one out of the pool pings the
+        server: a round trip per task); after any error it is given back, and the next call
+        takes a fresh one."""
+        conn = self._connection()
+        try:
+            state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
+            if state is None:
+                return False
             try:
                 self._drive(conn, self._view(state))
             except (LeaseLost, StaleTransition) as exc:
                 if isinstance(exc, LeaseLost):
                     LEASES_LOST.inc()
                 log.info("gave up task %s: %s", state.task.id, exc)
+        except BaseException:
+            self._release_connection()  # it may be broken or inside a failed transaction
+            raise
         return True
+
+    def _connection(self) -> Connection:
+        if self._held is None:
+            self._held = self.engine.connect()
+        return self._held
+
+    def _release_connection(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     # -- one task ----------------------------------------------------------------------------
     def _load(self, task_id: str) -> TaskView:

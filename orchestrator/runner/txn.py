@@ -2,8 +2,8 @@
 
 The runner holds the task's lease, so its in-memory `TaskView` is the truth while it works; a
 `StepTxn` records the writes a step needs and `commit()` sends them through the one transaction
-writer (`tasks.writer.TaskWrite`, fenced on the lease): on PostgreSQL ONE statement, then
-COMMIT; on SQLite the same statements inside `BEGIN IMMEDIATE`.
+writer (`tasks.writer.TaskWrite.commit`, fenced on the lease): on PostgreSQL ONE statement that
+is its own transaction (one round trip); on SQLite the same statements inside `BEGIN IMMEDIATE`.
 If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
 (`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
 `cancel_requested`, which the runner honours at the next step boundary.
@@ -274,13 +274,11 @@ class StepTxn:
             **self._task_values,
         }
         self._w.task_values = task_values
-        with conn.begin():
-            outcome = self._w.apply(conn)
-            if outcome is None:
-                raise LeaseLost(t.id)
-            if not outcome.all_hit:
-                raise StaleTransition(f"task {t.id}: a row was not in its expected state")
-            failpoint("before_commit")
+        outcome = self._w.commit(conn, before_commit=lambda: failpoint("before_commit"))
+        if outcome is None:
+            raise LeaseLost(t.id)
+        if not outcome.all_hit:
+            raise StaleTransition(f"task {t.id}: a row was not in its expected state")
         failpoint("after_commit")
         t.cancel_requested = outcome.cancel_requested
         self._trace_transitions()

@@ -125,8 +125,8 @@ def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
     )
 
 
-# The same reads as `task_state`, as SQL text for PostgreSQL's pipelined claim
-# (`runner.lease.claim_with_state`): `{task}` is a subquery that yields the task's id.
+# The same reads as `task_state`, as SQL text for PostgreSQL's one-message claim
+# (`runner.lease.claim_with_state`): `{task}` is an expression that yields the task's id.
 STATE_SQL_PG = (
     "SELECT * FROM messages WHERE task_id = ({task}) ORDER BY seq",
     "SELECT * FROM steps WHERE task_id = ({task}) ORDER BY step_index",

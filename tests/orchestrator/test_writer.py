@@ -1,0 +1,134 @@
+"""`TaskWrite.commit` (the runner's one-transaction step write) and the claim: all or nothing, and
+the connection is left as it was found (not in a transaction, not in autocommit)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from orchestrator.db.tables import events_t, messages_t, steps_t, tasks_t
+from orchestrator.runner.lease import claim_with_state
+from orchestrator.tasks.writer import TaskWrite, lease_fence
+from tests.orchestrator.conftest import submit
+
+
+def _counts(db: Engine, task_id: str) -> tuple[int, int, int, int]:
+    with db.connect() as conn:
+        return (
+            *(
+                conn.execute(select(func.count()).select_from(t).where(t.c.task_id == task_id)).scalar_one()
+                for t in (steps_t, messages_t, events_t)
+            ),
+            conn.execute(select(tasks_t.c.event_seq).where(tasks_t.c.id == task_id)).scalar_one(),
+        )
+
+
+def _step_row(task_id: str, now) -> dict:
+    return {
+        "task_id": task_id,
+        "step_index": 0,
+        "kind": "model",
+        "status": "RUNNING",
+        "attempt_count": 1,
+        "started_at": now,
+        "runner_id": "r1",
+        "created_at": now,
+    }
+
+
+def _assert_connection_reusable(conn) -> None:
+    assert not conn.in_transaction()
+    if conn.dialect.name == "postgresql":
+        assert conn.connection.driver_connection.autocommit is False
+    with conn.begin():  # a plain transaction still works on it
+        assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+
+
+def test_commit_writes_everything_or_nothing(db):
+    task_id = submit(db, {"cycles": 1})
+    with db.connect() as conn:
+        state = claim_with_state(conn, "r1", 30)
+        assert state is not None and state.task.id == task_id
+        assert [m["role"] for m in state.messages] == ["user"] and state.steps == []
+        _assert_connection_reusable(conn)
+        before = _counts(db, task_id)
+
+        # The fence does not hold (another runner's id): nothing is written, not even the insert.
+        w = TaskWrite(task_id, lease_fence("someone-else"))
+        w.insert(steps_t, _step_row(task_id, w.now))
+        w.event("step.started", {"step": 0})
+        assert w.commit(conn) is None
+        assert _counts(db, task_id) == before
+        _assert_connection_reusable(conn)
+
+        # A keyed UPDATE that misses its row: not all hit, and the insert beside it is undone too.
+        w = TaskWrite(task_id, lease_fence("r1"))
+        w.insert(steps_t, _step_row(task_id, w.now))
+        w.update_row(steps_t, {"task_id": task_id, "step_index": 7, "status": "RUNNING"}, status="SUCCEEDED")
+        w.event("step.started", {"step": 0})
+        outcome = w.commit(conn)
+        assert outcome is not None and not outcome.all_hit
+        assert _counts(db, task_id) == before
+        _assert_connection_reusable(conn)
+
+        # Both hold: everything is written and the event numbered from the task's event_seq.
+        w = TaskWrite(task_id, lease_fence("r1"))
+        w.insert(steps_t, _step_row(task_id, w.now))
+        w.event("step.started", {"step": 0})
+        w.event("step.note", {"step": 0})
+        outcome = w.commit(conn)
+        assert outcome is not None and outcome.all_hit and not outcome.cancel_requested
+        assert outcome.event_seq == before[3] + 2
+        assert _counts(db, task_id) == (before[0] + 1, before[1], before[2] + 2, before[3] + 2)
+        _assert_connection_reusable(conn)
+
+
+def test_claim_with_nothing_claimable_returns_none(db):
+    with db.connect() as conn:
+        assert claim_with_state(conn, "r1", 30) is None
+        _assert_connection_reusable(conn)
+
+
+@pytest.mark.parametrize("failure", ["fence", "row"])
+def test_before_commit_runs_only_when_the_write_would_commit(db, failure):
+    """The `before_commit` hook (the crash failpoint) runs on the way to a commit, before it."""
+    task_id = submit(db, {"cycles": 1})
+    calls: list[tuple[int, ...]] = []
+    with db.connect() as conn:
+        claim_with_state(conn, "r1", 30)
+        w = TaskWrite(task_id, lease_fence("r1" if failure == "row" else "other"))
+        w.insert(steps_t, _step_row(task_id, w.now))
+        if failure == "row":
+            w.update_row(steps_t, {"task_id": task_id, "step_index": 9}, status="FAILED")
+        before = _counts(db, task_id)
+        w.commit(conn, before_commit=lambda: calls.append(_counts(db, task_id)))
+    # PostgreSQL sends statement and commit together, so the hook runs before either; SQLite
+    # runs it between its statements and COMMIT, only when they all held.
+    assert calls in ([before], []) and _counts(db, task_id) == before
+    if db.dialect.name == "sqlite":
+        assert calls == []
+
+
+def test_claim_prepares_its_statements_again_after_they_were_deallocated(pg_url):
+    """psycopg deallocates every prepared statement of a connection when it sees a ROLLBACK or a
+    DEALLOCATE ALL; the claim then prepares its own again instead of failing."""
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+
+    db = make_engine(pg_url)
+    migrate.upgrade(db)
+    ids = [submit(db, {"cycles": 1}) for _ in range(3)]
+    with db.connect() as conn:
+        dbapi = conn.connection.driver_connection
+        first = claim_with_state(conn, "r1", 30)
+        dbapi.execute("DEALLOCATE ALL")  # what psycopg sends after a ROLLBACK
+        dbapi.commit()
+        second = claim_with_state(conn, "r1", 30)
+        with pytest.raises(RuntimeError), conn.begin():  # a transaction rolled back on this connection
+            conn.exec_driver_sql("SELECT 1")
+            raise RuntimeError
+        third = claim_with_state(conn, "r1", 30)
+        _assert_connection_reusable(conn)
+    assert first and second and third
+    assert sorted([first.task.id, second.task.id, third.task.id]) == sorted(ids)
+    db.dispose()
