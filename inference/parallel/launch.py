@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,14 @@ def build_parallel_engine(
     seed: int,
     mem_fraction: float = 0.8,
     fixed_blocks: bool = False,
+    rank_hook: Callable[[torch.nn.Module, int], None] | None = None,
 ) -> Engine:
     """Check the split, verify the checkpoint manifest once, start the ranks, wrap them in an Engine.
 
     Pools: each rank plans its own by the single-GPU rule (on CUDA, profiled and sized from
     `mem_fraction` unless `fixed_blocks`; on CPU the configured ones) and all allocate the
-    smallest of those KV pools, so the scheduler's one block count is valid on every rank."""
+    smallest of those KV pools, so the scheduler's one block count is valid on every rank.
+    `rank_hook(model, rank)` runs in each rank on its shard once built (see `WorkerArgs`)."""
     from inference.loader import verify_manifest
 
     parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size, expert_dispatch)
@@ -100,6 +103,7 @@ def build_parallel_engine(
         init_method="",
         collective_timeout_s=COLLECTIVE_TIMEOUT_S,
         threads=threads,
+        rank_hook=rank_hook,
     )
     runner = ParallelRunner(args)
     plan = runner.plan
