@@ -27,11 +27,12 @@ COLLECTIVE_TIMEOUT_S = 300.0  # a collective that long is a lost peer, not a slo
 
 
 def rank_memory_plan(
-    cache_spec: HybridCacheSpec, config: EngineConfig, parallel: ParallelConfig
+    cache_spec: HybridCacheSpec, config: EngineConfig, parallel: ParallelConfig, spec: ModelSpec
 ) -> MemoryPlan:
     """Every rank's pools (the same on each): the configured block and slot counts at the sharded
-    per-rank sizes (KDA state by head, MLA latent whole), the figures `dayzero analyze` reports."""
-    local = shard_cache_spec(cache_spec, parallel)
+    per-rank sizes (KDA/GDN state by head, MLA latent whole, GQA K|V by KV head), the figures
+    `dayzero analyze` reports."""
+    local = shard_cache_spec(cache_spec, parallel, spec)
     plan = MemoryPlan(
         config.cache.block_size,
         config.cache.num_blocks,
@@ -85,7 +86,7 @@ def build_parallel_engine(
     if model_dir is not None:
         verify_manifest(model_dir)  # once, here; the ranks read their slices unverified
     if device.type == "cpu" or fixed_blocks:  # the configured pools: refuse before starting
-        rank_memory_plan(cache_spec, config, parallel)
+        rank_memory_plan(cache_spec, config, parallel, spec)
     threads = int(os.environ.get("DAYZERO_RANK_THREADS", "1" if device.type == "cpu" else "4"))
     args = WorkerArgs(
         config=parallel,
@@ -95,7 +96,7 @@ def build_parallel_engine(
         dtype=dtype,
         device_type=device.type,
         seed=seed,
-        cache_spec=shard_cache_spec(cache_spec, parallel),
+        cache_spec=shard_cache_spec(cache_spec, parallel, spec),
         engine_config=config,
         mem_fraction=mem_fraction,
         fixed_blocks=fixed_blocks or device.type != "cuda",
