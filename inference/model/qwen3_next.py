@@ -72,12 +72,28 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(g.num_v_heads))
         self.norm = SiluGatedRMSNorm(g.v_head_dim, eps=spec.rms_norm_eps)
         self.out_proj = nn.Linear(g.value_dim, h, bias=False)
+        # a tensor-parallel rank's conv channels (`parallel/sharding.py`): `[start, stop)` row
+        # ranges of the replicated filter, one per q / k / v segment; None: all of them
+        self.conv_rows: tuple[tuple[int, int], ...] | None = None
+
+    def dummy_params(self, generator: torch.Generator) -> dict[str, Tensor]:
+        """As transformers initialises them: A in [0.01, 16], dt_bias ones (drawn at full size,
+        so a sharded rank slices the same values)."""
+        return {
+            "A_log": torch.empty(self.A_log.shape).uniform_(0.01, 16.0, generator=generator).log(),
+            "dt_bias": torch.ones(self.dt_bias.shape),
+        }
 
     @torch.no_grad()
     def init_dummy(self, generator: torch.Generator) -> None:
-        """As transformers initialises them: A in [0.01, 16], dt_bias ones."""
-        self.A_log.copy_(torch.empty(self.A_log.shape).uniform_(0.01, 16.0, generator=generator).log())
-        self.dt_bias.fill_(1.0)
+        for name, value in self.dummy_params(generator).items():
+            getattr(self, name).copy_(value)
+
+    def _conv_weight(self) -> Tensor:
+        w = self.conv1d.weight.view(self.conv1d.weight.shape[0], -1)
+        if self.conv_rows is None:
+            return w
+        return torch.cat([w[a:b] for a, b in self.conv_rows])
 
     def _split(self, x: Tensor) -> tuple[Tensor, ...]:
         """The published projection layout, grouped per key head: [q | k | v-group | z-group]."""
@@ -103,7 +119,7 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v], dim=-1)  # conv channels q | k | v
         conv_pool = cache.conv[self.layer_idx]
         mixed, window = causal_conv_varlen(
-            mixed, conv_pool.index_select(0, slots), self.conv1d.weight.view(g.conv_dim, -1),
+            mixed, conv_pool.index_select(0, slots), self._conv_weight(),
             meta.cu_seqlens, meta.query_lens_cpu,
         )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
@@ -175,6 +191,7 @@ class Qwen3NextSparseMoE(nn.Module):
 
     def __init__(self, hidden: int, spec: MoESpec) -> None:
         super().__init__()
+        self.spec = spec
         self.gate = SoftmaxRouter(hidden, spec)
         self.experts = nn.ModuleList(
             DeepseekExpert(hidden, spec.intermediate_size) for _ in range(spec.num_experts)

@@ -5,6 +5,6 @@
 shard), `worker` (a rank's process), `runner` (the driver's supervisor), `launch` (the engine).
 """
 
-from inference.parallel.config import ParallelConfig, ParallelConfigError, WorkerFailedError
+from inference.parallel.config import ParallelConfig, ParallelConfigError, StepFailedError, WorkerFailedError
 
-__all__ = ["ParallelConfig", "ParallelConfigError", "WorkerFailedError"]
+__all__ = ["ParallelConfig", "ParallelConfigError", "StepFailedError", "WorkerFailedError"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EXPERT_DISPATCH", "ParallelConfig", "ParallelConfigError", "WorkerFailedError"]
+__all__ = ["EXPERT_DISPATCH", "ParallelConfig", "ParallelConfigError", "StepFailedError", "WorkerFailedError"]
 
 
 class ParallelConfigError(ValueError):
@@ -25,6 +25,17 @@ class WorkerFailedError(RuntimeError):
     def __init__(self, rank: int, message: str) -> None:
         super().__init__(f"parallel worker rank {rank}: {message}; the engine has stopped, restart it")
         self.rank = rank
+
+
+class StepFailedError(RuntimeError):
+    """Every rank raised in the same step and the group is still whole and in step: the step's
+    effects were dropped on the ranks, the engine goes on (`Engine.recover_after_failed_step`
+    fails the request that broke it, as at world size 1)."""
+
+    def __init__(self, step: int, traceback: str) -> None:
+        super().__init__(f"step {step} raised on every parallel rank (rank 0's traceback):\n{traceback}")
+        self.step = step
+        self.traceback = traceback
 
 
 EXPERT_DISPATCH = ("local", "all_to_all")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,12 @@ COLLECTIVE_TIMEOUT_S = 300.0  # a collective that long is a lost peer, not a slo
 
 
 def rank_memory_plan(
-    cache_spec: HybridCacheSpec, config: EngineConfig, parallel: ParallelConfig
+    cache_spec: HybridCacheSpec, config: EngineConfig, parallel: ParallelConfig, spec: ModelSpec
 ) -> MemoryPlan:
     """Every rank's pools (the same on each): the configured block and slot counts at the sharded
-    per-rank sizes (KDA state by head, MLA latent whole), the figures `dayzero analyze` reports."""
-    local = shard_cache_spec(cache_spec, parallel)
+    per-rank sizes (KDA/GDN state by head, MLA latent whole, GQA K|V by KV head), the figures
+    `dayzero analyze` reports."""
+    local = shard_cache_spec(cache_spec, parallel, spec)
     plan = MemoryPlan(
         config.cache.block_size,
         config.cache.num_blocks,
@@ -56,12 +58,14 @@ def build_parallel_engine(
     seed: int,
     mem_fraction: float = 0.8,
     fixed_blocks: bool = False,
+    rank_hook: Callable[[torch.nn.Module, int], None] | None = None,
 ) -> Engine:
     """Check the split, verify the checkpoint manifest once, start the ranks, wrap them in an Engine.
 
     Pools: each rank plans its own by the single-GPU rule (on CUDA, profiled and sized from
     `mem_fraction` unless `fixed_blocks`; on CPU the configured ones) and all allocate the
-    smallest of those KV pools, so the scheduler's one block count is valid on every rank."""
+    smallest of those KV pools, so the scheduler's one block count is valid on every rank.
+    `rank_hook(model, rank)` runs in each rank on its shard once built (see `WorkerArgs`)."""
     from inference.loader import verify_manifest
 
     parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size, expert_dispatch)
@@ -82,7 +86,7 @@ def build_parallel_engine(
     if model_dir is not None:
         verify_manifest(model_dir)  # once, here; the ranks read their slices unverified
     if device.type == "cpu" or fixed_blocks:  # the configured pools: refuse before starting
-        rank_memory_plan(cache_spec, config, parallel)
+        rank_memory_plan(cache_spec, config, parallel, spec)
     threads = int(os.environ.get("DAYZERO_RANK_THREADS", "1" if device.type == "cpu" else "4"))
     args = WorkerArgs(
         config=parallel,
@@ -92,7 +96,7 @@ def build_parallel_engine(
         dtype=dtype,
         device_type=device.type,
         seed=seed,
-        cache_spec=shard_cache_spec(cache_spec, parallel),
+        cache_spec=shard_cache_spec(cache_spec, parallel, spec),
         engine_config=config,
         mem_fraction=mem_fraction,
         fixed_blocks=fixed_blocks or device.type != "cuda",
@@ -100,6 +104,7 @@ def build_parallel_engine(
         init_method="",
         collective_timeout_s=COLLECTIVE_TIMEOUT_S,
         threads=threads,
+        rank_hook=rank_hook,
     )
     runner = ParallelRunner(args)
     plan = runner.plan

@@ -31,9 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from inference.model.moe import DenseMLP, SparseMoE
+from inference.model.qwen3_next import Qwen3NextSparseMoE
 from inference.parallel.comm import MeshGroups
 
-__all__ = ["ParallelSparseMoE"]
+__all__ = ["ParallelQwen3NextMoE", "ParallelSparseMoE"]
 
 
 class ParallelSparseMoE(SparseMoE):
@@ -42,7 +43,7 @@ class ParallelSparseMoE(SparseMoE):
 
     def __init__(
         self,
-        moe: SparseMoE,
+        moe: SparseMoE | Qwen3NextSparseMoE,
         experts: dict[int, nn.Module],
         shared: DenseMLP | None,
         shared_active: bool,
@@ -73,9 +74,13 @@ class ParallelSparseMoE(SparseMoE):
             out = self._exchange(x, weights, ids)
         else:
             out = self._local(x, weights, ids)
-        if self.shared_experts is not None and self.shared_active:
-            out = out + self.shared_experts(x)
+        if self.shared_active:
+            out = self._shared(x, out)
         return self.mesh.world.all_reduce(out, "moe")
+
+    def _shared(self, x: Tensor, out: Tensor) -> Tensor:
+        """`out` plus this rank's slice of the shared expert."""
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
     def _run_pairs(self, rows: Tensor, local_ids: Tensor) -> Tensor:
         """Unweighted expert outputs of `rows` `[P, H]`, pair `p` through local expert `local_ids[p]`."""
@@ -119,3 +124,25 @@ class ParallelSparseMoE(SparseMoE):
         rid = flat[dest_all.reshape(-1) == ep.rank] - self.first_expert
         back = ep.all_to_all(self._run_pairs(rx, rid), recv, send, "moe.combine")
         return self._combine(x, tok, back, weights[lo:hi].reshape(-1)[order])
+
+
+class ParallelQwen3NextMoE(ParallelSparseMoE):
+    """Qwen3-Next's MoE over the mesh: softmax-routed experts placed and exchanged as above; its
+    one shared expert (`shared_expert`, sliced like `shared_experts`) scaled by the replicated
+    `sigmoid(shared_expert_gate(x))`, a per-token factor, so each rank scales its own partial sum
+    and the one all-reduce adds them."""
+
+    def __init__(
+        self,
+        moe: Qwen3NextSparseMoE,
+        experts: dict[int, nn.Module],
+        shared: DenseMLP,
+        shared_active: bool,
+        mesh: MeshGroups,
+    ) -> None:
+        super().__init__(moe, experts, None, shared_active, mesh)
+        self.shared_expert = shared  # the checkpoint's names: `mlp.shared_expert.*`
+        self.shared_expert_gate = moe.shared_expert_gate
+
+    def _shared(self, x: Tensor, out: Tensor) -> Tensor:
+        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -3,13 +3,25 @@ and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` 
 
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
 and lists) is pickled once and sent to every rank, with the sampling parameters of requests the
-workers have not seen and the ids they can forget. Rank 0 answers with the sampled tokens.
+workers have not seen and the ids they can forget. Every rank answers (its step number),
+rank 0 with the sampled tokens.
 
-Supervision: the driver never joins a collective, so it never blocks in one. It waits for rank
-0's answer with `multiprocessing.connection.wait` over every rank's pipe and process sentinel, so
-a rank that dies (or reports an exception) fails the step at once with `WorkerFailedError`; a
-monitor thread does the same between steps. Either way the other ranks (possibly stuck in a
-collective with the dead one) are killed, and every later call raises the same error.
+Supervision: the driver never joins a collective, so it never blocks in one. It waits for every
+rank's answer to a step with `multiprocessing.connection.wait` over every rank's pipe and process
+sentinel, so a rank that dies (or reports an exception outside a step) fails the step at once
+with `WorkerFailedError`; a monitor thread does the same between steps. Either way the other
+ranks (possibly stuck in a collective with the dead one) are killed, and every later call raises
+the same error.
+
+A step that raises (a request whose input breaks the forward or the sampler) is isolated as at
+world size 1 only when it raised the same way everywhere: every rank answers `step_failed` for
+the same step number, then every rank passes a check collective on each of its groups
+(`worker._check_in_step`); `execute` then raises `StepFailedError` and the ranks stay up for the
+engine's recovery. If only some ranks fail the step (the others answer `done`, or do not answer
+within `agree_timeout_s`: typically waiting in a collective the failed rank never joined), or the
+check does not pass in time, the engine fails with `WorkerFailedError`. A failure at the same
+point on every rank leaves no collective half-done; one at different points can (a rank blocked
+in an all-reduce its peers abandoned), which is why anything short of that agreement is fatal.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import torch
 
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.scheduler import SchedulerOutput
-from inference.parallel.config import WorkerFailedError
+from inference.parallel.config import StepFailedError, WorkerFailedError
 from inference.parallel.worker import WorkerArgs, worker_main
 
 __all__ = ["ParallelRunner"]
@@ -39,6 +51,10 @@ __all__ = ["ParallelRunner"]
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a waiting driver re-checks the ranks' liveness
+# once one rank failed a step, how long the others get to fail it too (and then to pass the
+# check): a deterministic failure reaches every rank within the same forward, so a rank still
+# silent after this is stuck in a collective, not slow
+AGREE_TIMEOUT_S = 30.0
 
 
 def _free_port() -> int:
@@ -69,14 +85,18 @@ class ParallelRunner:
     model = None  # the model lives in the workers (the image encoder needs world size 1)
     graphs = None  # CUDA graphs under TP/EP: per-rank capture is the design, not built
 
-    def __init__(self, args: WorkerArgs, *, start_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, args: WorkerArgs, *, start_timeout_s: float = 600.0, agree_timeout_s: float = AGREE_TIMEOUT_S
+    ) -> None:
         world = args.config.world_size
         self.device = torch.device(args.device_type)
         self.world_size = world
         self.forward_time = 0.0
-        # block tables live in the workers; a failed step is fatal here, so the engine's
-        # requeue-after-failure pop of this dict never has to reach them
+        # block tables live in the workers, which drop a failed step's themselves; the engine's
+        # requeue-after-failure pop of this dict has nothing to reach
         self.tables: dict[str, list[int]] = {}
+        self.agree_timeout_s = agree_timeout_s
+        self._step = 0  # steps sent: every rank must answer each one, with this number
         self.failure: WorkerFailedError | None = None
         self.unstarted: list[int] = []  # no offload tiers under TP/EP (refused at build)
         self._known: set[str] = set()  # requests whose sampling params the workers have
@@ -238,9 +258,54 @@ class ParallelRunner:
                 self._known.add(s.req_id)
         drops, self._drops = self._drops, []
         self._broadcast(("step", out, new, drops))
-        _, sampled, logprobs, seconds = self._wait(0, None, "running a step")
+        self._step += 1
+        step = self._step
+        answers = self._step_answers(step)
+        failed = {r: a for r, a in answers.items() if a[0] == "step_failed"}
+        if failed:
+            self._check_in_step(step, failed[min(failed)][2])
+            raise StepFailedError(step, failed[min(failed)][2])
+        sampled, logprobs, seconds = answers[0][2]
         self.forward_time += seconds
         return sampled, logprobs
+
+    def _step_answers(self, step: int) -> dict[int, tuple]:
+        """Every rank's answer to `step` (`done` or `step_failed`); fails the runner when ranks
+        disagree or one is out of step. No time limit until a rank reports a failure (steps may
+        be long), then `agree_timeout_s` for the rest."""
+        answers: dict[int, tuple] = {}
+        timeout: float | None = None
+        what = f"running step {step}"
+        while len(answers) < self.world_size:
+            rank, msg = self._next(set(range(self.world_size)) - set(answers), timeout, what)
+            if msg[0] not in ("done", "step_failed") or msg[1] != step:
+                raise self._fail(rank, f"answered {msg[0]!r} for step {msg[1]!r} while {what}")
+            answers[rank] = msg
+            if msg[0] == "step_failed" and timeout is None:
+                timeout = self.agree_timeout_s
+                last = msg[2].strip().splitlines()[-1]
+                what = (
+                    f"running step {step}, which rank {rank} failed ({last}); a rank that does not "
+                    "fail it too is out of step with it (waiting in a collective it left)"
+                )
+        kinds = {a[0] for a in answers.values()}
+        if len(kinds) > 1:
+            bad = sorted(r for r, a in answers.items() if a[0] == "step_failed")
+            good = sorted(r for r, a in answers.items() if a[0] == "done")
+            raise self._fail(
+                bad[0],
+                f"step {step} raised on ranks {bad} but not on {good}, so the ranks have diverged:\n"
+                f"{answers[bad[0]][2]}",
+            )
+        return answers
+
+    def _check_in_step(self, step: int, traceback: str) -> None:
+        """Every rank failed `step`: have them prove the group whole and in step, or fail."""
+        self._broadcast(("check_step", step))
+        what = f"checking the ranks are in step after step {step} failed on all of them:\n{traceback}"
+        for rank, got in enumerate(self._gather("in_step", self.agree_timeout_s, what)):
+            if got != step:
+                raise self._fail(rank, f"checked step {got}, not {step}")
 
     def profile(self, steps) -> list[dict[str, Any]]:
         """Run `steps()` (a callable driving the engine) under the torch profiler in every rank;

@@ -2,9 +2,16 @@
 steps the driver sends (the same scheduler output to every rank) until told to stop.
 
 Every rank runs the whole step (cache operations on its own pools, the forward with its
-collectives, the sampler on the all-gathered logits); only rank 0 answers with the sampled tokens.
-An exception is reported to the driver and ends the process: after a failed collective the group
-cannot be trusted, so the driver stops the engine (`WorkerFailedError`).
+collectives, the sampler on the all-gathered logits) and answers it: rank 0 with the sampled
+tokens, the others with their step number only, so the driver knows every rank's outcome.
+
+An exception raised inside a step (`ModelRunner.execute`) is answered as `step_failed` and the
+rank stays up: it forgets the block tables the step built (the engine's recovery recomputes those
+requests) and waits for the driver, which accepts it as a failed step only when every rank failed
+the same step, and then has each rank prove the group whole and in step (`_check_in_step`, a
+collective on each of the rank's groups). Anything else (an exception outside a step, a failed
+check) is reported as `error` and ends the process: the driver then stops the engine
+(`WorkerFailedError`).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import contextlib
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -24,7 +32,7 @@ from inference.config import ModelSpec
 from inference.engine.engine import EngineConfig
 from inference.engine.request import SamplingParams
 from inference.model.cache_tensors import HybridCacheSpec
-from inference.parallel.comm import NVLINK_MULTICAST_OFF
+from inference.parallel.comm import NVLINK_MULTICAST_OFF, MeshGroups
 from inference.parallel.config import ParallelConfig
 
 __all__ = ["WorkerArgs", "rank_memory", "worker_main"]
@@ -49,6 +57,9 @@ class WorkerArgs:
     init_method: str
     collective_timeout_s: float
     threads: int
+    # called as `rank_hook(model, rank)` once the rank's shard is built (instrumentation, and the
+    # tests' fault injection); must be picklable (a module-level function)
+    rank_hook: Callable[[torch.nn.Module, int], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +117,9 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
     os.environ.update(NVLINK_MULTICAST_OFF)
     torch.set_num_threads(args.threads)
     try:
-        model, device = _setup(rank, args)
+        model, device, mesh = _setup(rank, args)
+        if args.rank_hook is not None:
+            args.rank_hook(model, rank)
         conn.send(("plan", _plan(model, args, device)))
         kind, num_blocks = conn.recv()  # the driver's choice: the smallest pool any rank fits
         if kind != "pools":
@@ -124,10 +137,10 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
-    _loop(rank, runner, conn, args.device_type == "cuda")
+    _loop(rank, runner, conn, mesh, args.device_type == "cuda")
 
 
-def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device]:
+def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device, MeshGroups]:
     """Join the mesh and build this rank's shard."""
     from inference.parallel.comm import init_mesh
     from inference.parallel.weights import build_sharded_model
@@ -144,7 +157,7 @@ def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device]:
         args.spec, mesh, load_format=args.load_format, path=Path(args.path) if args.path else None,
         dtype=args.dtype, device=device, seed=args.seed,
     )  # fmt: skip
-    return model, device
+    return model, device, mesh
 
 
 def _plan(model: torch.nn.Module, args: WorkerArgs, device: torch.device) -> Any:
@@ -161,11 +174,28 @@ def _plan(model: torch.nn.Module, args: WorkerArgs, device: torch.device) -> Any
     return plan
 
 
-def _loop(rank: int, runner, conn: Connection, cuda: bool) -> None:
+def _check_in_step(mesh: MeshGroups, step: int, device: torch.device) -> None:
+    """After a step every rank failed: one all-reduce of `(step, 1)` on each of this rank's
+    groups. It returns only if every rank of every group joins it and all count the same steps;
+    a collective the failed step left half-done shows as a hang (the driver's timeout) or a wrong
+    sum here, never as a later step silently mixing data of two steps."""
+    comms = [mesh.world]
+    comms += [c for c in (mesh.tp, mesh.ep) if c.size > 1 and c.group is not None]  # None: the world
+    for comm in comms:
+        probe = torch.tensor([step, 1], dtype=torch.int64, device=device)
+        comm.all_reduce(probe, "step_check")
+        if probe.tolist() != [step * comm.size, comm.size]:
+            raise RuntimeError(
+                f"ranks out of step after failed step {step}: group of {comm.size} summed {probe.tolist()}"
+            )
+
+
+def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> None:
     import torch.distributed as dist
 
     requests: dict[str, _Req] = {}
     profile: _Profile | None = None
+    step = 0  # steps received: the driver checks every rank answers the same one
     try:
         while True:
             try:
@@ -174,6 +204,7 @@ def _loop(rank: int, runner, conn: Connection, cuda: bool) -> None:
                 break
             kind = msg[0]
             if kind == "step":
+                step += 1
                 _, out, new_sampling, drops = msg
                 for rid in drops:
                     runner.drop(rid)
@@ -181,9 +212,20 @@ def _loop(rank: int, runner, conn: Connection, cuda: bool) -> None:
                 for rid, sp in new_sampling.items():
                     requests[rid] = _Req(sp)
                 t0 = time.perf_counter()
-                sampled, logprobs = runner.execute(out, requests)
-                if rank == 0:
-                    conn.send(("done", sampled, logprobs, time.perf_counter() - t0))
+                try:
+                    sampled, logprobs = runner.execute(out, requests)
+                except Exception:
+                    # the engine recomputes the step's requests from their start (or fails the
+                    # one that ran alone): the tables this step extended must not outlive it
+                    for s in out.scheduled:
+                        runner.tables.pop(s.req_id, None)
+                    conn.send(("step_failed", step, traceback.format_exc()))
+                    continue
+                answer = (sampled, logprobs, time.perf_counter() - t0) if rank == 0 else None
+                conn.send(("done", step, answer))
+            elif kind == "check_step":
+                _check_in_step(mesh, msg[1], runner.device)
+                conn.send(("in_step", msg[1]))
             elif kind == "profile_start":
                 if cuda:
                     torch.cuda.synchronize()

@@ -3,9 +3,11 @@ with the prefix cache and chunked prefill on; a killed rank fails the engine qui
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,6 +57,12 @@ MODELS = {
     "dsa": lambda: "inference/configs/tiny_deepseek_v32.json",
     "narrow": _narrow_shared,
     "odd_vocab": lambda: small_model_config(vocab_size=321),  # the last rank's vocab rows padded
+    "qwen3_next": lambda: "inference/configs/tiny_qwen3_next.json",  # GDN + GQA + softmax MoE
+    # one KV head: at TP=2 each rank keeps a copy of it
+    "qwen3_next_kv1": lambda: {
+        **json.loads(Path("inference/configs/tiny_qwen3_next.json").read_text()),
+        "num_key_value_heads": 1,
+    },
 }
 
 
@@ -75,6 +83,9 @@ LAYOUTS = {
     "deepseek_v32-ep4-a2a": ("dsa", 1, 4, "all_to_all"),  # ranks owning no token in small steps
     "narrow-shared-tp2xep2": ("narrow", 2, 2, "local"),
     "odd-vocab-tp2": ("odd_vocab", 2, 1, "local"),
+    "qwen3_next-tp2": ("qwen3_next", 2, 1, "local"),
+    "qwen3_next-tp2xep2-a2a": ("qwen3_next", 2, 2, "all_to_all"),
+    "qwen3_next-kv-copies-tp2": ("qwen3_next_kv1", 2, 1, "local"),
 }
 
 
