@@ -122,8 +122,10 @@ class Engine:
             self.runner.attach_tiers(tiers.capacity, config.cache.tiers.disk_url)
         self._text: dict[str, TextStops] = {}
         self._ids = itertools.count()
-        self._in_step: list[str] = []  # the requests of the step being run
-        self._suspects: dict[str, None] = {}  # requests of a failed step, to be run alone once each
+        # the requests of the step being run -> the position their work in it reaches
+        self._in_step: dict[str, int] = {}
+        # requests of a failed step -> the position each must pass running alone (see recover)
+        self._suspects: dict[str, int] = {}
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
         self.num_steps = 0
@@ -177,14 +179,16 @@ class Engine:
 
         A step that ran one request alone fails that request. A batched step cannot tell which
         of its requests broke it, so all of them are recomputed from their start (their output
-        so far is kept, as after a preemption) and marked suspect: each then runs alone for one
-        step, where a failure is its own. Requests outside the failed step keep their blocks and
-        state. The prefix cache is dropped: the failed step may have left a reserved checkpoint
+        so far is kept, as after a preemption) and marked suspect: each then runs alone until it
+        has recomputed past where the failed step had it (so the chunk or token that failed is
+        re-run alone, also when it was not the request's first step), where a failure is its own.
+        Requests outside the failed step keep their blocks and state. The prefix cache is dropped: the failed step may have left a reserved checkpoint
         unwritten. A failure with no request in the step is the engine's own: all fail."""
         if (dead := getattr(self.runner, "failure", None)) is not None:
             raise dead  # a lost parallel worker: no request can run again (WorkerFailedError)
-        batch = [rid for rid in self._in_step if rid in self.scheduler.requests]
-        self._in_step = []
+        reached = {rid: end for rid, end in self._in_step.items() if rid in self.scheduler.requests}
+        batch = list(reached)
+        self._in_step = {}
         sched = self.scheduler
         if self.runner.unstarted:  # promotions the failed step never started: undo them
             sched.cache.abandon_transfers(self.runner.unstarted)
@@ -203,7 +207,7 @@ class Engine:
             if rid not in failed:
                 sched.requeue(rid)
                 self.runner.tables.pop(rid, None)  # rebuilt on readmission, as after a preemption
-                self._suspects[rid] = None
+                self._suspects[rid] = max(reached[rid], self._suspects.get(rid, 0))
         for rid in failed:
             self._suspects.pop(rid, None)
         sched.cache.reset_prefix_cache()
@@ -227,7 +231,7 @@ class Engine:
             self._next_solo()  # the suspect finished or was aborted meanwhile
         self.scheduler.transfers_done(self.runner.poll_transfers())
         sched_out = self.scheduler.schedule()
-        self._in_step = [s.req_id for s in sched_out.scheduled]
+        self._in_step = {s.req_id: s.start + len(s.token_ids) for s in sched_out.scheduled}
         solo = self.scheduler.solo
         if solo is not None and not self._in_step:
             # The suspect cannot be scheduled now (no free blocks while others hold theirs):
@@ -275,9 +279,11 @@ class Engine:
                 outputs[-1].timing = req.timing
                 self._cleanup(rid)
         if solo is not None and solo in self._in_step:  # it ran alone and did not fail
-            self._suspects.pop(solo, None)
-            self._next_solo()
-        self._in_step = []
+            req = self.scheduler.requests.get(solo)
+            if req is None or req.num_computed_tokens >= self._suspects.get(solo, 0):
+                self._suspects.pop(solo, None)  # past the failed step's work: cleared
+                self._next_solo()
+        self._in_step = {}
         return outputs
 
     def _output(

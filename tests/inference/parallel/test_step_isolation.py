@@ -116,10 +116,8 @@ def test_poisoned_request_fails_alone(reference, case: str) -> None:
     runner = engine.runner
     try:
         if how == "sampler":
-            # short, first in line: its first step samples (and fails), batched and then alone.
-            # (A request that fails only in a later chunk of its prompt passes its solo step
-            # and fails its batch again, forever: `Engine.recover_after_failed_step` does so at
-            # TP=1 too; not a parallel matter.)
+            # short, first in line: its first step samples (and fails), batched and then alone
+            # (a failure in a later chunk is isolated too: tests/inference/engine/test_failure_isolation.py)
             prompts = [ROUND1[2][:10], ROUND1[0], ROUND1[1], ROUND1[2]]
             params = [bad_params, GREEDY, GREEDY, GREEDY]
         else:
