@@ -69,9 +69,10 @@ def test_completions_logprobs_and_stream(server):
     assert r.status_code == 200, r.text
     c = r.json()["choices"][0]
     assert len(c["logprobs"]["token_logprobs"]) == r.json()["usage"]["completion_tokens"]
-    with client.stream(
-        "POST", "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 6, "stream": True}
-    ) as s:
+    # sampled (default temperature), so seeded and ignoring EOS: a sampled EOS would end it with
+    # "stop" by chance (it did once in CI, after new tests had moved the global RNG)
+    body = {"prompt": [1, 2, 3], "max_tokens": 6, "stream": True, "seed": 0, "ignore_eos": True}
+    with client.stream("POST", "/v1/completions", json=body) as s:
         lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
