@@ -267,7 +267,7 @@ class Runner:
                         time.sleep(wait)
                 tx = self.txn(task)
                 self._advance(tx, step)
-                self._commit(tx)
+                tx.commit(self.conn, wait_for_flush=not self._starts_model_attempt(tx, step))
 
     def _preprocess(self, task: TaskView) -> bool:
         return run_preprocess(self, task)
@@ -302,6 +302,23 @@ class Runner:
             )
             return tx
         return None
+
+    @staticmethod
+    def _starts_model_attempt(tx: StepTxn, step: StepView | None) -> bool:
+        """Whether `_advance` only started a model attempt (after the task's start, resume or a
+        retry wait). Such a transaction's commit need not wait for its WAL flush: a model call
+        acts on nothing outside the database, and the attempt's own commit, durable, flushes the
+        start with it; a server crash in between loses a start that nothing saw happen but
+        the events feed, and the task is claimed again from where it was. A tool attempt's
+        start must be on disk before the tool runs (its idempotency key, the in-doubt rule)."""
+        started = tx.task.open_step()
+        return (
+            tx.task.status == TaskStatus.RUNNING
+            and started is not None
+            and started.kind == "model"
+            and started.status == StepStatus.RUNNING
+            and (step is None or step is started)
+        )
 
     def _advance(self, tx: StepTxn, step: StepView | None) -> None:
         """Start the next attempt: of `step` if given (PENDING/RETRY_WAIT), else a new model turn."""

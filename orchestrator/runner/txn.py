@@ -258,8 +258,10 @@ class StepTxn:
         self.task.transcript.extend(messages)
 
     # -- commit ------------------------------------------------------------------------------
-    def commit(self, conn: Connection) -> None:
+    def commit(self, conn: Connection, *, wait_for_flush: bool = True) -> None:
         """Apply every write in one transaction on `conn` (which must not be in a transaction).
+        `wait_for_flush=False`: see `TaskWrite.commit` (the caller vouches that nothing outside
+        the database acts on this transaction before the task's next durable commit).
 
         Raises `LeaseLost` when another runner holds the task now, `StaleTransition` when a row
         was not in the state this runner expected; either way nothing was written."""
@@ -274,7 +276,9 @@ class StepTxn:
             **self._task_values,
         }
         self._w.task_values = task_values
-        outcome = self._w.commit(conn, before_commit=lambda: failpoint("before_commit"))
+        outcome = self._w.commit(
+            conn, before_commit=lambda: failpoint("before_commit"), wait_for_flush=wait_for_flush
+        )
         if outcome is None:
             raise LeaseLost(t.id)
         if not outcome.all_hit:

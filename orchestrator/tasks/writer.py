@@ -103,15 +103,24 @@ class TaskWrite:
         apply = _apply_postgres if conn.dialect.name == "postgresql" else _apply_sequential
         return apply(conn, self)
 
-    def commit(self, conn: Connection, before_commit: Callable[[], None] = lambda: None) -> Outcome | None:
+    def commit(
+        self,
+        conn: Connection,
+        before_commit: Callable[[], None] = lambda: None,
+        *,
+        wait_for_flush: bool = True,
+    ) -> Outcome | None:
         """Send the writes as a transaction of their own on `conn` (not in a transaction) and
         commit them; None when the fence did not hold, `all_hit` False when a keyed UPDATE
         missed its row: in both cases nothing was written. `before_commit` runs once the commit
         is the next thing to happen (a failpoint: dying there must lose the whole transaction).
-        PostgreSQL: one statement and one round trip. SQLite: `BEGIN IMMEDIATE`, the statements,
+        PostgreSQL: one statement and one round trip; with `wait_for_flush=False` the commit
+        returns before its WAL is on disk (`synchronous_commit = off` for this transaction only:
+        for a transaction that nothing outside the database acts on before the task's next
+        durable commit, which flushes it too). SQLite: `BEGIN IMMEDIATE`, the statements,
         COMMIT."""
         if conn.dialect.name == "postgresql":
-            return _commit_postgres(conn, self, before_commit)
+            return _commit_postgres(conn, self, before_commit, wait_for_flush)
         with conn.begin() as txn:
             outcome = _apply_sequential(conn, self)
             if outcome is None or not outcome.all_hit:
@@ -185,11 +194,13 @@ def _render_pg(
     shapes: tuple[tuple[str, tuple[str, ...], tuple[str, ...] | None], ...],
     n_events: int,
     checked: bool,
+    wait_for_flush: bool = True,
 ) -> str:
     """SQL text for one transaction shape (cached: a few dozen shapes cover every step).
 
     `checked`: the statement aborts itself (`dayzero_write_check`, migration 0006) when the fence
-    did not hold or a keyed UPDATE missed its row, so it may run as its own transaction."""
+    did not hold or a keyed UPDATE missed its row, so it may run as its own transaction.
+    `wait_for_flush=False` adds a transaction-local `synchronous_commit = off` (read at COMMIT)."""
     sets = ", ".join(f"{c} = {_placeholder(tasks_t, c, f't_{c}')}" for c in task_cols)
     ctes = [
         f"t AS (UPDATE tasks SET {sets}{', ' if sets else ''}event_seq = event_seq + %(t_n)s "
@@ -224,13 +235,14 @@ def _render_pg(
         if checked
         else "true"
     )
+    no_flush = "" if wait_for_flush else ", set_config('synchronous_commit', 'off', true)"
     return (
         "WITH " + ",\n".join(ctes) + "\nSELECT (SELECT event_seq FROM t), (SELECT cancel_requested FROM t), "
-        f"(SELECT traceparent FROM t), {hits}, {len(checks)}, {check}"
+        f"(SELECT traceparent FROM t), {hits}, {len(checks)}, {check}{no_flush}"
     )
 
 
-def _pg_statement(w: TaskWrite, *, checked: bool) -> tuple[str, dict[str, Any]]:
+def _pg_statement(w: TaskWrite, *, checked: bool, wait_for_flush: bool = True) -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {
         "t_n": len(w.events),
         "t_id": w.task_id,
@@ -255,7 +267,8 @@ def _pg_statement(w: TaskWrite, *, checked: bool) -> tuple[str, dict[str, Any]]:
         params[f"e{j}_off"] = j - n + 1
         params[f"e{j}_type"] = typ
         params[f"e{j}_payload"] = _dumps(payload)
-    return _render_pg(w.fence.column, tuple(w.task_values), tuple(shapes), n, checked), params
+    sql = _render_pg(w.fence.column, tuple(w.task_values), tuple(shapes), n, checked, wait_for_flush)
+    return sql, params
 
 
 def _apply_postgres(conn: Connection, w: TaskWrite) -> Outcome | None:
@@ -270,13 +283,15 @@ def _apply_postgres(conn: Connection, w: TaskWrite) -> Outcome | None:
 _FENCE_MISSED, _ROW_MISSED = "DZ001", "DZ002"
 
 
-def _commit_postgres(conn: Connection, w: TaskWrite, before_commit: Callable[[], None]) -> Outcome | None:
+def _commit_postgres(
+    conn: Connection, w: TaskWrite, before_commit: Callable[[], None], wait_for_flush: bool
+) -> Outcome | None:
     """The checked statement as a transaction of its own (autocommit), prepared: BEGIN, the
     statement and COMMIT cost one round trip (and the WAL flush). Sent on the driver connection:
     SQLAlchemy's per-statement machinery was ~17% of a step's client time under cProfile."""
     import psycopg
 
-    sql, params = _pg_statement(w, checked=True)
+    sql, params = _pg_statement(w, checked=True, wait_for_flush=wait_for_flush)
     before_commit()  # nothing is sent yet: dying here leaves the previous committed state
     try:
         with autocommit_driver(conn, sql, params) as dbapi:
@@ -289,7 +304,7 @@ def _commit_postgres(conn: Connection, w: TaskWrite, before_commit: Callable[[],
             return Outcome(0, False, False, None)
         raise
     assert row is not None
-    seq, cancel, traceparent, _, _, _ = row
+    seq, cancel, traceparent = row[:3]
     return Outcome(seq, bool(cancel), True, traceparent)
 
 

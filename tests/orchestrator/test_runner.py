@@ -59,6 +59,33 @@ def test_transient_failures_are_retried_with_growing_backoff(db, make_runner, st
     assert all(g >= r["delay_s"] - 0.01 for g, r in zip(gaps, retries, strict=True))
 
 
+def test_only_a_lone_model_start_skips_the_flush_wait(db, make_runner, monkeypatch):
+    """Every transaction waits for its WAL flush except one that only starts a model attempt
+    (here the task's start): results, and the start of a tool attempt (first or retried), are on
+    disk before anything acts on them."""
+    from orchestrator.runner.txn import StepTxn
+
+    commits: list[tuple[bool, str | None, str | None, int]] = []
+    commit = StepTxn.commit
+
+    def spy(self, conn, *, wait_for_flush=True):
+        commit(self, conn, wait_for_flush=wait_for_flush)
+        step = self.task.open_step()
+        commits.append((wait_for_flush, step and step.kind, step and step.status, len(self.task.transcript)))
+
+    monkeypatch.setattr(StepTxn, "commit", spy)
+    task_id = submit(db, {"cycles": 2, "tool": "flaky", "args": {"fail_times": 1}})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        assert get_task(conn, task_id).status == "SUCCEEDED"
+    no_flush = [c for c in commits if not c[0]]
+    assert no_flush == [(False, "model", "RUNNING", 1)]  # the start: only the goal in the transcript
+    assert commits[0] == no_flush[0]
+    # the retried tool attempt's start (after its RETRY_WAIT) waited for its flush
+    assert any(wait and kind == "tool" and status == "RUNNING" for wait, kind, status, _ in commits[1:])
+    assert len(commits) > 6
+
+
 def test_permanent_error_is_not_retried_and_the_model_sees_it(db, make_runner, state_dir):
     task_id = submit(db, {"cycles": 1, "tool": "broken"})
     make_runner().run_until_idle(timeout_s=30)

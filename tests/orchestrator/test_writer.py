@@ -132,3 +132,43 @@ def test_claim_prepares_its_statements_again_after_they_were_deallocated(pg_url)
     assert first and second and third
     assert sorted([first.task.id, second.task.id, third.task.id]) == sorted(ids)
     db.dispose()
+
+
+def _wal_syncs(dbapi) -> int:
+    """WAL fsyncs server-wide so far (this backend's pending counts flushed first: a backend
+    reports them when it goes idle, between transactions)."""
+    dbapi.execute("SELECT pg_stat_force_next_flush()")
+    dbapi.commit()
+    syncs = int(dbapi.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0])
+    dbapi.commit()
+    return syncs
+
+
+def test_commit_without_waiting_for_the_flush_skips_the_fsync(pg_url):
+    """`wait_for_flush=False` commits without an fsync of its own (the WAL writer flushes it
+    later); the default waits for one per commit. Counted by PostgreSQL's `pg_stat_wal`."""
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+
+    db = make_engine(pg_url)
+    migrate.upgrade(db)
+    task_id = submit(db, {"cycles": 1})
+    n = 40
+    with db.connect() as conn:
+        claim_with_state(conn, "r1", 30)
+        dbapi = conn.connection.driver_connection
+        dbapi.commit()
+        synced: dict[bool, int] = {}
+        for wait in (True, False):
+            before = _wal_syncs(dbapi)
+            for i in range(n):
+                w = TaskWrite(task_id, lease_fence("r1"))
+                w.event("step.note", {"i": i})
+                outcome = w.commit(conn, wait_for_flush=wait)
+                assert outcome is not None and outcome.all_hit
+            synced[wait] = _wal_syncs(dbapi) - before
+        _assert_connection_reusable(conn)
+    assert _counts(db, task_id)[2] == 2 + 2 * n  # every commit landed (task.created, task.ready)
+    assert synced[True] >= n
+    assert synced[False] <= n // 4  # the WAL writer's (and any other backend's) fsyncs only
+    db.dispose()
