@@ -140,6 +140,29 @@ def main() -> None:
     compile_one(
         "topk gather", topk._gather_kernel, sig, dict(BLOCK=topk._BLOCK, CH_PAD=16), {"s_ptr"}, num_warps=4
     )
+    import inference.kernels.moe_router.fast as router
+
+    # the benchmark config's router ([32, 2048], k 4) and Kimi-Linear-48B's ([256, 2304], k 8)
+    for e, h, k in ((32, 2048, 4), (256, 2304, 8)):
+        ep = 1 << (e - 1).bit_length()
+        block_h, _chunk, splits = router.split_plan(h, e)
+        sig = {"X": "*bf16", "WT": "*bf16", "P": "*fp32"} | dict.fromkeys(
+            ["stride_x", "stride_w", "H", "E", "CHUNK", "S"], "i32"
+        )
+        const = dict(EP=ep, BLOCK_H=block_h)
+        compile_one(f"router partial logits E={e} H={h}", router._partial_logits_kernel, sig, const,
+                    {"X", "WT", "P", "stride_x", "stride_w"}, num_warps=4)  # fmt: skip
+        sig = {
+            "P": "*fp32",
+            "B": "*fp32",
+            "OUT_W": "*fp32",
+            "OUT_I": "*i64",
+            "E": "i32",
+            "scale": "fp32",
+            "S": "i32",
+        }
+        const = dict(K=k, KP=1 << (k - 1).bit_length(), EP=ep, SP=1 << (splits - 1).bit_length(), RENORM=True)
+        compile_one(f"router select E={e} k={k}", router._select_kernel, sig, const, {"P"}, num_warps=4)
 
 
 if __name__ == "__main__":

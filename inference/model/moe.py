@@ -79,7 +79,7 @@ class TopKRouter(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x: `[T, hidden]` -> `(weights [T, k] fp32, expert ids [T, k] int64)`."""
         s = self.spec
-        if s.num_groups == 1:  # one kernel on CUDA (`inference/kernels/moe_router`)
+        if s.num_groups == 1:  # two Triton kernels on CUDA (`inference/kernels/moe_router`)
             return sigmoid_topk_route(
                 x, self.weight, self.e_score_correction_bias, s.top_k, s.renormalize, s.routed_scaling_factor
             )

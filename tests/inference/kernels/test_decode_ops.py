@@ -153,6 +153,25 @@ def test_router_matches_reference(renorm):
     assert_rel(w, w_ref, 1e-5, f"router renorm={renorm}")
 
 
+@pytest.mark.parametrize(("t", "h", "e", "k"), [(2, 2048, 32, 4), (3, 1000, 256, 8), (1, 40, 5, 2)])
+def test_router_splits_of_the_hidden_dim_match_reference(t, h, e, k):
+    """The logits split over H (`split_plan`: 16 one-tile splits at the benchmark's [32, 2048];
+    16 splits of four tiles, the last one partial, at [256, 1000]; one split when H is small)."""
+    from inference.kernels.moe_router.fast import split_plan
+
+    block_h, chunk, splits = split_plan(h, e)
+    assert chunk % block_h == 0 and (splits - 1) * chunk < h <= splits * chunk and splits <= 16
+    dev = _dev()
+    g = torch.Generator().manual_seed(h + e)
+    x = torch.randn(t, h, generator=g).to(dev, torch.bfloat16)
+    wt = (torch.randn(e, h, generator=g) / h**0.5).to(dev, torch.bfloat16)
+    b = (0.1 * torch.randn(e, generator=g)).to(dev)
+    w, ids = sigmoid_topk_route_fast(x, wt, b, k, True, 2.5)
+    w_ref, ids_ref = sigmoid_topk_route_reference(x, wt, b, k, True, 2.5)
+    assert torch.equal(ids, ids_ref)
+    assert_rel(w, w_ref, 1e-5, f"router split {t}x{h} E={e} k={k} ({splits} splits of {chunk})")
+
+
 @pytest.mark.parametrize(("t", "k", "e"), [(1, 4, 32), (37, 3, 8), (50, 4, 5)])
 def test_sort_pairs_matches_reference_exactly(t, k, e):
     ids = torch.randint(0, e, (t, k), generator=torch.Generator().manual_seed(t)).to(_dev())
