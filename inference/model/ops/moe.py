@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from inference.kernels.moe_dispatch import combine, silu_mul, sort_pairs
+from inference.kernels.moe_gemm import moe_down, moe_gemm_fast_applies, moe_up
 
 __all__ = ["grouped_mm_available", "moe_experts_grouped", "moe_experts_reference"]
 
@@ -72,11 +73,16 @@ def moe_experts_grouped(
 
     The bookkeeping around the two GEMMs (stable sort of the (token, slot) pairs by expert with
     device-side group ends, SwiGLU, the fixed-order weighted sum over the k slots: no atomics) is
-    `inference/kernels/moe_dispatch`: one Triton kernel each at decode sizes on CUDA.
+    `inference/kernels/moe_dispatch`: one Triton kernel each at decode sizes on CUDA. At decode
+    sizes the GEMMs are `inference/kernels/moe_gemm` too (the gather of the token rows and SwiGLU
+    fused in); above them (prefill) cutlass's `torch._grouped_mm`.
     """
     order, tok, place, offsets = sort_pairs(ids, w13.shape[0])
     del order  # the GEMMs need only each sorted pair's token row and the group ends
-    xs = x.index_select(0, tok)
-    h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets)  # [T*k, 2I]
-    y = torch._grouped_mm(silu_mul(h), w2.transpose(1, 2), offs=offsets)  # [T*k, H]
+    if moe_gemm_fast_applies(x, tok.shape[0]):
+        y = moe_down(moe_up(x, tok, w13, offsets), w2, offsets)
+    else:
+        xs = x.index_select(0, tok)
+        h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets)  # [T*k, 2I]
+        y = torch._grouped_mm(silu_mul(h), w2.transpose(1, 2), offs=offsets)  # [T*k, H]
     return combine(y, place, weights, shared)
