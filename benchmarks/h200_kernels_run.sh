@@ -10,6 +10,8 @@
 # (max abs / rel error of every kernel-vs-reference comparison), kernels_bench.json,
 # engine_bench.json (ENGINE=1), tc.tgz (the Triton cache, if under 16 MB: carry it to the next
 # call as ./tc.tgz, it is unpacked first).
+# decode_ops: the fused decode ops, the split router and the decode-size MoE GEMMs (session 6:
+# never run on the H200 before), and the bf16 graph-greedy check.
 # History: the fp32 end-to-end check used to be benchmarks/engine.py --sections exactness_fp32
 # (the 16-layer 2.77B model in fp32); it ran past 112-165 s three times and never finished.
 set -u
@@ -37,15 +39,28 @@ if [ -n "${KERNEL_SECTIONS-copy,decode,sweep,dsa}" ]; then
     2>&1 | cut -c1-400
   stamp "kernels done"
 fi
+engine_decode() {  # the tree to run in (its own benchmarks/engine.py and package)
+  nvidia-smi -q -d CLOCK | grep --line-buffered -A3 -E "^ +(Clocks|Applications Clocks)$"
+  (cd "$1" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${ENGINE_LIMIT:-150}" python3 benchmarks/engine.py \
+    --sections decode,decode_long --skip-hf 2>&1 | grep --line-buffered -v "^ " | cut -c1-1200)
+}
 if [ "${ENGINE:-0}" = 1 ]; then
-  timeout "${ENGINE_LIMIT:-150}" python3 benchmarks/engine.py --sections decode,decode_long --skip-hf 2>&1 |
-    grep -v "^ " | cut -c1-1200
+  # ENGINE_REF_DIR: another checkout (e.g. `git archive` of an older commit, carried), run first
+  # on the same machine, for before/after decode figures at the same clocks
+  if [ -n "${ENGINE_REF_DIR:-}" ]; then
+    stamp "engine decode: reference tree $ENGINE_REF_DIR"
+    engine_decode "$ENGINE_REF_DIR"
+  fi
+  stamp "engine decode: this tree"
+  engine_decode "$PWD"
   stamp "engine done"
 fi
 stamp "phase 2: tests"
 T=tests/inference/kernels
-for group in ${TEST_GROUPS:-decode_topk prefill dsa_layer e2e_fp32}; do
+for group in ${TEST_GROUPS:-decode_topk prefill dsa_layer e2e_fp32 decode_ops}; do
   case $group in
+  decode_ops) py_test decode_ops $T/test_decode_ops.py $T/test_moe_gemm.py \
+    tests/inference/engine/test_decode_fast_paths_gpu.py & ;;
   decode_topk) py_test decode_topk $T/test_mla_decode.py $T/test_topk.py & ;;
   topk) py_test topk $T/test_topk.py & ;;
   prefill) py_test prefill $T/test_mla_prefill.py & ;;
