@@ -2,20 +2,28 @@
 moves its own shard. With GPU pools too small for the conversations, greedy fp32 outputs are
 TP=1's without offload, every returning conversation resumes from its end-of-generation
 checkpoint (its transcript reported as cached tokens), and a killed rank still fails the engine
-quickly, its disk folder removed."""
+quickly, its disk folder removed. A promotion that fails on every rank before it starts is undone
+as at TP=1; one failing on one rank only fails the engine (the ranks' tiers have diverged)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from inference.cache.tiers import TierConfig
-from inference.engine.factory import build_engine
-from inference.parallel import WorkerFailedError
+from inference.config import parse_config
+from inference.engine.factory import build_engine, small_model_config
+from inference.model.cache_tensors import HybridCacheSpec
+from inference.parallel import StepFailedError, WorkerFailedError
+from inference.parallel.launch import build_parallel_engine
+from inference.tokenizer import ByteTokenizer
 from tests.inference.cache.test_tier_engine import BASE, GREEDY, MiB, conversations
 
 # host and disk sizes are the host's, split over the ranks (`launch.rank_tiers`)
@@ -97,3 +105,70 @@ def test_killed_worker_with_tiers_fails_the_engine_fast() -> None:
     finally:
         runner.close()
     assert not folder.exists()  # removed by the driver although a rank was killed
+
+
+def _fail_first_promotion(model: nn.Module, rank: int, *, ranks: tuple[int, ...]) -> None:
+    """A rank hook (picklable through `functools.partial`): on `ranks`, the first step that would
+    start a promotion raises in the tier copies, before starting it."""
+    if rank not in ranks:
+        return
+    from inference.engine.tier_store import TierStore
+
+    real, failed = TierStore.start, []
+
+    def start(self: TierStore, transfers: list) -> None:
+        if transfers and not failed:
+            failed.append(True)
+            raise RuntimeError(f"tier copy failed on rank {rank}")
+        real(self, transfers)
+
+    TierStore.start = start
+
+
+def _evicted_engine(ranks: tuple[int, ...]):
+    """TP=2 with a host tier, one conversation evicted to it; the conversation's return next."""
+    spec = parse_config(small_model_config())
+    engine = build_parallel_engine(
+        spec, ByteTokenizer(), HybridCacheSpec.from_model_spec(spec, torch.float32),
+        BASE.evolve(tiers=TIERS["host"](None)), tensor_parallel_size=2, expert_parallel_size=1,
+        model_dir=None, device=torch.device("cpu"), dtype=torch.float32, seed=0,
+        rank_hook=functools.partial(_fail_first_promotion, ranks=ranks),
+    )  # fmt: skip
+    first = conversations(1, seed=5)[0]
+    (a,) = engine.generate([first], GREEDY)
+    engine.generate(conversations(5, seed=6), GREEDY)
+    return engine, first + a.output_token_ids + [1, 2, 3]
+
+
+def test_a_step_failing_on_every_rank_before_its_promotion_undoes_it() -> None:
+    """Every rank fails the step that starts the promotion (before starting it): the engine
+    undoes the promotion, fails the request (the step ran no other), and the ranks stay up: sent
+    again, the request gives the TP=1 tokens."""
+    engine, back = _evicted_engine(ranks=(0, 1))
+    try:
+        rid = engine.add_request(back, GREEDY)
+        with pytest.raises(StepFailedError, match="tier copy failed"):
+            while engine.has_unfinished:
+                engine.step()
+        assert engine.runner.unstarted  # the ranks agreed on the promotion they never started
+        assert engine.recover_after_failed_step() == [rid]
+        assert engine.scheduler.num_transfers_in_flight == 0 and not engine.has_unfinished
+        engine.scheduler.cache.check_invariants()
+        (again,) = engine.generate([back], GREEDY)
+    finally:
+        engine.runner.close()
+    (ref,) = build_engine(engine_config=BASE).generate([back], GREEDY)
+    assert again.output_token_ids == ref.output_token_ids
+
+
+def test_a_promotion_failing_on_one_rank_only_fails_the_engine() -> None:
+    engine, back = _evicted_engine(ranks=(1,))
+    try:
+        engine.add_request(back, GREEDY)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailedError, match="diverged"):
+            while engine.has_unfinished:
+                engine.step()
+        assert time.monotonic() - t0 < 10
+    finally:
+        engine.runner.close()
