@@ -19,6 +19,7 @@ from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.config import ParallelConfig, ParallelConfigError
 from inference.parallel.runner import ParallelRunner
 from inference.parallel.sharding import check_shardable, shard_cache_spec
+from inference.parallel.weights import build_vision_encoder
 from inference.parallel.worker import WorkerArgs
 
 __all__ = ["build_parallel_engine", "rank_memory_plan", "rank_tiers"]
@@ -113,7 +114,14 @@ def build_parallel_engine(
         threads=threads,
         rank_hook=rank_hook,
     )
-    runner = ParallelRunner(args)
+    # a vision-language model's image side stays in the driver, built before the ranks start (on
+    # CUDA, rank 0's memory plan then sees its weights): the ranks get its embeddings per request
+    encoder = None
+    if spec.vision is not None:
+        encoder = build_vision_encoder(
+            spec, load_format=args.load_format, path=args.path, dtype=dtype, device=device, seed=seed
+        )
+    runner = ParallelRunner(args, model=encoder)
     plan = runner.plan
     config = config.evolve(num_blocks=plan.num_blocks)
     log.info(

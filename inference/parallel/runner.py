@@ -2,7 +2,7 @@
 and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` / `graphs`).
 
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
-and lists) is pickled once and sent to every rank, with the sampling parameters of requests the
+and lists) is pickled once and sent to every rank, with the sampling parameters (and image embeddings) of requests the
 workers have not seen and the ids they can forget. Every rank answers (its step number),
 rank 0 with the sampled tokens.
 
@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from inference.cache.tiers import TierCapacity
+from inference.engine.model_runner import MMInputs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.scheduler import SchedulerOutput
 from inference.parallel.config import StepFailedError, WorkerFailedError
@@ -93,13 +94,20 @@ def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -
 class ParallelRunner:
     """`ModelRunner`'s interface over `world_size` worker processes (see module docstring)."""
 
-    model = None  # the model lives in the workers (the image encoder needs world size 1)
+    # the language model lives in the ranks; `model` is the driver's image side of a
+    # vision-language model (`VisionEncoder`, read by `server.images`), else None
     graphs = None  # CUDA graphs under TP/EP: per-rank capture is the design, not built
 
     def __init__(
-        self, args: WorkerArgs, *, start_timeout_s: float = 600.0, agree_timeout_s: float = AGREE_TIMEOUT_S
+        self,
+        args: WorkerArgs,
+        *,
+        start_timeout_s: float = 600.0,
+        agree_timeout_s: float = AGREE_TIMEOUT_S,
+        model: torch.nn.Module | None = None,
     ) -> None:
         world = args.config.world_size
+        self.model = model
         self.device = torch.device(args.device_type)
         self.world_size = world
         self.forward_time = 0.0
@@ -295,7 +303,12 @@ class ParallelRunner:
         new = {}
         for s in out.scheduled:
             if s.req_id not in self._known:
-                new[s.req_id] = requests[s.req_id].sampling
+                req = requests[s.req_id]
+                mm = req.mm_inputs  # image embeddings (the driver's tower): sent once, from host memory
+                new[s.req_id] = (
+                    req.sampling,
+                    None if mm is None else MMInputs(mm.embeds.cpu(), mm.positions.cpu()),
+                )
                 self._known.add(s.req_id)
         drops, self._drops = self._drops, []
         self._broadcast(("step", out, new, drops))

@@ -242,12 +242,12 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
             kind = msg[0]
             if kind == "step":
                 step += 1
-                _, out, new_sampling, drops = msg
+                _, out, new_requests, drops = msg
                 for rid in drops:
                     runner.drop(rid)
                     requests.pop(rid, None)
-                for rid, sp in new_sampling.items():
-                    requests[rid] = _Req(sp)
+                for rid, (sp, mm) in new_requests.items():
+                    requests[rid] = _Req(sp, mm)
                 t0 = time.perf_counter()
                 try:
                     sampled, logprobs = runner.execute(out, requests)
