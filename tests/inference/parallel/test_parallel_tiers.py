@@ -172,3 +172,22 @@ def test_a_promotion_failing_on_one_rank_only_fails_the_engine() -> None:
         assert time.monotonic() - t0 < 10
     finally:
         engine.runner.close()
+
+
+@pytest.mark.gpu
+def test_nccl_offload_matches_tp1_on_gpus(tmp_path: Path) -> None:
+    """The same check on 2 GPUs (NCCL, side-stream promotions), fp32, against TP=1 on a GPU; the
+    multi-GPU issues run it."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    reference = run(build_engine(engine_config=BASE, device="cuda", fixed_blocks=True))
+    engine = build_engine(
+        engine_config=BASE.evolve(tiers=TIERS["host+disk"](tmp_path)), device="cuda", fixed_blocks=True,
+        tensor_parallel_size=2,
+    )  # fmt: skip
+    try:
+        outs1, outs2, cached, stats, ends = run(engine)
+    finally:
+        engine.runner.close()
+    assert outs1 == reference[0] and outs2 == reference[1] and cached == ends
+    assert stats["promoted_blocks_host"] > 0 and stats["promoted_blocks_disk"] > 0
