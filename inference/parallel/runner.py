@@ -2,9 +2,9 @@
 and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` / `graphs`).
 
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
-and lists) is pickled once and sent to every rank, with the sampling parameters (and image embeddings) of requests the
-workers have not seen and the ids they can forget. Every rank answers (its step number),
-rank 0 with the sampled tokens.
+and lists) is pickled once and sent to every rank, with the sampling parameters (and image
+embeddings, from the driver's vision tower) of requests the workers have not seen and the ids
+they can forget. Every rank answers (its step number), rank 0 with the sampled tokens.
 
 Supervision: the driver never joins a collective, so it never blocks in one. It waits for every
 rank's answer to a step with `multiprocessing.connection.wait` over every rank's pipe and process

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,10 @@ from inference.engine.request import SamplingParams
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.comm import NVLINK_MULTICAST_OFF, MeshGroups
 from inference.parallel.config import ParallelConfig
+
+if TYPE_CHECKING:
+    from inference.engine.model_runner import ModelRunner
+    from inference.engine.scheduler import SchedulerOutput
 
 __all__ = ["WorkerArgs", "rank_disk_url", "rank_memory", "worker_main"]
 
@@ -127,11 +131,11 @@ def rank_disk_url(disk_url: str, rank: int) -> str:
 class _Promotions:
     """This rank's promotions started and not yet reported landed to the driver."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.pending: set[int] = set()
 
-    def started(self, out, unstarted: list[int]) -> None:
+    def started(self, out: SchedulerOutput, unstarted: list[int]) -> None:
         if out.tier_ops is not None:
             self.pending |= {t.id for t in out.tier_ops.transfers} - set(unstarted)
 
