@@ -112,3 +112,21 @@ def test_vision_checkpoint_loaded_by_driver_and_ranks_matches_tp1(tmp_path) -> N
         assert _run(engine) == want
     finally:
         engine.runner.close()
+
+
+@pytest.mark.gpu
+def test_nccl_vision_model_matches_tp1_on_gpus() -> None:
+    """The same check on 2 GPUs (NCCL; the tower on GPU 0 in the driver), fp32, against TP=1 on a
+    GPU; the multi-GPU issues run it."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    want = _run(build_engine(config=small_vl_model_config(), engine_config=CONFIG, device="cuda"))
+    engine = build_engine(
+        config=small_vl_model_config(), engine_config=CONFIG, device="cuda", tensor_parallel_size=2
+    )
+    try:
+        assert _run(engine) == want
+    finally:
+        engine.runner.close()
