@@ -242,12 +242,16 @@ def load_weights_sharded(
     progress: bool = False,
     ignore_unexpected: tuple[str, ...] = ("rotary_emb.inv_freq",),
     ignore_prefixes: tuple[str, ...] = (),
+    prefix: str = "",
 ) -> None:
     """Fill one rank's shard of a model (strict, as `load_weights`).
 
     `slices[name] = (dim, start, stop)`: the parameter holds that slice of the checkpoint tensor;
-    `elsewhere`: checkpoint names another rank holds (skipped). The SHA-256 manifest is not read
-    here: the driver verifies it once before the ranks start (`verify_manifest`).
+    `elsewhere`: checkpoint names another rank holds (skipped). `prefix`: the model is the
+    checkpoint's submodule of that name (`language_model.` of a vision-language checkpoint), so a
+    checkpoint name loses it first; the names `slices` and `elsewhere` use are the model's. The
+    SHA-256 manifest is not read here: the driver verifies it once before the ranks start
+    (`verify_manifest`).
     """
     root = Path(folder)
     targets = dict(model.named_parameters())
@@ -257,18 +261,23 @@ def load_weights_sharded(
     shards = _shard_map(root)
     for fname, names in _progress(shards.items(), len(shards), progress):
         with safe_open(str(root / fname), framework="pt") as f:
-            for name in names:
+            for ckpt_name in names:
+                name = ckpt_name[len(prefix) :] if prefix and ckpt_name.startswith(prefix) else ckpt_name
                 if name in elsewhere:
                     continue
                 if name not in targets:
-                    if name in tied or name.endswith(ignore_unexpected) or name.startswith(ignore_prefixes):
+                    if (
+                        name in tied
+                        or name.endswith(ignore_unexpected)
+                        or ckpt_name.startswith(ignore_prefixes)
+                    ):
                         continue
-                    raise WeightLoadError(f"unexpected tensor '{name}' in {fname}")
+                    raise WeightLoadError(f"unexpected tensor '{ckpt_name}' in {fname}")
                 dst = targets[name]
-                what = f"tensor '{name}' in {fname}"
+                what = f"tensor '{ckpt_name}' in {fname}"
                 if name in slices:
                     dim, start, stop = slices[name]
-                    piece = f.get_slice(name)
+                    piece = f.get_slice(ckpt_name)
                     shape = piece.get_shape()
                     if len(shape) == dst.dim():
                         index = tuple(
@@ -276,14 +285,14 @@ def load_weights_sharded(
                         )
                         copy_shard(dst, piece[index], dim, what)
                     elif name.endswith(_RESHAPE_OK):  # [H] stored for [1, 1, H, 1]: tiny, read whole
-                        full = f.get_tensor(name).reshape(-1)
+                        full = f.get_tensor(ckpt_name).reshape(-1)
                         view = [1] * dst.dim()
                         view[dim] = full.numel()
                         copy_shard(dst, full.view(view).narrow(dim, start, stop - start), dim, what)
                     else:
                         raise WeightLoadError(f"{what}: shape {tuple(shape)} cannot be split along dim {dim}")
                 else:
-                    src = f.get_tensor(name)
+                    src = f.get_tensor(ckpt_name)
                     if src.shape != dst.shape:
                         if name.endswith(_RESHAPE_OK) and src.numel() == dst.numel():
                             src = src.reshape(dst.shape)

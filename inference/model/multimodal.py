@@ -22,7 +22,7 @@ from inference.model.forward_meta import ForwardMeta
 from inference.model.text_models import text_model_class
 from inference.model.vision import MoonViT, MultimodalProjector, tokens_per_image
 
-__all__ = ["ImageInput", "KimiVLForConditionalGeneration", "VisionEncoderCache"]
+__all__ = ["ImageInput", "KimiVLForConditionalGeneration", "VisionEncoder", "VisionEncoderCache"]
 
 DEFAULT_ENCODER_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -95,15 +95,17 @@ class VisionEncoderCache:
             }
 
 
-class KimiVLForConditionalGeneration(nn.Module):
-    """Same `forward` contract as the text model; images enter as `image_embeds`."""
+class VisionEncoder(nn.Module):
+    """The tower, projector and encoder cache: images to text-space embeddings. Alone, it is the
+    image side of a parallel engine (held by the driver; the ranks hold the language model)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, *, language_model: nn.Module | None = None) -> None:
         super().__init__()
         if spec.vision is None:
             raise ValueError("a multimodal model needs a vision_config")
         self.spec = spec
-        self.language_model = text_model_class(spec)(spec)
+        if language_model is not None:  # first: the order dummy weights are drawn in
+            self.language_model = language_model
         self.vision_tower = MoonViT(spec.vision)
         self.mm_projector = MultimodalProjector(spec.vision, spec.hidden_size)
         self.encoder_cache = VisionEncoderCache()
@@ -142,6 +144,13 @@ class KimiVLForConditionalGeneration(nn.Module):
                 cache.put(img.content_hash, emb)
                 found[img.content_hash] = emb
         return [found[i.content_hash] for i in images]
+
+
+class KimiVLForConditionalGeneration(VisionEncoder):
+    """Same `forward` contract as the text model; images enter as `image_embeds`."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec, language_model=text_model_class(spec)(spec))
 
     def supports_decode_graphs(self, dtype: torch.dtype) -> bool:
         """See `KimiLinearForCausalLM.supports_decode_graphs` (decode steps carry no images)."""

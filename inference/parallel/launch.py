@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from inference.cache.tiers import TierConfig
 from inference.config import ModelSpec
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.memory_plan import MemoryPlan, check_pools
@@ -17,9 +19,10 @@ from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.config import ParallelConfig, ParallelConfigError
 from inference.parallel.runner import ParallelRunner
 from inference.parallel.sharding import check_shardable, shard_cache_spec
+from inference.parallel.weights import build_vision_encoder
 from inference.parallel.worker import WorkerArgs
 
-__all__ = ["build_parallel_engine", "rank_memory_plan"]
+__all__ = ["build_parallel_engine", "rank_memory_plan", "rank_tiers"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,16 @@ def rank_memory_plan(
         local.state_bytes_per_slot,
     )
     return check_pools(plan, config.scheduler.max_model_len)
+
+
+def rank_tiers(tiers: TierConfig, world_size: int) -> TierConfig:
+    """One rank's share of the offload tiers: `--kv-offload-host-gb` / `--kv-offload-disk-gb` are
+    the host's (its pinned memory and disk are shared by all its ranks), split evenly. Every rank
+    then has the same location counts, which the driver's one `TierIndex` hands out: each rank
+    stores its own shard of a block or slot at the same location (`worker.rank_disk_url`)."""
+    return replace(
+        tiers, host_bytes=tiers.host_bytes // world_size, disk_bytes=tiers.disk_bytes // world_size
+    )
 
 
 def build_parallel_engine(
@@ -70,13 +83,8 @@ def build_parallel_engine(
 
     parallel = ParallelConfig(tensor_parallel_size, expert_parallel_size, expert_dispatch)
     check_shardable(spec, parallel)
-    if config.cache.tiers.enabled:
-        # the ranks' pools would each need their own host/disk tier store, moved in step
-        raise ParallelConfigError(
-            "KV offload tiers (--kv-offload-*) are not built for tensor/expert parallelism yet: "
-            "drop the offload flags or use --tensor-parallel-size 1 --expert-parallel-size 1"
-        )
     world = parallel.world_size
+    config = config.evolve(tiers=rank_tiers(config.cache.tiers, world))
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise ParallelConfigError(
             f"world size {world} needs {world} GPUs, this host has {torch.cuda.device_count()}"
@@ -106,7 +114,14 @@ def build_parallel_engine(
         threads=threads,
         rank_hook=rank_hook,
     )
-    runner = ParallelRunner(args)
+    # a vision-language model's image side stays in the driver, built before the ranks start (on
+    # CUDA, rank 0's memory plan then sees its weights): the ranks get its embeddings per request
+    encoder = None
+    if spec.vision is not None:
+        encoder = build_vision_encoder(
+            spec, load_format=args.load_format, path=args.path, dtype=dtype, device=device, seed=seed
+        )
+    runner = ParallelRunner(args, model=encoder)
     plan = runner.plan
     config = config.evolve(num_blocks=plan.num_blocks)
     log.info(

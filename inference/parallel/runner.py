@@ -2,9 +2,9 @@
 and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` / `graphs`).
 
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
-and lists) is pickled once and sent to every rank, with the sampling parameters of requests the
-workers have not seen and the ids they can forget. Every rank answers (its step number),
-rank 0 with the sampled tokens.
+and lists) is pickled once and sent to every rank, with the sampling parameters (and image
+embeddings, from the driver's vision tower) of requests the workers have not seen and the ids
+they can forget. Every rank answers (its step number), rank 0 with the sampled tokens.
 
 Supervision: the driver never joins a collective, so it never blocks in one. It waits for every
 rank's answer to a step with `multiprocessing.connection.wait` over every rank's pipe and process
@@ -12,6 +12,14 @@ sentinel, so a rank that dies (or reports an exception outside a step) fails the
 with `WorkerFailedError`; a monitor thread does the same between steps. Either way the other
 ranks (possibly stuck in a collective with the dead one) are killed, and every later call raises
 the same error.
+
+Offload tiers (host and disk, `inference/cache/tiers.py`): the driver's one `TierIndex` decides
+every store, move, drop and promotion as ints and lists, sent in the step's `tier_ops`; each rank
+moves its own shard of those blocks and slots with its own `TierStore` (`worker.py`), the same
+locations on every rank, so KV and recurrent state move together on all of them. A promotion is
+done only once every rank has it on its device: the ranks report the ones that landed with each
+step's answer (or, when the engine has nothing else to run, on a `poll` that waits for the
+oldest), and `poll_transfers` returns those all ranks reported.
 
 A step that raises (a request whose input breaks the forward or the sampler) is isolated as at
 world size 1 only when it raised the same way everywhere: every rank answers `step_failed` for
@@ -30,9 +38,11 @@ import contextlib
 import logging
 import pickle
 import socket
+import tempfile
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from multiprocessing import get_context
@@ -41,6 +51,8 @@ from typing import Any
 
 import torch
 
+from inference.cache.tiers import TierCapacity
+from inference.engine.model_runner import MMInputs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.scheduler import SchedulerOutput
 from inference.parallel.config import StepFailedError, WorkerFailedError
@@ -82,13 +94,20 @@ def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -
 class ParallelRunner:
     """`ModelRunner`'s interface over `world_size` worker processes (see module docstring)."""
 
-    model = None  # the model lives in the workers (the image encoder needs world size 1)
+    # the language model lives in the ranks; `model` is the driver's image side of a
+    # vision-language model (`VisionEncoder`, read by `server.images`), else None
     graphs = None  # CUDA graphs under TP/EP: per-rank capture is the design, not built
 
     def __init__(
-        self, args: WorkerArgs, *, start_timeout_s: float = 600.0, agree_timeout_s: float = AGREE_TIMEOUT_S
+        self,
+        args: WorkerArgs,
+        *,
+        start_timeout_s: float = 600.0,
+        agree_timeout_s: float = AGREE_TIMEOUT_S,
+        model: torch.nn.Module | None = None,
     ) -> None:
         world = args.config.world_size
+        self.model = model
         self.device = torch.device(args.device_type)
         self.world_size = world
         self.forward_time = 0.0
@@ -98,7 +117,11 @@ class ParallelRunner:
         self.agree_timeout_s = agree_timeout_s
         self._step = 0  # steps sent: every rank must answer each one, with this number
         self.failure: WorkerFailedError | None = None
-        self.unstarted: list[int] = []  # no offload tiers under TP/EP (refused at build)
+        # promotions of a failed step that no rank started (the engine's recovery undoes them)
+        self.unstarted: list[int] = []
+        self._in_flight: list[int] = []  # promotions sent, in order, not yet on every rank
+        self._landed: Counter[int] = Counter()  # promotion -> ranks that reported it landed
+        self._tmp: tempfile.TemporaryDirectory | None = None  # the disk tier's default folder
         self._known: set[str] = set()  # requests whose sampling params the workers have
         self._drops: list[str] = []
         self._lock = threading.Lock()
@@ -237,8 +260,34 @@ class ParallelRunner:
                 raise self._death(r) from None
 
     # -- ModelRunner's interface -------------------------------------------------------------
+    def attach_tiers(self, capacity: TierCapacity, disk_url: str = "") -> None:
+        """Give every rank its host and disk tiers of `capacity` (one rank's share; each rank's
+        disk files under its own folder of `disk_url`, by default a temporary folder the driver
+        removes on `close`, also when a rank was killed)."""
+        if capacity.disk_bytes and not disk_url:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dayzero-kv-")
+            disk_url = self._tmp.name
+        self._broadcast(("tiers", capacity, disk_url))
+        self._gather("tiers_ready", 120.0, "allocating its offload tiers")
+
+    def _landed_everywhere(self) -> list[int]:
+        done = [t for t in self._in_flight if self._landed[t] == self.world_size]
+        for t in done:
+            del self._landed[t]
+        if done:
+            finished = set(done)
+            self._in_flight = [t for t in self._in_flight if t not in finished]
+        return done
+
     def poll_transfers(self, wait: bool = False) -> list[int]:
-        return []  # no tier promotions in flight: tiers are refused under TP/EP
+        """Promotions on every rank's device now; `wait`: block until at least the oldest one is."""
+        done = self._landed_everywhere()
+        if done or not wait or not self._in_flight:
+            return done
+        self._broadcast(("poll", self._in_flight[0]))
+        for ids in self._gather("polled", None, "waiting for a promotion from the offload tiers"):
+            self._landed.update(ids)
+        return self._landed_everywhere()
 
     def drop(self, req_id: str) -> None:
         self.tables.pop(req_id, None)
@@ -254,16 +303,26 @@ class ParallelRunner:
         new = {}
         for s in out.scheduled:
             if s.req_id not in self._known:
-                new[s.req_id] = requests[s.req_id].sampling
+                req = requests[s.req_id]
+                mm = req.mm_inputs  # image embeddings (the driver's tower): sent once, from host memory
+                new[s.req_id] = (
+                    req.sampling,
+                    None if mm is None else MMInputs(mm.embeds.cpu(), mm.positions.cpu()),
+                )
                 self._known.add(s.req_id)
         drops, self._drops = self._drops, []
         self._broadcast(("step", out, new, drops))
+        if out.tier_ops is not None:
+            self._in_flight += [t.id for t in out.tier_ops.transfers]
         self._step += 1
         step = self._step
         answers = self._step_answers(step)
+        for a in answers.values():
+            self._landed.update(a[-1])
         failed = {r: a for r, a in answers.items() if a[0] == "step_failed"}
         if failed:
             self._check_in_step(step, failed[min(failed)][2])
+            self._unstarted_after_failure(step, {r: a[3] for r, a in failed.items()})
             raise StepFailedError(step, failed[min(failed)][2])
         sampled, logprobs, seconds = answers[0][2]
         self.forward_time += seconds
@@ -299,6 +358,17 @@ class ParallelRunner:
             )
         return answers
 
+    def _unstarted_after_failure(self, step: int, unstarted: dict[int, list[int]]) -> None:
+        """The failed step's promotions no rank started (for the engine to undo). Ranks that
+        disagree hold different tier data from now on: that is a diverged group, not a failed step."""
+        if len({tuple(u) for u in unstarted.values()}) > 1:
+            raise self._fail(
+                min(unstarted), f"step {step} failed at different tier copies on the ranks: {unstarted}"
+            )
+        self.unstarted = list(unstarted[min(unstarted)])
+        gone = set(self.unstarted)
+        self._in_flight = [t for t in self._in_flight if t not in gone]
+
     def _check_in_step(self, step: int, traceback: str) -> None:
         """Every rank failed `step`: have them prove the group whole and in step, or fail."""
         self._broadcast(("check_step", step))
@@ -330,3 +400,6 @@ class ParallelRunner:
             for p in self.procs:
                 p.join(5.0)
         self._finalizer()
+        if self._tmp is not None:  # after the ranks stopped: none writes into it any more
+            self._tmp.cleanup()
+            self._tmp = None

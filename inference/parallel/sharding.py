@@ -72,10 +72,6 @@ def check_shardable(spec: ModelSpec, config: ParallelConfig) -> None:
     tp, ep = config.tensor_parallel_size, config.expert_parallel_size
     if config.world_size == 1:
         return
-    if spec.vision is not None:
-        raise ParallelConfigError(
-            "the vision tower is not sharded yet: serve vision models with world size 1"
-        )
     if spec.gdn is not None:
         split_range(spec.gdn.num_k_heads, tp, 0, "GDN key heads (linear_num_key_heads)")
     if spec.gqa is not None:

@@ -12,6 +12,12 @@ the same step, and then has each rank prove the group whole and in step (`_check
 collective on each of the rank's groups). Anything else (an exception outside a step, a failed
 check) is reported as `error` and ends the process: the driver then stops the engine
 (`WorkerFailedError`).
+
+Offload tiers: the rank's `ModelRunner` has its own `TierStore` (its shard of every block and
+slot, at the locations the driver's `TierIndex` chose) and runs the step's `tier_ops` as at world
+size 1. Each answer carries the promotions that landed on this rank since the last one; a failed
+step's answer also the promotions it never started. A tier I/O error surfaces outside the step
+(in the poll) and so ends the process: the ranks' tier data would differ from then on.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,7 +41,11 @@ from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.comm import NVLINK_MULTICAST_OFF, MeshGroups
 from inference.parallel.config import ParallelConfig
 
-__all__ = ["WorkerArgs", "rank_memory", "worker_main"]
+if TYPE_CHECKING:
+    from inference.engine.model_runner import ModelRunner
+    from inference.engine.scheduler import SchedulerOutput
+
+__all__ = ["WorkerArgs", "rank_disk_url", "rank_memory", "worker_main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +120,36 @@ def rank_memory(model: torch.nn.Module, cache: Any) -> dict[str, int]:
         "state_bytes_per_slot": cache.spec.state_bytes_per_slot,
         "cuda_allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0,
     }
+
+
+def rank_disk_url(disk_url: str, rank: int) -> str:
+    """Rank `rank`'s own folder of the disk tier (a local folder or any fsspec URL): the ranks
+    write the same locations, each its own shard."""
+    return f"{disk_url.rstrip('/')}/rank{rank}"
+
+
+class _Promotions:
+    """This rank's promotions started and not yet reported landed to the driver."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.pending: set[int] = set()
+
+    def started(self, out: SchedulerOutput, unstarted: list[int]) -> None:
+        if out.tier_ops is not None:
+            self.pending |= {t.id for t in out.tier_ops.transfers} - set(unstarted)
+
+    def landed(self, wait_for: int | None = None) -> list[int]:
+        """The ones on this device now (`wait_for`: block until that one is among them)."""
+        ids = self.runner.poll_transfers()
+        self.pending -= set(ids)
+        while wait_for in self.pending:
+            more = self.runner.poll_transfers(wait=True)
+            if not more and not self.runner.tier_store.num_pending:
+                raise RuntimeError(f"promotion {wait_for} was never started on this rank")
+            self.pending -= set(more)
+            ids += more
+        return ids
 
 
 def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
@@ -196,6 +236,7 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
     requests: dict[str, _Req] = {}
     profile: _Profile | None = None
     step = 0  # steps received: the driver checks every rank answers the same one
+    promotions = _Promotions(runner)
     try:
         while True:
             try:
@@ -205,12 +246,12 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
             kind = msg[0]
             if kind == "step":
                 step += 1
-                _, out, new_sampling, drops = msg
+                _, out, new_requests, drops = msg
                 for rid in drops:
                     runner.drop(rid)
                     requests.pop(rid, None)
-                for rid, sp in new_sampling.items():
-                    requests[rid] = _Req(sp)
+                for rid, (sp, mm) in new_requests.items():
+                    requests[rid] = _Req(sp, mm)
                 t0 = time.perf_counter()
                 try:
                     sampled, logprobs = runner.execute(out, requests)
@@ -219,10 +260,19 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     # one that ran alone): the tables this step extended must not outlive it
                     for s in out.scheduled:
                         runner.tables.pop(s.req_id, None)
-                    conn.send(("step_failed", step, traceback.format_exc()))
+                    unstarted, runner.unstarted = runner.unstarted, []
+                    promotions.started(out, unstarted)
+                    failure = traceback.format_exc()
+                    conn.send(("step_failed", step, failure, unstarted, promotions.landed()))
                     continue
+                promotions.started(out, [])
                 answer = (sampled, logprobs, time.perf_counter() - t0) if rank == 0 else None
-                conn.send(("done", step, answer))
+                conn.send(("done", step, answer, promotions.landed()))
+            elif kind == "tiers":
+                runner.attach_tiers(msg[1], rank_disk_url(msg[2], rank))
+                conn.send(("tiers_ready", rank))
+            elif kind == "poll":  # the engine waits for a promotion: block until it landed here
+                conn.send(("polled", promotions.landed(wait_for=msg[1])))
             elif kind == "check_step":
                 _check_in_step(mesh, msg[1], runner.device)
                 conn.send(("in_step", msg[1]))
@@ -246,6 +296,9 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
             conn.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
+        if runner.tier_store is not None:
+            with contextlib.suppress(Exception):  # finish queued disk writes (a graceful stop)
+                runner.tier_store.close()
         if dist.is_initialized():
             with contextlib.suppress(Exception):  # a peer already gone: nothing to tear down cleanly
                 dist.destroy_process_group()

@@ -49,7 +49,7 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         help="auto: the model dtype; fp8: MLA latents as float8_e4m3 with one scale per row",
     )  # fmt: skip
     s.add_argument("--kv-offload-host-gb", type=float, default=0.0,
-                   help="pinned host memory for KV blocks and state checkpoints evicted from the GPU")  # fmt: skip
+                   help="pinned host memory for KV blocks and state checkpoints evicted from the GPU (the host's, split over the ranks)")  # fmt: skip
     s.add_argument("--kv-offload-disk-gb", type=float, default=0.0, help="disk tier below the host tier")
     s.add_argument("--kv-offload-disk-url", default="",
                    help="folder or fsspec URL of the disk tier (default: a temporary folder)")  # fmt: skip

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.cache.tiers import TierConfig
 from inference.config import parse_config
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine, small_model_config
@@ -162,10 +161,6 @@ def test_unsplittable_layout_is_refused_before_any_process_starts() -> None:
         build_engine(engine_config=CONFIG, tensor_parallel_size=4)  # 2 KDA heads
     with pytest.raises(ParallelConfigError, match="routed experts"):
         build_engine(engine_config=CONFIG, expert_parallel_size=3)
-    with pytest.raises(ParallelConfigError, match="offload tiers"):
-        build_engine(
-            engine_config=CONFIG.evolve(tiers=TierConfig(host_bytes=1 << 20)), tensor_parallel_size=2
-        )
 
 
 def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
