@@ -28,6 +28,12 @@ DOWN_TILE = (64, 128, 4, 3)
 
 
 @triton.jit
+def _group_rows(ENDS, e):
+    """Expert `e`'s rows of the sorted pairs: `[ends[e-1], ends[e])`."""
+    return tl.load(ENDS + e - 1, mask=e > 0, other=0), tl.load(ENDS + e)
+
+
+@triton.jit
 def _moe_up_kernel(
     X, TOK, W, ENDS, OUT, stride_x, stride_we, stride_wn, stride_o, H, INTER,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr,
@@ -36,8 +42,7 @@ def _moe_up_kernel(
     e = tl.program_id(0)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = ns < INTER
-    start = tl.load(ENDS + e - 1, mask=e > 0, other=0)
-    end = tl.load(ENDS + e)
+    start, end = _group_rows(ENDS, e)
     for m0 in range(start, end, BLOCK_M):
         ms = m0 + tl.arange(0, BLOCK_M)
         mmask = ms < end
@@ -74,8 +79,7 @@ def _moe_down_kernel(
     e = tl.program_id(0)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = ns < N
-    start = tl.load(ENDS + e - 1, mask=e > 0, other=0)
-    end = tl.load(ENDS + e)
+    start, end = _group_rows(ENDS, e)
     for m0 in range(start, end, BLOCK_M):
         ms = m0 + tl.arange(0, BLOCK_M)
         mmask = ms < end
