@@ -477,8 +477,7 @@ class HybridCacheCoordinator:
             self.tiers is not None
             and self._offloading
             and not self._no_store
-            and ck.ready
-            and ck.priority == HIGH  # resume points; interval snapshots are not worth a tier slot
+            and ck.ready  # resume points and interval snapshots alike (LOW: evicted first below)
             and (self._is_worth(ck.key, self._worth_ckpts) or self.tiers.ckpt(ck.key, ck.ident) is not None)
         ):
             self.tiers.store_ckpt(ck.key, ck.ident, ck.slot, block, ck.num_tokens, ck.priority)
