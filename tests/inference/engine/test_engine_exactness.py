@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from inference.chat import ChatTemplate
 from inference.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
@@ -123,9 +124,9 @@ def test_multi_turn_replay_8x10():
     assert all(plen - hit <= 16 for hit, plen in zip(hits[8:], plens[8:], strict=True))
 
 
-def steps_to_first_token(eng, prompt, sp):
+def steps_to_first_token(eng, prompt, sp, message_ends=()):
     """Engine steps from admission to the request's first token; runs it to the end."""
-    rid = eng.add_request(prompt, sp)
+    rid = eng.add_request(prompt, sp, message_ends=message_ends)
     steps, first, out, cached = 0, None, [], -1
     while eng.has_unfinished:
         steps += 1
@@ -157,6 +158,31 @@ def test_a_cached_turn_is_prefilled_in_one_step():
             assert cached == len(transcript) - 1 and steps == 1, (turn, cached, steps)
         transcript = prompt + reply
     eng.scheduler.cache.check_invariants()
+
+
+def test_a_cached_chat_turn_is_prefilled_in_one_step_despite_its_message_ends():
+    """Turns rendered by the chat template, as the server sends them: the message ends of the
+    reply and the user message a turn adds are checkpoint positions among its new tokens, yet the
+    turn is one step (it was five or six here); replies equal a cache-less engine's."""
+    cfg = BASE.evolve(enable_chunked_prefill=True, max_num_batched_tokens=256, enable_cuda_graphs=False)
+    eng = build_engine(engine_config=cfg.evolve(enable_prefix_caching=True))
+    plain = build_engine(engine_config=cfg)
+    template = ChatTemplate(eng.tokenizer)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    messages = [{"role": "system", "content": "You are terse. " * 10}, {"role": "user", "content": "first"}]
+    previous = 0  # the previous turn's prompt length
+    for turn in range(4):
+        r = template.render(messages, add_generation_prompt=True)
+        steps, reply, cached = steps_to_first_token(eng, r.token_ids, sp, r.message_ends)
+        assert reply == plain.generate([r.token_ids], sp)[0].output_token_ids
+        if turn:
+            assert sum(cached < p < len(r.token_ids) for p in r.message_ends) == 2
+            assert cached >= previous and steps == 1, (turn, cached, steps)
+        previous = len(r.token_ids)
+        messages += [
+            {"role": "assistant", "content": eng.tokenizer.decode(reply)},
+            {"role": "user", "content": f"question {turn}"},
+        ]
 
 
 def test_abort_frees_blocks_and_slot():
