@@ -148,11 +148,11 @@ def test_outputs_identical_with_offload_and_transcripts_come_back(tiers, delay):
     stats = sched.stats()
     if tiers == "none":
         return
+    promoted = sum(v for k, v in stats.items() if k.startswith("promoted_"))
+    assert promoted > 0
     if tiers == "host+disk-tiny":  # too small to keep a transcript: entries cascade host -> disk -> out
         assert stats["tier_stored_disk"] > 0 and stats["tier_dropped"] > 0
         return
-    promoted = sum(v for k, v in stats.items() if k.startswith("promoted_"))
-    assert promoted > 0
     assert cached > cached_without  # returning conversations hit below the GPU instead of recomputing
     if tiers == "disk":
         assert stats["promoted_blocks_disk"] > 0 and stats["promoted_blocks_host"] == 0
