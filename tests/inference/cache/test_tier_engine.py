@@ -77,11 +77,7 @@ def test_greedy_identical_with_offload(reference, kind, tmp_path):
     assert outs1 == reference[0] and outs2 == reference[1]
     assert sum(cached) > sum(reference[2])  # without tiers most transcripts were evicted
     tier = "host" if kind.startswith("host") else "disk"
-    # states come back too (with a 1/32 MiB host tier, host+disk keeps its state entries on disk)
-    assert (
-        stats[f"promoted_blocks_{tier}"] > 0
-        and stats["promoted_ckpts_host"] + stats["promoted_ckpts_disk"] > 0
-    )
+    assert stats[f"promoted_blocks_{tier}"] > 0 and stats[f"promoted_ckpts_{tier}"] > 0
     # every returning conversation resumed from its end-of-generation checkpoint
     assert cached == ends, (cached, ends)
     if kind == "host+disk":
