@@ -18,6 +18,10 @@ of B), a request leaves a checkpoint (a state snapshot) at these positions p, an
    its last block (the prompt-end checkpoint cannot serve it: a hit leaves >= 1 token to compute),
    and the end of every chat message (`message_ends`, from the rendered template), so a shared
    system prompt (or tool declaration) is reused whole whatever follows it.
+   Rules 1 and 4 do not cut a prompt resumed from a prefix hit when all of its rest fits in one
+   step (`max_num_batched_tokens`): a returning agent turn is prefilled in one step, not one per
+   position. The hit it resumed from sits just before those tokens, so a repeat or a branch of
+   the turn recomputes at most one step's worth, in one step, with or without them.
 A checkpoint at a block boundary is keyed by the chained hash of the full block ending there. One
 at p = jB + r (0 < r < B) is keyed by (hash of block j-1, tokens [jB, p), extra keys) and owns a
 private copy of the KV block holding [jB, p), since that block is not full and never shared.
@@ -297,12 +301,21 @@ class HybridCacheCoordinator:
         return sorted(marks)
 
     def next_prefill_cut(
-        self, num_computed: int, prompt_len: int, message_ends: Sequence[int] = ()
+        self,
+        num_computed: int,
+        prompt_len: int,
+        message_ends: Sequence[int] = (),
+        *,
+        resumed_within: int = 0,
     ) -> int | None:
-        """The first position after `num_computed` where a prefill chunk must end (rules 1 and 4)."""
+        """The first position after `num_computed` where a prefill chunk must end (rules 1 and 4).
+        `resumed_within`: the most tokens one step computes, when this step resumes the sequence
+        from a prefix hit at `num_computed` (0 otherwise): a prompt whose rest fits is not cut."""
         if not self.config.enable_prefix_caching:
             return None
         interval = self.config.checkpoint_interval
+        if 0 < num_computed < prompt_len and prompt_len - num_computed <= resumed_within:
+            return (((prompt_len - 1) // interval) + 1) * interval  # past the prompt: rule 1 as ever
         cut = (num_computed // interval + 1) * interval
         for p in self.prompt_marks(prompt_len, message_ends):
             if p > num_computed:
@@ -464,8 +477,7 @@ class HybridCacheCoordinator:
             self.tiers is not None
             and self._offloading
             and not self._no_store
-            and ck.ready
-            and ck.priority == HIGH  # resume points; interval snapshots are not worth a tier slot
+            and ck.ready  # resume points and interval snapshots alike (LOW: evicted first below)
             and (self._is_worth(ck.key, self._worth_ckpts) or self.tiers.ckpt(ck.key, ck.ident) is not None)
         ):
             self.tiers.store_ckpt(ck.key, ck.ident, ck.slot, block, ck.num_tokens, ck.priority)

@@ -16,8 +16,8 @@ together or not at all.
 
 Partial promotion: when the GPU pool cannot take the deepest plan back now (running requests
 hold it), the deepest plan that fits is promoted instead — every checkpoint position of the walk
-is a plan (a conversation leaves one at each prompt end, message end and generation end) — and
-the tokens after it are recomputed.
+is a plan (a conversation leaves one at each interval multiple, prompt end, message end and
+generation end, and all of them go down to the tiers) — and the tokens after it are recomputed.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ or not at all. An entry is dropped from the last tier when space runs out; a che
 blocks are gone is simply never matched (and is dropped with them).
 
 Eviction inside the tiers is LRU in two levels like the GPU pools (LOW before HIGH, where HIGH
-are the blocks of finished prompts and the resume-point checkpoints); an entry leaving the host
+are the blocks of finished prompts and the resume-point checkpoints, LOW the interval snapshots
+and the blocks of aborted requests); an entry leaving the host
 tier is moved to disk if the disk tier is configured and has room, else dropped. Entries being
 read by an in-flight promotion are pinned and never evicted.
 
@@ -63,7 +64,8 @@ class TierCapacity:
 
 def tier_capacity(cfg: TierConfig, block_bytes: int, state_bytes: int) -> TierCapacity:
     """Split the host bytes: state snapshots take at most a quarter (at least one when both fit),
-    KV blocks the rest (a long conversation is mostly KV; its few resume points are states)."""
+    KV blocks the rest (a long conversation is mostly KV; its resume points and interval
+    snapshots, one per `checkpoint_interval` tokens, are few states)."""
     states = 0
     if state_bytes and cfg.host_bytes >= state_bytes + block_bytes:
         states = max(1, cfg.host_bytes // 4 // state_bytes)

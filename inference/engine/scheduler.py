@@ -122,7 +122,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- one step --------------------------------------------------------------------------
-    def _num_new(self, req: Request, budget: int) -> int:
+    def _num_new(self, req: Request, budget: int, resumed: bool = False) -> int:
+        """Tokens to compute for `req` this step; `resumed`: it is being admitted at a prefix hit."""
         remaining = req.num_tokens - req.num_computed_tokens
         if remaining <= 0:
             return 0
@@ -130,7 +131,12 @@ class Scheduler:
             n = remaining  # chunking off: whole pieces only (between checkpoint cuts)
         else:
             n = min(remaining, budget)
-        cut = self.cache.next_prefill_cut(req.num_computed_tokens, req.num_prompt_tokens, req.message_ends)
+        cut = self.cache.next_prefill_cut(
+            req.num_computed_tokens,
+            req.num_prompt_tokens,
+            req.message_ends,
+            resumed_within=self.config.max_num_batched_tokens if resumed else 0,
+        )
         if cut is not None and req.num_computed_tokens + n > cut:
             n = cut - req.num_computed_tokens
         return n if n <= budget else 0
@@ -217,7 +223,7 @@ class Scheduler:
                 continue
             hit = self.cache.find_hit(req.request_id, req.token_ids, req.mm_spans)
             req.num_computed_tokens = hit.num_tokens
-            n = self._num_new(req, budget)
+            n = self._num_new(req, budget, resumed=hit.num_tokens > 0)
             alloc = self.cache.allocate(req.request_id, hit, hit.num_tokens, n) if n else None
             if alloc is None:
                 req.num_computed_tokens = 0

@@ -99,6 +99,41 @@ def test_conversation_evicted_to_disk_resumes_with_cached_tokens(tmp_path):
     assert b.output_token_ids == ref.output_token_ids
 
 
+def interval_branch(kind: str, tmp_path, device: str = "cpu") -> None:
+    """A request sharing a long prompt's start up to just past an interval multiple (128) resumes
+    from that interval checkpoint, brought back with its KV chain from the host or disk tier (the
+    prompt's resume points, at 144 and beyond, are too deep for it); fp32 greedy output equal to a
+    cache-less engine's."""
+    cfg = BASE.evolve(tiers=tiers(kind, tmp_path))
+    eng = build_engine(engine_config=cfg, device=device, fixed_blocks=True)
+    rng = random.Random(8)
+    long = [rng.randrange(256) for _ in range(150)]  # interval checkpoints 32..128, the last block's 144
+    eng.generate([long], GREEDY)
+    eng.generate(conversations(5, seed=6), GREEDY)  # pushes it off the GPU pools
+    branch = [*long[:140], 1, 2, 3, 4, 5]
+    assert eng.scheduler.cache.find_hit("probe", branch).num_tokens == 0, kind  # nothing left on the GPU
+    before = eng.stats()
+    (b,) = eng.generate([branch], GREEDY)
+    assert b.num_cached_tokens == 128, kind  # before interval checkpoints were offloaded: 0
+    # with a 1/32 MiB host tier (host+disk) the interval snapshot had moved on to disk
+    tier = "host" if kind == "host" else "disk"
+    assert eng.stats()[f"promoted_ckpts_{tier}"] == before[f"promoted_ckpts_{tier}"] + 1, kind
+    (ref,) = build_engine(engine_config=BASE, device=device, fixed_blocks=True).generate([branch], GREEDY)
+    assert b.output_token_ids == ref.output_token_ids, kind
+    eng.scheduler.cache.check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["host", "disk", "host+disk"])
+def test_an_interval_checkpoint_from_a_lower_tier_serves_a_branch(kind, tmp_path):
+    interval_branch(kind, tmp_path)
+
+
+@pytest.mark.gpu
+def test_gpu_interval_checkpoint_from_a_lower_tier_fp32(tmp_path):
+    for kind in ("host", "disk", "host+disk"):
+        interval_branch(kind, tmp_path / kind, device="cuda")
+
+
 @pytest.mark.gpu
 def test_gpu_offload_token_identical_fp32(tmp_path):
     ref = run("none", tmp_path / "ref", device="cuda")

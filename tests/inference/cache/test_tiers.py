@@ -53,6 +53,17 @@ def test_host_lru_low_before_high_then_demoted_to_disk():
     t.check_invariants()
 
 
+def test_interval_snapshots_leave_the_host_tier_before_resume_points():
+    t = TierIndex(TierCapacity(host_blocks=0, host_states=2, disk_bytes=1), block_bytes=1, state_bytes=1)
+    resume, interval, newer = key(0), key(1), key(2)
+    assert t.store_ckpt(resume.hash, resume, slot=1, block=None, num_tokens=4, priority=HIGH)
+    assert t.store_ckpt(interval.hash, interval, slot=2, block=None, num_tokens=4, priority=LOW)
+    assert t.store_ckpt(newer.hash, newer, slot=3, block=None, num_tokens=8, priority=HIGH)
+    assert t.ckpt(interval.hash, interval).tier == DISK  # the LOW one moved down, though newer
+    assert t.ckpt(resume.hash, resume).tier == HOST and t.ckpt(newer.hash, newer).tier == HOST
+    t.check_invariants()
+
+
 def test_pinned_entries_are_never_evicted_and_inclusive_restore():
     t = TierIndex(TierCapacity(1, 0, 0), 1, 1)
     assert t.store_block(1, key(0), LOW)
@@ -271,3 +282,71 @@ def test_partial_promotion_when_the_gpu_cannot_take_the_whole_prefix():
     assert gpu_hit < cached < whole  # part of the prefix came back, not all of it
     _, cached_none, _, _ = _partial_scenario(TierConfig())
     assert cached_none <= gpu_hit < cached
+
+
+def push_out(sched, ex, seed=4):
+    """Run other conversations until the GPU pools hold nothing of what came before."""
+    for i, p in enumerate(conversations(6, seed=seed)):
+        sched.add(make_request(f"push{seed}-{i}", p, SamplingParams(temperature=0, max_tokens=4)))
+    ex.run()
+
+
+INTERVAL_TIERS = {
+    "host": TierConfig(host_bytes=400),
+    "disk": TierConfig(disk_bytes=400),
+    "host+disk": TierConfig(host_bytes=8, disk_bytes=400),  # two host states: pushed on to disk
+}
+
+
+@pytest.mark.parametrize("delay", [1, 3])
+@pytest.mark.parametrize("tiers", list(INTERVAL_TIERS), ids=list(INTERVAL_TIERS))
+def test_an_interval_checkpoint_below_the_gpu_serves_a_branch(tiers, delay):
+    """Interval snapshots leave the GPU with their KV chain like resume points: a request sharing
+    a prompt's first 35 tokens resumes at the interval checkpoint 32 from the host or disk tier."""
+    sched = make(INTERVAL_TIERS[tiers])
+    ex = SymbolicExecutor(sched, transfer_delay=delay)
+    rng = random.Random(5)
+    long = [rng.randrange(97) for _ in range(40)]  # interval 16, 32; last block 36; prompt end 40
+    sched.add(make_request("long", long, SamplingParams(temperature=0, max_tokens=6)))
+    ex.run()
+    push_out(sched, ex)
+    branch = [*long[:35], 1, 2, 3]
+    assert sched.cache.find_hit("probe", branch).num_tokens == 0
+    before = sched.stats()
+    r = make_request("branch", branch, SamplingParams(temperature=0, max_tokens=6))
+    sched.add(r)
+    ex.run()
+    assert r.num_cached_tokens == 32  # before interval snapshots were offloaded: 0
+    assert r.output_token_ids == reference_output(branch, 6)
+    tier = "host" if tiers == "host" else "disk"
+    assert sched.stats()[f"promoted_ckpts_{tier}"] == before[f"promoted_ckpts_{tier}"] + 1
+    sched.cache.check_invariants()
+    assert sched.cache.num_request_blocks == 0 and sched.cache.num_transfers_in_flight == 0
+
+
+def test_a_partial_promotion_stops_at_an_interval_checkpoint():
+    """While a long prompt holds most of the GPU pool, a returning branch gets back only the
+    deepest plan that fits: the interval checkpoint at 32 and its 8 blocks (48 needs 12)."""
+    sched = make(TIERS["host"])
+    ex = SymbolicExecutor(sched, transfer_delay=2)
+    rng = random.Random(6)
+    long = [rng.randrange(97) for _ in range(60)]  # interval 16, 32, 48; last block 56; end 60
+    sched.add(make_request("long", long, SamplingParams(temperature=0, max_tokens=6)))
+    ex.run()
+    push_out(sched, ex)
+    hog = make_request(
+        "hog", [rng.randrange(97) for _ in range(64)], SamplingParams(temperature=0, max_tokens=1)
+    )
+    sched.add(hog)
+    while hog.num_computed_tokens < 60:  # 15 of the 24 blocks held, the 16th taken next step
+        out = sched.schedule()
+        sched.update(out, ex.execute(out))
+    branch = [*long[:54], 1, 2, 3]
+    r = make_request("branch", branch, SamplingParams(temperature=0, max_tokens=6))
+    sched.add(r)
+    ex.run()
+    assert sched.stats()["promotions_partial"] == 1
+    assert r.num_cached_tokens == 32  # not 48, the deepest: its chain did not fit beside the hog
+    assert r.output_token_ids == reference_output(branch, 6)
+    assert hog.output_token_ids == reference_output(hog.prompt_token_ids, 1)
+    sched.cache.check_invariants()

@@ -141,16 +141,29 @@ def reference_output(
 
 
 def checkpoint_positions(
-    prompt_len: int, hit: int, final_len: int, block: int, interval: int, message_ends: tuple[int, ...] = ()
+    prompt_len: int,
+    hit: int,
+    final_len: int,
+    block: int,
+    interval: int,
+    message_ends: tuple[int, ...] = (),
+    *,
+    budget: int,
 ) -> set[int]:
     """The checkpoint rule (coordinator docstring), written independently of the coordinator:
-    positions a normally finished request left a state checkpoint at (beyond its own hit)."""
+    positions a normally finished request left a state checkpoint at (beyond its own hit).
+    `budget`: the scheduler's max_num_batched_tokens (a prompt resumed from a hit whose rest fits
+    in one step is computed in one step: no interval or in-prompt checkpoints before its end)."""
     computed = final_len - 1  # the last sampled token is never fed back
-    pos = {p for p in range(interval, computed + 1, interval) if p > hit}
+    one_step = hit > 0 and prompt_len - hit <= budget
+    pos = {
+        p for p in range(interval, computed + 1, interval) if p > hit and not (one_step and p < prompt_len)
+    }
     pos.add(prompt_len)  # end of the prompt
     pos.add(computed)  # end of the generation
     last_boundary = (prompt_len - 1) // block * block  # the prompt's last full block, for a repeat
-    pos |= {p for p in (last_boundary, *message_ends) if hit < p < prompt_len}
+    if not one_step:
+        pos |= {p for p in (last_boundary, *message_ends) if hit < p < prompt_len}
     return pos
 
 

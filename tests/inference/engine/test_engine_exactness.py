@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from inference.chat import ChatTemplate
 from inference.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
@@ -95,7 +96,7 @@ def test_multi_turn_replay_8x10():
         convs = [list(system) for _ in range(8)]
         history = []
         warm = eng.generate([list(system)], GREEDY)[0]  # the shared system prompt alone
-        history.append((warm.token_ids, checkpoint_positions(50, 0, len(warm.token_ids), 8, 32)))
+        history.append((warm.token_ids, checkpoint_positions(50, 0, len(warm.token_ids), 8, 32, budget=4096)))
         outs, hits, plens = [], [], []
         for turn in range(10):
             batch = [convs[c] + users[c][turn] for c in range(8)]
@@ -105,7 +106,10 @@ def test_multi_turn_replay_8x10():
             for c, r in enumerate(done):
                 assert r.num_cached_tokens == expect[c], (turn, c, r.num_cached_tokens, expect[c])
                 history.append(
-                    (r.token_ids, checkpoint_positions(len(batch[c]), expect[c], len(r.token_ids), 8, 32))
+                    (
+                        r.token_ids,
+                        checkpoint_positions(len(batch[c]), expect[c], len(r.token_ids), 8, 32, budget=4096),
+                    )
                 )
                 convs[c] = [*r.token_ids, im_end]
                 outs.append(r.output_token_ids)
@@ -118,6 +122,67 @@ def test_multi_turn_replay_8x10():
     assert hits[:8] == [50] * 8  # turn 1: the whole shared system prompt (the warm-up's prompt end)
     # later turns resume at the end of their previous generation: only the new message is computed
     assert all(plen - hit <= 16 for hit, plen in zip(hits[8:], plens[8:], strict=True))
+
+
+def steps_to_first_token(eng, prompt, sp, message_ends=()):
+    """Engine steps from admission to the request's first token; runs it to the end."""
+    rid = eng.add_request(prompt, sp, message_ends=message_ends)
+    steps, first, out, cached = 0, None, [], -1
+    while eng.has_unfinished:
+        steps += 1
+        for o in eng.step():
+            if o.request_id == rid:
+                if first is None and o.new_token_ids:
+                    first, cached = steps, o.num_cached_tokens
+                out += o.new_token_ids
+    return first, out, cached
+
+
+def test_a_cached_turn_is_prefilled_in_one_step():
+    """benchmarks/engine.py's turn-10 scenario in small: each returning turn's new tokens (the
+    reply's last token, a user message crossing block boundaries and interval multiples) are
+    prefilled in one step, and the replies equal a cache-less engine's."""
+    rng = random.Random(11)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    cfg = BASE.evolve(enable_chunked_prefill=True, max_num_batched_tokens=256, enable_cuda_graphs=False)
+    eng = build_engine(engine_config=cfg.evolve(enable_prefix_caching=True))
+    plain = build_engine(engine_config=cfg)
+    transcript = [rng.randrange(256) for _ in range(100)]
+    for turn in range(10):
+        prompt = transcript + [rng.randrange(256) for _ in range(20)]
+        steps, reply, cached = steps_to_first_token(eng, prompt, sp)
+        assert reply == plain.generate([prompt], sp)[0].output_token_ids
+        if turn == 0:
+            assert (cached, steps) == (0, 5)  # cut at 32, 64, 96 (interval) and 112 (last block)
+        else:  # resumed at the previous generation's end; before: two or three steps
+            assert cached == len(transcript) - 1 and steps == 1, (turn, cached, steps)
+        transcript = prompt + reply
+    eng.scheduler.cache.check_invariants()
+
+
+def test_a_cached_chat_turn_is_prefilled_in_one_step_despite_its_message_ends():
+    """Turns rendered by the chat template, as the server sends them: the message ends of the
+    reply and the user message a turn adds are checkpoint positions among its new tokens, yet the
+    turn is one step (it was five or six here); replies equal a cache-less engine's."""
+    cfg = BASE.evolve(enable_chunked_prefill=True, max_num_batched_tokens=256, enable_cuda_graphs=False)
+    eng = build_engine(engine_config=cfg.evolve(enable_prefix_caching=True))
+    plain = build_engine(engine_config=cfg)
+    template = ChatTemplate(eng.tokenizer)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    messages = [{"role": "system", "content": "You are terse. " * 10}, {"role": "user", "content": "first"}]
+    previous = 0  # the previous turn's prompt length
+    for turn in range(4):
+        r = template.render(messages, add_generation_prompt=True)
+        steps, reply, cached = steps_to_first_token(eng, r.token_ids, sp, r.message_ends)
+        assert reply == plain.generate([r.token_ids], sp)[0].output_token_ids
+        if turn:
+            assert sum(cached < p < len(r.token_ids) for p in r.message_ends) == 2
+            assert cached >= previous and steps == 1, (turn, cached, steps)
+        previous = len(r.token_ids)
+        messages += [
+            {"role": "assistant", "content": eng.tokenizer.decode(reply)},
+            {"role": "user", "content": f"question {turn}"},
+        ]
 
 
 def test_abort_frees_blocks_and_slot():

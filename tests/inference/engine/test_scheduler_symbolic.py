@@ -94,8 +94,8 @@ def test_chunks_obey_budget_and_cut_at_checkpoints():
     assert len(sched.cache._ckpt_block) == 1  # 42 lies inside a block: it owns a private KV copy
 
 
-def checkpoint_positions(prompt_len, hit, final_len):
-    return _positions(prompt_len, hit, final_len, B, INTERVAL)
+def checkpoint_positions(prompt_len, hit, final_len, budget):
+    return _positions(prompt_len, hit, final_len, B, INTERVAL, budget=budget)
 
 
 def test_multi_turn_replay_cached_tokens_follow_the_rule():
@@ -108,7 +108,7 @@ def test_multi_turn_replay_cached_tokens_follow_the_rule():
     # warm-up: the shared system prompt alone
     sched.add(make_request("warm", [*system, 1, 2], SamplingParams(temperature=0, max_tokens=3)))
     (w,) = ex.run()
-    history.append((w.token_ids, checkpoint_positions(47, 0, len(w.token_ids))))
+    history.append((w.token_ids, checkpoint_positions(47, 0, len(w.token_ids), 4096)))
     for turn in range(10):
         reqs = []
         for c in range(8):
@@ -124,7 +124,9 @@ def test_multi_turn_replay_cached_tokens_follow_the_rule():
             assert r.output_token_ids == reference_output(r.prompt_token_ids, r.sampling.max_tokens)
             c = int(r.request_id[1])
             convs[c] = list(r.token_ids)  # the transcript goes on with the reply
-            history.append((r.token_ids, checkpoint_positions(r.num_prompt_tokens, exp, len(r.token_ids))))
+            history.append(
+                (r.token_ids, checkpoint_positions(r.num_prompt_tokens, exp, len(r.token_ids), 4096))
+            )
         if turn >= 1:
             assert all(exp > len(r.prompt_token_ids) - 2 * B - 12 for r, exp in reqs)
     assert_pools_empty(sched)
@@ -181,4 +183,47 @@ def test_resume_inside_a_block_copies_the_partial_block():
     ex.run()  # the one at its last block boundary (8) serves
     assert retry.num_cached_tokens == 8
     assert retry.output_token_ids == a.output_token_ids
+    assert_pools_empty(sched)
+
+
+def prefill_ends(sched, ex, req_id):
+    """Run to the end; the end position of each step that computed prompt tokens of `req_id`."""
+    ends = []
+    while sched.has_unfinished:
+        out = sched.schedule()
+        req = sched.requests.get(req_id)
+        for s in out.scheduled:
+            if s.req_id == req_id and req is not None and s.start < req.num_prompt_tokens:
+                ends.append(s.start + len(s.token_ids))
+        sched.update(out, ex.execute(out))
+        sched.cache.check_invariants()
+    return ends
+
+
+@pytest.mark.parametrize("budget", [64, 16], ids=["fits-one-step", "budget-short"])
+def test_a_returning_turn_is_prefilled_in_one_step_when_it_fits(budget):
+    sched = make(budget=budget)
+    ex = SymbolicExecutor(sched)
+    a = make_request("a", list(range(1, 28)), SamplingParams(temperature=0, max_tokens=3))
+    sched.add(a)
+    ex.run()
+    # the next turn resumes at a's generation end (29); its 19 new tokens span the interval
+    # multiple 32, block boundaries up to its last one (44) and two message ends (31, 40)
+    nxt = [*a.token_ids, *range(60, 78)]
+    assert len(nxt) == 48
+    b = make_request("b", nxt, SamplingParams(temperature=0, max_tokens=2), message_ends=(31, 40))
+    sched.add(b)
+    ends = prefill_ends(sched, ex, "b")
+    assert b.num_cached_tokens == 29
+    if budget == 64:
+        assert ends == [48]  # one step (before: 29 -> 31, 32, 40, 44, 48: five)
+    else:  # the rest does not fit in one step: chunked and cut at the checkpoint positions as before
+        assert ends == [31, 32, 40, 44, 48]
+    assert b.output_token_ids == reference_output(nxt, 2)
+    # a fresh prompt is still cut at its positions (the shared system prompt, a repeat)
+    c = make_request(
+        "c", list(range(200, 242)), SamplingParams(temperature=0, max_tokens=1), message_ends=(9,)
+    )
+    sched.add(c)
+    assert prefill_ends(sched, ex, "c") == [9, 16, 32, 40, 42]
     assert_pools_empty(sched)
