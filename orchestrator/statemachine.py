@@ -57,6 +57,9 @@ S = StepStatus
 
 TERMINAL_TASK_STATUSES = frozenset({T.SUCCEEDED, T.FAILED, T.CANCELLED, T.TIMED_OUT})
 RUNNABLE_TASK_STATUSES = frozenset({T.READY, T.RUNNING, T.WAITING})
+# What a runner claims: the runnable tasks and those whose attachments still need preprocessing
+# (the partial index `ix_tasks_claimable` is over exactly these).
+CLAIMABLE_TASK_STATUSES = frozenset({*RUNNABLE_TASK_STATUSES, T.PREPROCESSING})
 TERMINAL_STEP_STATUSES = frozenset({S.SUCCEEDED, S.FAILED})
 
 _ACTIVE = (T.PENDING, T.PREPROCESSING, T.READY, T.RUNNING, T.WAITING)

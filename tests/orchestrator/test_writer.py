@@ -172,3 +172,46 @@ def test_commit_without_waiting_for_the_flush_skips_the_fsync(pg_url):
     assert synced[True] >= n
     assert synced[False] <= n // 4  # the WAL writer's (and any other backend's) fsyncs only
     db.dispose()
+
+
+def test_the_claim_walks_the_claimable_index_with_a_long_queue(pg_url):
+    """With 2,000 tasks queued the claim reads `ix_tasks_claimable` (migration 0007) in
+    `next_run_at` order and sorts nothing (it used to scan and sort every claimable task), also
+    before the table's statistics know of the queue, and it still takes the task that has waited
+    longest."""
+    import datetime as dt
+
+    from psycopg import ClientCursor
+
+    from orchestrator.config import Budgets
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+    from orchestrator.runner import lease
+    from orchestrator.tasks.create import NewTask, create_tasks
+
+    db = make_engine(pg_url)
+    migrate.upgrade(db)
+    first = submit(db, {"cycles": 1})  # the oldest
+    with db.begin() as conn:
+        create_tasks(conn, [NewTask(tenant="t1", goal="script:{}") for _ in range(2000)], Budgets())
+    with db.connect() as conn:
+        dbapi = conn.connection.driver_connection
+        plans = []
+        for analyzed in (False, True):
+            if analyzed:
+                dbapi.execute("ANALYZE tasks")
+                dbapi.commit()
+            lease._ensure_prepared(dbapi)
+            now = dt.datetime.now(dt.UTC)
+            with ClientCursor(dbapi) as cur:
+                cur.execute(lease.CLAIM_PLAN_SETTING)  # as in the claim's transaction
+                cur.execute(
+                    "EXPLAIN EXECUTE dayzero_claim(%s, %s, %s)", ("r1", now + dt.timedelta(seconds=30), now)
+                )
+                plans.append("\n".join(row[0] for row in cur.fetchall()))
+            dbapi.commit()  # (not a rollback: psycopg deallocates every prepared statement after one)
+        assert all("ix_tasks_claimable" in p and "Sort" not in p for p in plans), plans
+        state = claim_with_state(conn, "r1", 30)
+        assert state is not None and state.task.id == first
+        _assert_connection_reusable(conn)
+    db.dispose()

@@ -215,7 +215,9 @@ def test_upload_limits(api: Api):
 def test_health_ready_metrics(api: Api):
     assert api.client.get("/healthz").json() == {"status": "ok"}
     ready = api.client.get("/readyz").json()
-    assert ready["status"] == "ready" and ready["revision"] == "0006"
+    from orchestrator.db import migrate
+
+    assert ready["status"] == "ready" and ready["revision"] == migrate.head_revision() == "0007"
     api.client.post("/v1/tasks", json={"goal": "x"}, headers=api.h())
     text = api.client.get("/metrics").text
     assert 'dayzero_http_requests_total{method="POST",route="/v1/tasks",status="201"}' in text
