@@ -126,7 +126,9 @@ def _rank_mixer(s: ModelSpec, kind: str, tp: int) -> int:
 
 def rank_params(s: ModelSpec, tp: int) -> int:
     """Parameters of one TP rank's language-model shard (vocab rows padded to `ceil(vocab / tp)`);
-    `tp` must split the model (`_split_problem` is empty). The vision side is `driver_params`."""
+    `tp` must split the model. The vision side is `driver_params`."""
+    if problem := _split_problem(s, tp):
+        raise ValueError(f"TP={tp} does not split this model ({problem}): choose a TP that divides it")
     h = s.hidden_size
     rows = -(-s.vocab_size // tp)
     n = rows * h * (1 if s.tie_word_embeddings else 2) + h * (2 * s.num_layers + 1)  # + norms, whole

@@ -346,3 +346,22 @@ def test_report_names_the_driver_held_tower(capsys):
     assert "+ 0.88 GiB on GPU 0 (driver's vision tower)" in out.split("\nplan: ")[1]
     main(["analyze", str(PUBLISHED), "--gpus", "2"])
     assert "GPU 0" not in capsys.readouterr().out  # a text model: every GPU alike
+
+
+def test_ffn_widths_must_split_as_the_runtime_slices_them():
+    """The runtime slices the dense FFN, each routed expert and the shared expert over TP, so a
+    plan whose TP does not divide those widths is not offered, and counting its shard refuses."""
+    from inference.analyze import rank_params
+    from inference.analyze.plan import _split_problem
+    from inference.config import parse_config
+
+    cfg = json.loads((CONFIGS / "tiny_deepseek_v32.json").read_text())  # 4 MLA heads, 8 experts
+    assert _split_problem(parse_config(cfg), 4) == ""
+    for field, width in (("intermediate_size", 98), ("moe_intermediate_size", 34)):
+        odd = parse_config({**cfg, field: width})
+        assert _split_problem(odd, 2) == "" and f"{field} {width} not divisible by TP 4" in _split_problem(
+            odd, 4
+        )
+        with pytest.raises(ValueError, match="choose a TP that divides it"):
+            rank_params(odd, 4)
+        assert all(p.tp != 4 for p in plan_parallel(odd, 4, 80.0, 1024))
