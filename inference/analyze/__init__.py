@@ -13,7 +13,16 @@ from typing import Any
 
 from inference.analyze.operators import Op, operators
 from inference.analyze.params import cache_bytes, parameter_counts
-from inference.analyze.plan import HEADROOM, WEIGHT_BYTES, GiB, ParallelPlan, gpu_counts, plan_parallel
+from inference.analyze.plan import (
+    HEADROOM,
+    WEIGHT_BYTES,
+    GiB,
+    ParallelPlan,
+    driver_params,
+    gpu_counts,
+    plan_parallel,
+    rank_params,
+)
 from inference.analyze.weights import WeightBytes, weight_bytes
 from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
 
@@ -28,11 +37,13 @@ __all__ = [
     "analyze",
     "cache_bytes",
     "diff",
+    "driver_params",
     "format_analysis",
     "format_diff",
     "operators",
     "parameter_counts",
     "plan_parallel",
+    "rank_params",
     "to_json",
     "weight_bytes",
 ]
@@ -117,6 +128,13 @@ def analyze(
             + (" and DSA indexer keys" if s.dsa is not None else "")
             + " (all heads read the whole latent), so KV per GPU does not shrink with TP; "
             "recurrent states split by head"
+        )
+    if s.vision is not None:
+        n = driver_params(s)
+        notes.append(
+            f"vision tower + projector ({_fmt_n(n)}, {_fmt_b(n * WEIGHT_BYTES['bf16'])} bf16) "
+            "held whole by the driver on GPU 0, not split; the GPUs shard only the language model, "
+            "and GPU 0's remaining memory sizes every GPU's KV/state pool"
         )
     return Analysis(
         model_type=_display_name(s),
@@ -228,9 +246,14 @@ def format_analysis(a: Analysis) -> str:
         return "\n".join(lines)
     for title, plan in [("plan", a.plan)] + [("  alternative", x) for x in a.alternatives]:
         verdict = f"fits, up to {plan.max_sequences} sequences" if plan.fits else "DOES NOT FIT"
+        driver = (
+            f" + {_fmt_b(plan.driver_weight_bytes)} on GPU 0 (driver's vision tower)"
+            if plan.driver_weight_bytes
+            else ""
+        )
         lines.append(
             f"{title}: {plan.gpus} GPU(s) TP={plan.tp} EP={plan.ep} PP={plan.pp} ({a.weight_dtype} weights): "
-            f"weights {_fmt_b(plan.weight_bytes_per_gpu)}/GPU, KV {_fmt_b(plan.kv_bytes_per_gpu)}, state "
+            f"weights {_fmt_b(plan.weight_bytes_per_gpu)}/GPU{driver}, KV {_fmt_b(plan.kv_bytes_per_gpu)}, state "
             f"{_fmt_b(plan.state_bytes_per_gpu)} of {_fmt_b(plan.usable_bytes_per_gpu)} usable (20% headroom): {verdict}"
         )
     return "\n".join(lines)

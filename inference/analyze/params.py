@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
 
-__all__ = ["KV_DTYPE_BYTES", "STATE_DTYPE_BYTES", "cache_bytes", "kv_per_layer", "parameter_counts"]
+__all__ = [
+    "KV_DTYPE_BYTES",
+    "STATE_DTYPE_BYTES",
+    "cache_bytes",
+    "dsa_params",
+    "kv_per_layer",
+    "mixer_params",
+    "moe_layer_params",
+    "parameter_counts",
+]
 
 KV_DTYPE_BYTES = 2  # bf16 KV and conv windows, as the engine allocates them
 STATE_DTYPE_BYTES = 4  # recurrent states stay fp32
@@ -45,11 +54,15 @@ def _mla_params(s: ModelSpec) -> int:
     kv = (
         h * m.latent_dim + m.kv_lora_rank + m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
     )
-    total = q + kv + m.num_heads * m.v_head_dim * h
-    if s.dsa is not None and m.q_lora_rank is not None:
-        d = s.dsa  # wq_b, wk, k_norm (LayerNorm: weight + bias), weights_proj
-        total += m.q_lora_rank * d.num_heads * d.head_dim + h * d.head_dim + 2 * d.head_dim + h * d.num_heads
-    return total
+    return q + kv + m.num_heads * m.v_head_dim * h + dsa_params(s)
+
+
+def dsa_params(s: ModelSpec) -> int:
+    """One MLA layer's DSA indexer: wq_b, wk, k_norm (LayerNorm: weight + bias), weights_proj."""
+    m, d, h = s.mla, s.dsa, s.hidden_size
+    if d is None or m is None or m.q_lora_rank is None:
+        return 0
+    return m.q_lora_rank * d.num_heads * d.head_dim + h * d.head_dim + 2 * d.head_dim + h * d.num_heads
 
 
 def _gdn_params(s: ModelSpec) -> int:
@@ -73,7 +86,12 @@ def _gqa_params(s: ModelSpec) -> int:
 _MIXER_PARAMS = {KDA: _kda_params, MLA: _mla_params, GDN: _gdn_params, GQA: _gqa_params}
 
 
-def _moe_layer_params(s: ModelSpec) -> tuple[int, int, int, int]:
+def mixer_params(s: ModelSpec, kind: str) -> int:
+    """Parameters of one token mixer (attention or linear attention) of layer kind `kind`."""
+    return _MIXER_PARAMS[kind](s)
+
+
+def moe_layer_params(s: ModelSpec) -> tuple[int, int, int, int]:
     """(router, shared, routed, routed active) parameters of one MoE layer."""
     e, h = s.moe, s.hidden_size
     expert = 3 * h * e.intermediate_size
@@ -86,7 +104,7 @@ def _layer_params(s: ModelSpec, i: int) -> int:
     """One decoder layer: mixer, FFN and its two norms."""
     n = _MIXER_PARAMS[s.layer_kinds[i]](s) + 2 * s.hidden_size
     if s.mlp_kinds[i] == MOE:
-        return n + sum(_moe_layer_params(s)[:3])
+        return n + sum(moe_layer_params(s)[:3])
     return n + 3 * s.hidden_size * s.intermediate_size
 
 
@@ -102,7 +120,7 @@ def parameter_counts(s: ModelSpec) -> tuple[dict[str, int], dict[str, int]]:
     n_moe = s.mlp_kinds.count(MOE)
     routed_active = 0
     if s.moe is not None and n_moe:
-        router, shared, routed, active = _moe_layer_params(s)
+        router, shared, routed, active = moe_layer_params(s)
         comp["router"] = router * n_moe
         comp["shared_experts"] = shared * n_moe
         comp["routed_experts"] = routed * n_moe

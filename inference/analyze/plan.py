@@ -1,14 +1,38 @@
-"""TP/EP/PP plans with 20% headroom per GPU, preferring the fewest GPUs that hold the model."""
+"""TP/EP/PP plans with 20% headroom per GPU, preferring the fewest GPUs that hold the model.
+
+Weights per GPU follow the runtime's split (`inference/parallel/sharding.py` decides it; this module
+counts its result without torch): each rank holds its slice of the language model plus what every
+rank keeps whole (norms, routers, latent and low-rank projections, the DSA indexer, the GDN conv
+filter, GQA KV heads past `tp`), and a vision-language model's tower and projector are held whole
+by the driver on GPU 0 (`model/multimodal.VisionEncoder`), so GPU 0 is the fullest GPU: its free
+memory sizes the KV/state pool, which every rank allocates alike.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from inference.analyze.params import KV_DTYPE_BYTES, cache_bytes, kv_per_layer, parameter_counts
-from inference.config import GDN, GQA, KDA, MLA, ModelSpec
+from inference.analyze.params import (
+    KV_DTYPE_BYTES,
+    cache_bytes,
+    dsa_params,
+    kv_per_layer,
+    mixer_params,
+    moe_layer_params,
+    parameter_counts,
+)
+from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
 
-__all__ = ["HEADROOM", "WEIGHT_BYTES", "ParallelPlan", "gpu_counts", "plan_parallel"]
+__all__ = [
+    "HEADROOM",
+    "WEIGHT_BYTES",
+    "ParallelPlan",
+    "driver_params",
+    "gpu_counts",
+    "plan_parallel",
+    "rank_params",
+]
 
 GiB = 1024**3
 HEADROOM = 0.20  # fraction of each GPU kept free (activations, fragmentation, CUDA context)
@@ -18,13 +42,18 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 32, "fp4": 0.5}
 
 @dataclass(frozen=True, slots=True)
 class ParallelPlan:
-    """One replica over `tp * pp` GPUs; routed experts split `ep` ways over the TP group (ep == tp)."""
+    """One replica over `tp * pp` GPUs; routed experts split `ep` ways over the TP group (ep == tp).
+
+    `weight_bytes_per_gpu`: the language-model shard each GPU holds; `driver_weight_bytes`: what
+    GPU 0 holds besides (a vision tower and projector, whole, in the driver; 0 for a text model).
+    KV and state figures are per GPU, the same on every GPU."""
 
     gpus: int
     tp: int
     ep: int
     pp: int
     weight_bytes_per_gpu: float
+    driver_weight_bytes: float
     kv_bytes_per_gpu: float
     state_bytes_per_gpu: float
     usable_bytes_per_gpu: float
@@ -47,8 +76,13 @@ def _split_problem(s: ModelSpec, tp: int) -> str:
         kv = s.gqa.num_kv_heads
         if kv % tp and tp % kv:  # fewer kv heads than ranks is fine: each rank keeps a replica
             return f"GQA kv heads {kv} vs TP {tp}"
-    if s.moe is not None:
+    if s.moe is not None and MOE in s.mlp_kinds:
         heads.append(("experts", s.moe.num_experts))
+        heads.append(("moe_intermediate_size", s.moe.intermediate_size))  # each expert sliced over TP
+        if s.moe.shared_width:
+            heads.append(("shared expert width", s.moe.shared_width))
+    if DENSE in s.mlp_kinds:
+        heads.append(("intermediate_size", s.intermediate_size))
     for what, n in heads:
         if n % tp:
             return f"{what} {n} not divisible by TP {tp}"
@@ -65,16 +99,67 @@ def _kv_per_gpu(s: ModelSpec, tp: int) -> int:
     return math.ceil(total)
 
 
+def _replicated(s: ModelSpec, kind: str) -> int:
+    """Parameters of one token mixer that every TP rank keeps whole (the rest splits by head)."""
+    h = s.hidden_size
+    if kind == KDA:
+        return 2 * h * s.kda.head_dim + s.kda.head_dim  # f_a / g_a low-rank inputs, output norm
+    if kind == MLA:
+        m = s.mla  # kv_a_proj_with_mqa and its norm; q_a_proj and its norm; the DSA indexer
+        q_a = 0 if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank
+        return h * m.latent_dim + m.kv_lora_rank + q_a + dsa_params(s)
+    if kind == GDN:
+        return s.gdn.conv_dim * s.gdn.conv_kernel_size + s.gdn.v_head_dim  # conv filter, output norm
+    return 2 * s.gqa.head_dim  # q/k norms (K/V heads: `_rank_mixer`)
+
+
+def _rank_mixer(s: ModelSpec, kind: str, tp: int) -> int:
+    whole = _replicated(s, kind)
+    split = mixer_params(s, kind) - whole
+    if kind != GQA:
+        return split // tp + whole
+    a = s.gqa  # K/V by KV head, or (tp a multiple of them) one KV head per rank
+    kv = 2 * s.hidden_size * a.num_kv_heads * a.head_dim
+    local = a.num_kv_heads // tp if a.num_kv_heads % tp == 0 else 1
+    return (split - kv) // tp + kv // a.num_kv_heads * local + whole
+
+
+def rank_params(s: ModelSpec, tp: int) -> int:
+    """Parameters of one TP rank's language-model shard (vocab rows padded to `ceil(vocab / tp)`);
+    `tp` must split the model. The vision side is `driver_params`."""
+    if problem := _split_problem(s, tp):
+        raise ValueError(f"TP={tp} does not split this model ({problem}): choose a TP that divides it")
+    h = s.hidden_size
+    rows = -(-s.vocab_size // tp)
+    n = rows * h * (1 if s.tie_word_embeddings else 2) + h * (2 * s.num_layers + 1)  # + norms, whole
+    for kind in s.layer_kinds:
+        n += _rank_mixer(s, kind, tp)
+    if s.moe is not None and MOE in s.mlp_kinds:
+        router, shared, routed, _ = moe_layer_params(s)
+        gate = h if s.moe.shared_expert_gate else 0  # replicated, as the router
+        n += s.mlp_kinds.count(MOE) * (router + gate + (shared - gate + routed) // tp)
+    n += s.mlp_kinds.count(DENSE) * 3 * h * s.intermediate_size // tp
+    return n
+
+
+def driver_params(s: ModelSpec) -> int:
+    """Parameters the driver holds whole on GPU 0: a vision tower and its projector (0 if none)."""
+    comp = parameter_counts(s)[1]
+    return comp.get("vision_tower", 0) + comp.get("mm_projector", 0)
+
+
 def plan_parallel(
     s: ModelSpec, gpus: int, gpu_mem_gib: float, context: int, weight_dtype: str = "bf16", sequences: int = 1
 ) -> list[ParallelPlan]:
     """Every (tp, pp) with tp * pp == gpus that splits cleanly, best first (fits, fewer stages, room).
 
-    TP splits attention heads and FFN columns, EP (== tp) splits routed experts, PP splits layers.
-    Weights are taken as evenly split (replicated norms and routers are < 0.1% of a large model).
+    TP splits attention heads and FFN columns, EP (== tp) splits routed experts (the runtime's
+    `--tensor-parallel-size tp` slices each expert over the TP group: the same bytes per GPU), PP
+    splits layers (not built in the runtime; counted as an even split of a rank's shard). GPU 0
+    also holds the driver's vision tower, and the fewest free bytes, those of GPU 0, size the pool.
     """
-    head, _ = parameter_counts(s)
     wb = WEIGHT_BYTES[weight_dtype]
+    driver = driver_params(s) * WEIGHT_BYTES["bf16"]  # no checkpoint format quantizes the tower
     _, state_seq = cache_bytes(s)
     usable = gpu_mem_gib * GiB * (1 - HEADROOM)
     plans = []
@@ -82,15 +167,16 @@ def plan_parallel(
         pp = gpus // tp
         if pp > s.num_layers or _split_problem(s, tp):
             continue
-        w = head["total"] * wb / (tp * pp)
+        w = rank_params(s, tp) * wb / pp
         kv = _kv_per_gpu(s, tp) * context / pp
         st = state_seq / (tp * pp)
         per_seq = kv + st
-        free = usable - w
+        free = usable - w - driver
         n = max(0, math.floor(free / per_seq)) if per_seq else (sequences if free > 0 else 0)
         plans.append(
             ParallelPlan(
-                gpus=gpus, tp=tp, ep=tp, pp=pp, weight_bytes_per_gpu=w, kv_bytes_per_gpu=kv * sequences,
+                gpus=gpus, tp=tp, ep=tp, pp=pp, weight_bytes_per_gpu=w, driver_weight_bytes=driver,
+                kv_bytes_per_gpu=kv * sequences,
                 state_bytes_per_gpu=st * sequences, usable_bytes_per_gpu=usable, fits=n >= sequences,
                 max_sequences=n, note="" if n >= sequences else "does not fit",
             )

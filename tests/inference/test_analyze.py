@@ -305,3 +305,63 @@ def test_quantized_checkpoint_bytes_on_disk_and_in_memory():
     assert 0.5 < v3.disk / v3.memory < 0.51  # fp8 + fp32 tile scales + bf16 embeddings / norms
     a = analyze(k25, gpu_mem_gib=141.0)
     assert any("int4 (groups of 32)" in n for n in a.notes)
+
+
+# ------------------------------------------------------------------ vision-language: the driver's tower on GPU 0
+
+
+def test_vision_tower_is_planned_whole_on_gpu0_and_sizes_the_pool():
+    """Kimi-K2.5 at 8 GPUs: the tower and projector (0.47B, 0.94 GB bf16) are GPU 0's in full,
+    not 1/8 of them on every GPU; GPU 0's free memory (less by the tower) sizes the pool: a GPU
+    whose free bytes hold k sequences plus half the tower holds k without it and k - 1 with it."""
+    from dataclasses import replace
+
+    from inference.analyze import driver_params, rank_params
+
+    k25 = load_config(CONFIGS / "kimi_k25.json")
+    _, comp = parameter_counts(k25)
+    tower = comp["vision_tower"] + comp["mm_projector"]
+    assert driver_params(k25) == tower and abs(tower * 2 / 0.94e9 - 1) < 0.01
+    (plan, *_) = plan_parallel(k25, 8, 141.0, 131072, "int4")
+    assert plan.tp == 8 and plan.driver_weight_bytes == tower * 2  # bf16: no format quantizes it
+    text = replace(k25, vision=None)
+    assert driver_params(text) == 0
+    assert plan.weight_bytes_per_gpu == rank_params(text, 8) * (0.5 + 2 / 32)  # no tower share
+    kv, state = plan.kv_bytes_per_gpu, plan.state_bytes_per_gpu
+    k = 3
+    usable = plan.weight_bytes_per_gpu + k * (kv + state) + plan.driver_weight_bytes / 2
+    gib = usable / (1 - 0.2) / 1024**3
+    with_tower = {(p.tp, p.pp): p for p in plan_parallel(k25, 8, gib, 131072, "int4")}[(8, 1)]
+    without = {(p.tp, p.pp): p for p in plan_parallel(text, 8, gib, 131072, "int4")}[(8, 1)]
+    assert (without.max_sequences, with_tower.max_sequences) == (k, k - 1)
+    assert without.driver_weight_bytes == 0
+
+
+def test_report_names_the_driver_held_tower(capsys):
+    from orchestrator.cli import main
+
+    main(["analyze", str(CONFIGS / "kimi_k25.json"), "--gpus", "8", "--gpu-mem", "141", "--weights", "int4"])
+    out = capsys.readouterr().out
+    assert "vision tower + projector (471.144M, 0.88 GiB bf16) held whole by the driver on GPU 0" in out
+    assert "+ 0.88 GiB on GPU 0 (driver's vision tower)" in out.split("\nplan: ")[1]
+    main(["analyze", str(PUBLISHED), "--gpus", "2"])
+    assert "GPU 0" not in capsys.readouterr().out  # a text model: every GPU alike
+
+
+def test_ffn_widths_must_split_as_the_runtime_slices_them():
+    """The runtime slices the dense FFN, each routed expert and the shared expert over TP, so a
+    plan whose TP does not divide those widths is not offered, and counting its shard refuses."""
+    from inference.analyze import rank_params
+    from inference.analyze.plan import _split_problem
+    from inference.config import parse_config
+
+    cfg = json.loads((CONFIGS / "tiny_deepseek_v32.json").read_text())  # 4 MLA heads, 8 experts
+    assert _split_problem(parse_config(cfg), 4) == ""
+    for field, width in (("intermediate_size", 98), ("moe_intermediate_size", 34)):
+        odd = parse_config({**cfg, field: width})
+        assert _split_problem(odd, 2) == "" and f"{field} {width} not divisible by TP 4" in _split_problem(
+            odd, 4
+        )
+        with pytest.raises(ValueError, match="choose a TP that divides it"):
+            rank_params(odd, 4)
+        assert all(p.tp != 4 for p in plan_parallel(odd, 4, 80.0, 1024))

@@ -154,14 +154,13 @@ def test_shared_expert_sliced_over_the_world_or_the_tp_group() -> None:
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_per_rank_weights_agree_with_analyze(tp: int) -> None:
     """Kimi-Linear-48B at TP (experts sliced over TP, as analyze's EP == TP splits them): the
-    shard the runtime builds holds analyze's even split to within 1% (the replicated norms,
-    routers, low-rank and latent projections)."""
-    from inference.analyze.params import parameter_counts
+    shard the runtime builds holds analyze's per-GPU weights (its count of the split and the
+    replicated parts) to within 1% (the fp32 tensors of a bf16 model; the counts are equal)."""
+    from inference.analyze.plan import rank_params
     from inference.parallel.weights import rank_weight_bytes
 
     spec = load_config(Path("inference/configs/kimi_linear_48b_a3b.json"))
-    head, _ = parameter_counts(spec)
-    planned = head["total"] * 2 / tp  # analyze's bf16 weights per GPU (pp = 1)
+    planned = rank_params(spec, tp) * 2  # analyze's bf16 weights per GPU (pp = 1)
     runtime = rank_weight_bytes(spec, ParallelConfig(tp, 1), torch.bfloat16)
     assert planned <= runtime <= planned * 1.01
 
@@ -179,13 +178,12 @@ def test_gqa_kv_heads_that_do_not_split_are_refused() -> None:
 
 def test_qwen3_next_per_rank_weights_agree_with_analyze() -> None:
     """Qwen3-Next-80B at TP=8 (its 2 KV heads copied over 4 ranks each, the GDN conv filters,
-    norms, routers and shared-expert gates replicated): analyze's even split to within 1%
-    (measured: 18.65 vs 18.55 GiB)."""
-    from inference.analyze.params import parameter_counts
+    norms, routers and shared-expert gates replicated): analyze's per-GPU weights to within 1%
+    (both 18.65 GiB)."""
+    from inference.analyze.plan import rank_params
     from inference.parallel.weights import rank_weight_bytes
 
     spec = _spec("qwen3_next_80b")
-    head, _ = parameter_counts(spec)
-    planned = head["total"] * 2 / 8
+    planned = rank_params(spec, 8) * 2
     runtime = rank_weight_bytes(spec, ParallelConfig(8, 1), torch.bfloat16)
     assert planned <= runtime <= planned * 1.01
