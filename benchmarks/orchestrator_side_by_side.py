@@ -90,7 +90,7 @@ def plot(summary: dict[str, Any], path: str) -> None:
             v = med[s][label]
             x1 = label_w + (width - label_w - 80) * v / top
             d.rectangle([label_w, y, max(x1, label_w + 1), y + bar_h - 3], fill=colours[i % 3])
-            d.text((x1 + 4, y), f"{v:.3g}", fill="black")
+            d.text((x1 + 4, y), f"{v:,.0f}" if v >= 100 else f"{v:.3g}", fill="black")
             y += bar_h
         y += 14
     img.save(path)
