@@ -364,11 +364,15 @@ def hf_decode(hf, device, batch: int, prompt_len: int, steps: int) -> dict[str, 
     }
 
 
-def first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
+def first_token(
+    eng: Engine, prompt: list[int], sp: SamplingParams, device, steps: list[int] | None = None
+) -> tuple[float, list[int], int]:
     """TTFT of one request on an otherwise idle engine; runs it to the end. Returns (ttft s,
-    output ids, cached prompt tokens)."""
+    output ids, cached prompt tokens); `steps`, if given, receives the engine steps the prompt
+    took (up to its first token: one means its uncached part was prefilled in one step)."""
     sync(device)
     t0 = time.perf_counter()
+    step0 = eng.num_steps
     rid = eng.add_request(prompt, sp)
     ttft, out, cached = None, [], 0
     while eng.has_unfinished:
@@ -377,6 +381,8 @@ def first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> t
                 if ttft is None and o.new_token_ids:
                     sync(device)
                     ttft = time.perf_counter() - t0
+                    if steps is not None:
+                        steps.append(eng.num_steps - step0)
                 out += o.new_token_ids
                 cached = o.num_cached_tokens
     return ttft, out, cached
@@ -392,12 +398,14 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
     per_turn = []
     for turn in range(10):
         prompt = transcript + [rng.randrange(256) for _ in range(user_len)]
-        ttft, reply, hit = first_token(cached, prompt, sp, device)
+        steps: list[int] = []
+        ttft, reply, hit = first_token(cached, prompt, sp, device, steps)
         per_turn.append(
             {
                 "turn": turn + 1,
                 "prompt_tokens": len(prompt),
                 "cached_tokens": hit,
+                "prefill_steps": steps[0],
                 "ttft_ms": round(1000 * ttft, 2),
             }
         )

@@ -164,11 +164,13 @@ def rand(n: int, seed: int) -> list[int]:
     return [rng.randrange(256) for _ in range(n)]
 
 
-def first_token(eng: Engine, prompt: list[int], sp: SamplingParams, device) -> tuple[float, list[int], int]:
+def first_token(
+    eng: Engine, prompt: list[int], sp: SamplingParams, device, steps: list[int] | None = None
+) -> tuple[float, list[int], int]:
     """(TTFT s, output ids, cached tokens): benchmarks/engine.py's measurement, one definition."""
     from engine import first_token as measure
 
-    return measure(eng, prompt, sp, device)
+    return measure(eng, prompt, sp, device, steps)
 
 
 # -- sections ---------------------------------------------------------------------------------
@@ -239,8 +241,10 @@ def turn10(
     turns = []
     for turn in range(10):
         prompt = transcript + [rng.randrange(256) for _ in range(user_len)]
-        ttft, reply, hit = first_token(eng, prompt, sp, device)
-        turns.append({"turn": turn + 1, "prompt_tokens": len(prompt), "cached_tokens": hit, "ttft_ms": round(1000 * ttft, 2)})  # fmt: skip
+        steps: list[int] = []
+        ttft, reply, hit = first_token(eng, prompt, sp, device, steps)
+        turns.append({"turn": turn + 1, "prompt_tokens": len(prompt), "cached_tokens": hit,
+                      "prefill_steps": steps[0], "ttft_ms": round(1000 * ttft, 2)})  # fmt: skip
         transcript = prompt + reply
     del eng
     free(device)
