@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from inference.cache.coordinator import CacheConfig, HybridCacheCoordinator, PrefixHit
 from inference.cache.tiers import TierOps
 from inference.engine.request import Request, RequestStatus, TokenLogprob
 from inference.engine.stops import token_stop
+
+_NO_HIT = PrefixHit()  # a running request's allocation carries no hit (frozen: one shared instance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +38,10 @@ class SchedulerConfig:
             raise ValueError("scheduler limits must be positive")
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
+    """One request's part of a step. Immutable; a NamedTuple, not a frozen dataclass, because one
+    is built per running request per step and a frozen dataclass's __init__ costs ~4x more."""
+
     req_id: str
     token_ids: tuple[int, ...]  # the tokens computed in this step
     start: int  # their first position (num_computed_tokens before the step)
@@ -124,9 +129,11 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------------
     def _num_new(self, req: Request, budget: int, resumed: bool = False) -> int:
         """Tokens to compute for `req` this step; `resumed`: it is being admitted at a prefix hit."""
-        remaining = req.num_tokens - req.num_computed_tokens
+        remaining = len(req.token_ids) - req.num_computed_tokens
         if remaining <= 0:
             return 0
+        if remaining == 1 and budget > 0:
+            return 1  # a decode step: every checkpoint cut lies after num_computed, none shortens it
         if remaining > budget and not self.config.enable_chunked_prefill:
             n = remaining  # chunking off: whole pieces only (between checkpoint cuts)
         else:
@@ -189,13 +196,13 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
-            alloc = self.cache.allocate(req.request_id, PrefixHit(), req.num_computed_tokens, n)
+            alloc = self.cache.allocate(req.request_id, _NO_HIT, req.num_computed_tokens, n)
             while alloc is None:
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is req:
                     break
-                alloc = self.cache.allocate(req.request_id, PrefixHit(), req.num_computed_tokens, n)
+                alloc = self.cache.allocate(req.request_id, _NO_HIT, req.num_computed_tokens, n)
             if alloc is None:
                 if not self.running and -(-req.num_tokens // self.B) > self.cache.config.num_blocks:
                     # alone it still does not fit: the pool bounds its length
