@@ -158,19 +158,20 @@ class Scheduler:
         if alloc.zero:
             out.state_zeros.append(alloc.slot)
         blocks = tuple(self.cache.block_ids(req.request_id)) if is_new else alloc.new_block_ids
+        tokens = req.token_ids
         out.scheduled.append(
             ScheduledRequest(
                 req.request_id,
-                tuple(req.token_ids[start:end]),
+                tuple(tokens[start:end]),
                 start,
                 blocks,
                 alloc.slot,
                 is_new,
-                sample=end == req.num_tokens,
+                end == len(tokens),
             )
         )
         snap = self.cache.plan_checkpoint(
-            req.request_id, req.token_ids, end, req.num_prompt_tokens, req.mm_spans, req.message_ends
+            req.request_id, tokens, end, len(req.prompt_token_ids), req.mm_spans, req.message_ends
         )
         if snap is not None:
             out.snapshots.append((snap.src_slot, snap.dst_slot))
@@ -272,16 +273,17 @@ class Scheduler:
     ) -> list[Request]:
         """Advance every scheduled request; append sampled tokens; return newly finished ones."""
         finished, self._finished_early = self._finished_early, []
+        requests, commit, max_len = self.requests, self.cache.commit, self.config.max_model_len
         for s in out.scheduled:
-            req = self.requests.get(s.req_id)
+            req = requests.get(s.req_id)
             if req is None or req.status.finished:
                 continue
             req.num_computed_tokens += len(s.token_ids)
-            self.cache.commit(req.request_id, req.token_ids, req.num_computed_tokens, req.mm_spans)
+            commit(req.request_id, req.token_ids, req.num_computed_tokens, req.mm_spans)
             if s.sample:
                 tok = sampled[s.req_id]
                 req.append_output(tok, None if logprobs is None else logprobs.get(s.req_id))
-                status = token_stop(req, tok, self.config.max_model_len)
+                status = token_stop(req, tok, max_len)
                 if status is not None:
                     self.finish(req.request_id, status, stop_reason=req.stop_reason)
                     finished.append(req)
