@@ -131,6 +131,9 @@ class _ReqCache:
     num_cached: int = 0  # leading blocks registered in the pool (by us or shared)
     pending: list[int] = field(default_factory=list)  # checkpoint keys reserved in this step
     num_flagged: int = 0  # leading block keys marked worth offloading (offload_min_tokens)
+    # what `allocate` returns for a step its blocks already cover (set with `slot`): built once,
+    # not per decode step (it is frozen, so sharing it is safe)
+    no_new: Allocation | None = None
 
 
 def _extra(mm: Sequence[MMSpan], lo: int, hi: int) -> tuple[Hashable, ...]:
@@ -240,7 +243,13 @@ class HybridCacheCoordinator:
     def allocate(self, req_id: str, hit: PrefixHit, num_computed: int, num_new: int) -> Allocation | None:
         """Blocks (and, for a new sequence, a live slot) for computing `num_new` more tokens.
         Returns None, changing nothing, if the pools are short."""
-        rc = self._rc(req_id)
+        rc = self._reqs.get(req_id)
+        if rc is None:
+            rc = self._reqs[req_id] = _ReqCache()
+        elif rc.no_new is not None and -(-(num_computed + num_new) // self.B) <= len(rc.block_ids):
+            # a running sequence whose blocks cover the step (most decode steps): the general path
+            # below would take no block and copy nothing, so skip straight to its answer
+            return rc.no_new
         fresh = rc.slot is None
         copy_from = None
         if fresh:
@@ -268,6 +277,7 @@ class HybridCacheCoordinator:
         block_copy = None
         if fresh:
             rc.slot = slot
+            rc.no_new = Allocation((), slot)
             rc.block_ids = list(hit.block_ids)
             rc.num_cached = len(hit.block_ids)
             if hit.checkpoint_key is not None:
@@ -308,7 +318,8 @@ class HybridCacheCoordinator:
         *,
         resumed_within: int = 0,
     ) -> int | None:
-        """The first position after `num_computed` where a prefill chunk must end (rules 1 and 4).
+        """The first position after `num_computed` where a prefill chunk must end (rules 1 and 4):
+        always > `num_computed` (so a one-token step is never cut: the scheduler relies on it).
         `resumed_within`: the most tokens one step computes, when this step resumes the sequence
         from a prefix hit at `num_computed` (0 otherwise): a prompt whose rest fits is not cut."""
         if not self.config.enable_prefix_caching:
@@ -405,11 +416,12 @@ class HybridCacheCoordinator:
     ) -> None:
         """The step ran: cache newly full computed blocks and make this step's snapshots usable."""
         rc = self._reqs[req_id]
-        for key in rc.pending:
-            self.states.commit(key)
-        rc.pending.clear()
-        if not self.config.enable_prefix_caching:
-            return
+        if rc.pending:
+            for key in rc.pending:
+                self.states.commit(key)
+            rc.pending.clear()
+        if not self.config.enable_prefix_caching or (rc.num_cached + 1) * self.B > num_computed:
+            return  # no block became full (most decode steps); keys stay lazy until one does
         keys = self._keys(rc, token_ids, mm)
         while (rc.num_cached + 1) * self.B <= num_computed:
             j = rc.num_cached

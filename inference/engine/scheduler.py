@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from inference.cache.coordinator import CacheConfig, HybridCacheCoordinator, PrefixHit
 from inference.cache.tiers import TierOps
 from inference.engine.request import Request, RequestStatus, TokenLogprob
 from inference.engine.stops import token_stop
+
+_NO_HIT = PrefixHit()  # a running request's allocation carries no hit (frozen: one shared instance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +38,10 @@ class SchedulerConfig:
             raise ValueError("scheduler limits must be positive")
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
+    """One request's part of a step. Immutable; a NamedTuple, not a frozen dataclass, because one
+    is built per running request per step and a frozen dataclass's __init__ costs ~4x more."""
+
     req_id: str
     token_ids: tuple[int, ...]  # the tokens computed in this step
     start: int  # their first position (num_computed_tokens before the step)
@@ -124,9 +129,11 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------------
     def _num_new(self, req: Request, budget: int, resumed: bool = False) -> int:
         """Tokens to compute for `req` this step; `resumed`: it is being admitted at a prefix hit."""
-        remaining = req.num_tokens - req.num_computed_tokens
+        remaining = len(req.token_ids) - req.num_computed_tokens
         if remaining <= 0:
             return 0
+        if remaining == 1 and budget > 0:
+            return 1  # a decode step: every checkpoint cut lies after num_computed, none shortens it
         if remaining > budget and not self.config.enable_chunked_prefill:
             n = remaining  # chunking off: whole pieces only (between checkpoint cuts)
         else:
@@ -151,19 +158,20 @@ class Scheduler:
         if alloc.zero:
             out.state_zeros.append(alloc.slot)
         blocks = tuple(self.cache.block_ids(req.request_id)) if is_new else alloc.new_block_ids
+        tokens = req.token_ids
         out.scheduled.append(
             ScheduledRequest(
                 req.request_id,
-                tuple(req.token_ids[start:end]),
+                tuple(tokens[start:end]),
                 start,
                 blocks,
                 alloc.slot,
                 is_new,
-                sample=end == req.num_tokens,
+                end == len(tokens),
             )
         )
         snap = self.cache.plan_checkpoint(
-            req.request_id, req.token_ids, end, req.num_prompt_tokens, req.mm_spans, req.message_ends
+            req.request_id, tokens, end, len(req.prompt_token_ids), req.mm_spans, req.message_ends
         )
         if snap is not None:
             out.snapshots.append((snap.src_slot, snap.dst_slot))
@@ -189,13 +197,13 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
-            alloc = self.cache.allocate(req.request_id, PrefixHit(), req.num_computed_tokens, n)
+            alloc = self.cache.allocate(req.request_id, _NO_HIT, req.num_computed_tokens, n)
             while alloc is None:
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is req:
                     break
-                alloc = self.cache.allocate(req.request_id, PrefixHit(), req.num_computed_tokens, n)
+                alloc = self.cache.allocate(req.request_id, _NO_HIT, req.num_computed_tokens, n)
             if alloc is None:
                 if not self.running and -(-req.num_tokens // self.B) > self.cache.config.num_blocks:
                     # alone it still does not fit: the pool bounds its length
@@ -265,16 +273,17 @@ class Scheduler:
     ) -> list[Request]:
         """Advance every scheduled request; append sampled tokens; return newly finished ones."""
         finished, self._finished_early = self._finished_early, []
+        requests, commit, max_len = self.requests, self.cache.commit, self.config.max_model_len
         for s in out.scheduled:
-            req = self.requests.get(s.req_id)
+            req = requests.get(s.req_id)
             if req is None or req.status.finished:
                 continue
             req.num_computed_tokens += len(s.token_ids)
-            self.cache.commit(req.request_id, req.token_ids, req.num_computed_tokens, req.mm_spans)
+            commit(req.request_id, req.token_ids, req.num_computed_tokens, req.mm_spans)
             if s.sample:
                 tok = sampled[s.req_id]
                 req.append_output(tok, None if logprobs is None else logprobs.get(s.req_id))
-                status = token_stop(req, tok, self.config.max_model_len)
+                status = token_stop(req, tok, max_len)
                 if status is not None:
                     self.finish(req.request_id, status, stop_reason=req.stop_reason)
                     finished.append(req)

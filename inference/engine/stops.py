@@ -19,13 +19,14 @@ def token_stop(req: Request, tok: int, max_model_len: int) -> RequestStatus | No
     """The status `req` ends with after sampling `tok` (already appended), or None to go on.
     Sets `req.stop_reason` for a stop token id."""
     sp = req.sampling
-    if req.num_output_tokens >= sp.min_tokens:
+    num_output = len(req.output_token_ids)  # read once: this runs per running request per step
+    if num_output >= sp.min_tokens:
         if not sp.ignore_eos and tok in req.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if tok in sp.stop_token_ids:
             req.stop_reason = tok
             return RequestStatus.FINISHED_STOPPED
-    if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= max_model_len:
+    if num_output >= sp.max_tokens or len(req.token_ids) >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None
 

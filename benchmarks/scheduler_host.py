@@ -1,0 +1,93 @@
+"""Host cost of one steady decode step of the scheduler (schedule + update), pure Python, no model.
+
+`batch` requests with a `ctx`-token prompt are prefilled (untimed), then `steps` decode steps are
+timed, each `schedule()` + `update()` with every sampled token a constant non-stop id; the figure
+is the median microseconds per step. This is the host work an engine step serialises with the
+GPU's forward (issue 12), so it is the number to keep small per running request. Prints JSON.
+
+    python benchmarks/scheduler_host.py [--batches 1 32 128] [--ctx 2000] [--steps 400]
+    python benchmarks/scheduler_host.py --profile 128   # plus a cProfile of batch 128 (stderr)
+    PYTHONPATH=/path/to/other/checkout python benchmarks/scheduler_host.py  # that code's figures
+
+Recorded 2026-12-01 on the 2-core CPU box shared with other sessions (1-minute load average
+4.8-4.9), medians of 3 runs interleaved with main at 32cac66, before -> after, us per step:
+batch 1 16.1 -> 7.8, batch 32 447.5 -> 128.9 (3.5x), batch 128 1,945.7 -> 646.3 (3.0x); with
+`--no-gc` 16.1 -> 8.2, 459.5 -> 155.2, 1,844.5 -> 627.9. On a quiet box before was ~250 / ~1,030.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+from inference.cache.coordinator import CacheConfig
+from inference.engine.request import Request, SamplingParams
+from inference.engine.scheduler import Scheduler, SchedulerConfig
+
+
+def make_scheduler(batch: int, ctx: int) -> Scheduler:
+    """A scheduler whose `batch` requests have all finished their prefill."""
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1 << 20),
+        CacheConfig(
+            block_size=64, num_blocks=200_000, num_state_slots=4 * batch + 8, checkpoint_interval=1024
+        ),
+    )
+    for i in range(batch):
+        prompt = [(i * 7 + j) % 1000 for j in range(ctx)]
+        sched.add(Request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=100_000)))
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.requests.values()):
+        out = sched.schedule()
+        sched.update(out, {s.req_id: 5 for s in out.scheduled if s.sample})
+    return sched
+
+
+def decode_us_per_step(batch: int, ctx: int, steps: int, profile: bool = False) -> float:
+    sched = make_scheduler(batch, ctx)
+    prof = cProfile.Profile() if profile else None
+    times = []
+    if prof is not None:
+        prof.enable()
+    for _ in range(steps):
+        t = time.perf_counter()
+        out = sched.schedule()
+        sched.update(out, {s.req_id: 5 for s in out.scheduled if s.sample})
+        times.append(time.perf_counter() - t)
+    if prof is not None:
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(20)
+    return 1e6 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    ap.add_argument("--ctx", type=int, default=2000, help="prompt tokens per request")
+    ap.add_argument("--steps", type=int, default=400, help="timed decode steps per batch size")
+    ap.add_argument("--no-gc", action="store_true", help="disable the garbage collector while timing")
+    ap.add_argument("--profile", type=int, default=0, metavar="BATCH", help="cProfile 100 steps of BATCH")
+    args = ap.parse_args()
+    if args.no_gc:
+        gc.disable()
+    us = {str(b): round(decode_us_per_step(b, args.ctx, args.steps), 1) for b in args.batches}
+    result = {
+        "us_per_step": us,
+        "us_per_request": {b: round(v / int(b), 2) for b, v in us.items()},
+        "ctx": args.ctx,
+        "steps": args.steps,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    print(json.dumps(result))
+    if args.profile:
+        decode_us_per_step(args.profile, args.ctx, 100, profile=True)
+
+
+if __name__ == "__main__":
+    main()
