@@ -107,9 +107,11 @@ def test_killed_worker_with_tiers_fails_the_engine_fast() -> None:
     assert not folder.exists()  # removed by the driver although a rank was killed
 
 
-def _fail_first_promotion(model: nn.Module, rank: int, *, ranks: tuple[int, ...]) -> None:
-    """A rank hook (picklable through `functools.partial`): on `ranks`, the first step that would
-    start a promotion raises in the tier copies, before starting it."""
+def _fail_first_promotion(model: nn.Module, rank: int, *, ranks: tuple[int, ...], armed: str) -> None:
+    """A rank hook (picklable through `functools.partial`): on `ranks`, once the file `armed`
+    exists (the driver creates it when the setup is done: the setup's own conversations may
+    promote too), the first step that would start a promotion raises in the tier copies, before
+    starting it."""
     if rank not in ranks:
         return
     from inference.engine.tier_store import TierStore
@@ -117,7 +119,7 @@ def _fail_first_promotion(model: nn.Module, rank: int, *, ranks: tuple[int, ...]
     real, failed = TierStore.start, []
 
     def start(self: TierStore, transfers: list) -> None:
-        if transfers and not failed:
+        if transfers and not failed and os.path.exists(armed):
             failed.append(True)
             raise RuntimeError(f"tier copy failed on rank {rank}")
         real(self, transfers)
@@ -125,26 +127,29 @@ def _fail_first_promotion(model: nn.Module, rank: int, *, ranks: tuple[int, ...]
     TierStore.start = start
 
 
-def _evicted_engine(ranks: tuple[int, ...]):
-    """TP=2 with a host tier, one conversation evicted to it; the conversation's return next."""
+def _evicted_engine(ranks: tuple[int, ...], folder: Path):
+    """TP=2 with a host tier, one conversation evicted to it; the conversation's return next, with
+    the failing promotion armed."""
     spec = parse_config(small_model_config())
+    armed = folder / "armed"
     engine = build_parallel_engine(
         spec, ByteTokenizer(), HybridCacheSpec.from_model_spec(spec, torch.float32),
         BASE.evolve(tiers=TIERS["host"](None)), tensor_parallel_size=2, expert_parallel_size=1,
         model_dir=None, device=torch.device("cpu"), dtype=torch.float32, seed=0,
-        rank_hook=functools.partial(_fail_first_promotion, ranks=ranks),
+        rank_hook=functools.partial(_fail_first_promotion, ranks=ranks, armed=str(armed)),
     )  # fmt: skip
     first = conversations(1, seed=5)[0]
     (a,) = engine.generate([first], GREEDY)
     engine.generate(conversations(5, seed=6), GREEDY)
+    armed.touch()
     return engine, first + a.output_token_ids + [1, 2, 3]
 
 
-def test_a_step_failing_on_every_rank_before_its_promotion_undoes_it() -> None:
+def test_a_step_failing_on_every_rank_before_its_promotion_undoes_it(tmp_path: Path) -> None:
     """Every rank fails the step that starts the promotion (before starting it): the engine
     undoes the promotion, fails the request (the step ran no other), and the ranks stay up: sent
     again, the request gives the TP=1 tokens."""
-    engine, back = _evicted_engine(ranks=(0, 1))
+    engine, back = _evicted_engine(ranks=(0, 1), folder=tmp_path)
     try:
         rid = engine.add_request(back, GREEDY)
         with pytest.raises(StepFailedError, match="tier copy failed"):
@@ -161,8 +166,8 @@ def test_a_step_failing_on_every_rank_before_its_promotion_undoes_it() -> None:
     assert again.output_token_ids == ref.output_token_ids
 
 
-def test_a_promotion_failing_on_one_rank_only_fails_the_engine() -> None:
-    engine, back = _evicted_engine(ranks=(1,))
+def test_a_promotion_failing_on_one_rank_only_fails_the_engine(tmp_path: Path) -> None:
+    engine, back = _evicted_engine(ranks=(1,), folder=tmp_path)
     try:
         engine.add_request(back, GREEDY)
         t0 = time.monotonic()
