@@ -28,6 +28,7 @@ from inference.parallel.split_rule import (
     WIDTH,
     local_numel,
     mixer_units,
+    shared_expert_over_world,
     split_problem,
     vocab_range,
 )
@@ -96,22 +97,26 @@ def _rank_ffn(h: int, width: int, tp: int) -> int:
     return sum(local_numel(h * width, split, {WIDTH: width}, tp) for split in FFN_SPLITS.values())
 
 
-def rank_params(s: ModelSpec, tp: int) -> int:
-    """Parameters of one TP rank's language-model shard (vocab rows padded to `ceil(vocab / tp)`);
-    `tp` must split the model. The vision side is `driver_params`. Counted as the runtime at
-    `--tensor-parallel-size tp` holds it: every routed expert sliced over TP (EP = TP holds as many)."""
-    if problem := _split_problem(s, tp):
-        raise ValueError(f"TP={tp} does not split this model ({problem}): choose a TP that divides it")
+def rank_params(s: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Parameters of rank 0's language-model shard (vocab rows padded to `ceil(vocab / tp)`) on the
+    runtime's `--tensor-parallel-size tp --expert-parallel-size ep` mesh; `tp` x `ep` must split the
+    model. `ep=1` is also what analyze's plans hold: EP = TP over the same GPUs holds each GPU's
+    1/tp of every routed expert as TP's slice of each does. The vision side is `driver_params`."""
+    if problem := _split_problem(s, tp) if ep == 1 else split_problem(s, tp, ep):
+        mesh = f"TP={tp}" + (f" x EP={ep}" if ep > 1 else "")
+        raise ValueError(f"{mesh} does not split this model ({problem}): choose a TP that divides it")
     h = s.hidden_size
     rows = vocab_range(s.vocab_size, tp, 0)[2]
     n = rows * h * (1 if s.tie_word_embeddings else 2) + h * (2 * s.num_layers + 1)  # + norms, whole
     for kind in s.layer_kinds:
         n += _rank_mixer(s, kind, tp)
     if s.moe is not None and MOE in s.mlp_kinds:
+        e = s.moe
         router, _, _, _ = moe_layer_params(s)
-        gate = h if s.moe.shared_expert_gate else 0  # replicated, as the router
-        shared = _rank_ffn(h, s.moe.shared_width, tp) if s.moe.shared_width else 0
-        routed = s.moe.num_experts * _rank_ffn(h, s.moe.intermediate_size, tp)
+        gate = h if e.shared_expert_gate else 0  # replicated, as the router
+        over = tp * ep if shared_expert_over_world(e.shared_width, tp * ep) else tp
+        shared = _rank_ffn(h, e.shared_width, over) if e.shared_width else 0
+        routed = e.num_experts // ep * _rank_ffn(h, e.intermediate_size, tp)
         n += s.mlp_kinds.count(MOE) * (router + gate + shared + routed)
     n += s.mlp_kinds.count(DENSE) * _rank_ffn(h, s.intermediate_size, tp)
     return n
