@@ -163,11 +163,14 @@ def collectives(eng, args, batch: int) -> dict[str, Any]:
 
 
 def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
-    """Per-rank bytes the runtime holds, beside `dayzero analyze`'s per-GPU cache figures (bf16
-    KV, at this TP): weights, KV and state pools, bytes per token / per slot."""
+    """Per-rank bytes the runtime holds, beside `dayzero analyze`'s per-GPU figures (its count of
+    this mesh's shard by the split rule, in the run's dtype; bf16 KV, at this TP): weights, KV and
+    state pools, bytes per token / per slot."""
     from inference.analyze.params import cache_bytes
-    from inference.analyze.plan import _kv_per_gpu
+    from inference.analyze.plan import _kv_per_gpu, driver_params, rank_params
     from inference.config import parse_config
+    from inference.parallel.config import ParallelConfig
+    from inference.parallel.weights import rank_weight_bytes
     from inference.parallel.worker import rank_memory
 
     ranks = (
@@ -175,20 +178,19 @@ def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
         if hasattr(eng.runner, "memory")
         else [rank_memory(eng.runner.model, eng.runner.cache)]
     )
-    from inference.analyze.params import parameter_counts
-    from inference.parallel.config import ParallelConfig
-    from inference.parallel.weights import rank_weight_bytes
 
     spec = parse_config(cfg)
     _, state_seq = cache_bytes(spec)
-    head, _ = parameter_counts(spec)
     dtype = getattr(torch, args.dtype)
+    shard = rank_params(spec, args.tp, args.ep) * dtype.itemsize  # the split rule, counted by analyze
     return {
         "ranks": ranks,
         "rank0_weight_bytes_from_meta_shard": rank_weight_bytes(
             spec, ParallelConfig(args.tp, args.ep), dtype
         ),
-        "analyze_weight_bytes_even_split": head["total"] * dtype.itemsize / (args.tp * args.ep),
+        "analyze_weight_bytes_per_rank": shard,
+        # GPU 0 also holds the driver's vision tower and projector, whole (0 for a text model)
+        "analyze_weight_bytes_gpu0": shard + driver_params(spec) * dtype.itemsize,
         "analyze_kv_bytes_per_token_per_gpu": _kv_per_gpu(spec, args.tp),
         "analyze_state_bytes_per_sequence_per_gpu": state_seq / args.tp,
         "note": "analyze counts bf16 KV and conv windows: equal to the ranks' per-token / per-slot "

@@ -23,6 +23,7 @@ __all__ = [
     "cache_bytes",
     "dsa_params",
     "kv_per_layer",
+    "mixer_param_numels",
     "mixer_params",
     "moe_layer_params",
     "parameter_counts",
@@ -32,29 +33,40 @@ KV_DTYPE_BYTES = 2  # bf16 KV and conv windows, as the engine allocates them
 STATE_DTYPE_BYTES = 4  # recurrent states stay fp32
 
 
-def _kda_params(s: ModelSpec) -> int:
+def _kda_params(s: ModelSpec) -> dict[str, int]:
     k, h = s.kda, s.hidden_size
     d = k.proj_dim
-    return (
-        3 * h * d  # q, k, v
-        + 3 * d * k.conv_kernel_size  # short convs
-        + k.num_heads + d  # A_log, dt_bias
-        + 2 * (h * k.head_dim + k.head_dim * d)  # f_a/f_b and g_a/g_b low-rank
-        + h * k.num_heads  # b_proj
-        + k.head_dim  # o_norm
-        + d * h  # o_proj
-    )  # fmt: skip
+    return {
+        **{f"{p}.weight": h * d for p in ("q_proj", "k_proj", "v_proj")},
+        **{
+            f"{p}.weight": d * k.conv_kernel_size for p in ("q_conv1d", "k_conv1d", "v_conv1d")
+        },  # short convs
+        "A_log": k.num_heads,
+        "dt_bias": d,
+        **{f"{p}_a_proj.weight": h * k.head_dim for p in ("f", "g")},  # low-rank gate inputs
+        **{f"{p}_b_proj.weight": k.head_dim * d for p in ("f", "g")},
+        "b_proj.weight": h * k.num_heads,
+        "o_norm.weight": k.head_dim,
+        "o_proj.weight": d * h,
+    }
 
 
-def _mla_params(s: ModelSpec) -> int:
+def _mla_params(s: ModelSpec) -> dict[str, int]:
     m, h = s.mla, s.hidden_size
-    q = h * m.num_heads * m.qk_head_dim
-    if m.q_lora_rank is not None:
-        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.num_heads * m.qk_head_dim
-    kv = (
-        h * m.latent_dim + m.kv_lora_rank + m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
-    )
-    return q + kv + m.num_heads * m.v_head_dim * h + dsa_params(s)
+    q_out = m.num_heads * m.qk_head_dim
+    if m.q_lora_rank is None:
+        q = {"q_proj.weight": h * q_out}
+    else:
+        r = m.q_lora_rank
+        q = {"q_a_proj.weight": h * r, "q_a_layernorm.weight": r, "q_b_proj.weight": r * q_out}
+    return {
+        **q,
+        "kv_a_proj_with_mqa.weight": h * m.latent_dim,
+        "kv_a_layernorm.weight": m.kv_lora_rank,
+        "kv_b_proj.weight": m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim),
+        "o_proj.weight": m.num_heads * m.v_head_dim * h,
+        "indexer": dsa_params(s),
+    }
 
 
 def dsa_params(s: ModelSpec) -> int:
@@ -65,30 +77,44 @@ def dsa_params(s: ModelSpec) -> int:
     return m.q_lora_rank * d.num_heads * d.head_dim + h * d.head_dim + 2 * d.head_dim + h * d.num_heads
 
 
-def _gdn_params(s: ModelSpec) -> int:
+def _gdn_params(s: ModelSpec) -> dict[str, int]:
     g, h = s.gdn, s.hidden_size
-    return (
-        h * (2 * g.key_dim + 2 * g.value_dim)  # in_proj_qkvz
-        + h * 2 * g.num_v_heads  # in_proj_ba
-        + g.conv_dim * g.conv_kernel_size  # depthwise conv, no bias
-        + 2 * g.num_v_heads  # dt_bias, A_log
-        + g.v_head_dim  # gated RMSNorm
-        + g.value_dim * h  # out_proj
-    )  # fmt: skip
+    return {
+        "in_proj_qkvz.weight": h * (2 * g.key_dim + 2 * g.value_dim),
+        "in_proj_ba.weight": h * 2 * g.num_v_heads,
+        "conv1d.weight": g.conv_dim * g.conv_kernel_size,  # depthwise conv, no bias
+        "dt_bias": g.num_v_heads,
+        "A_log": g.num_v_heads,
+        "norm.weight": g.v_head_dim,  # gated RMSNorm
+        "out_proj.weight": g.value_dim * h,
+    }
 
 
-def _gqa_params(s: ModelSpec) -> int:
+def _gqa_params(s: ModelSpec) -> dict[str, int]:
     a, h = s.gqa, s.hidden_size
     q_out = a.num_heads * a.head_dim * (2 if a.output_gate else 1)  # query and gate in one projection
-    return h * q_out + 2 * h * a.num_kv_heads * a.head_dim + a.num_heads * a.head_dim * h + 2 * a.head_dim
+    return {
+        "q_proj.weight": h * q_out,
+        "k_proj.weight": h * a.num_kv_heads * a.head_dim,
+        "v_proj.weight": h * a.num_kv_heads * a.head_dim,
+        "o_proj.weight": a.num_heads * a.head_dim * h,
+        "q_norm.weight": a.head_dim,
+        "k_norm.weight": a.head_dim,
+    }
 
 
 _MIXER_PARAMS = {KDA: _kda_params, MLA: _mla_params, GDN: _gdn_params, GQA: _gqa_params}
 
 
+def mixer_param_numels(s: ModelSpec, kind: str) -> dict[str, int]:
+    """Elements of each parameter of one token mixer of layer kind `kind`, by its path in the mixer
+    (the paths `inference/parallel/split_rule.MIXER_SPLITS` names; the DSA indexer is one entry)."""
+    return _MIXER_PARAMS[kind](s)
+
+
 def mixer_params(s: ModelSpec, kind: str) -> int:
     """Parameters of one token mixer (attention or linear attention) of layer kind `kind`."""
-    return _MIXER_PARAMS[kind](s)
+    return sum(_MIXER_PARAMS[kind](s).values())
 
 
 def moe_layer_params(s: ModelSpec) -> tuple[int, int, int, int]:
@@ -102,7 +128,7 @@ def moe_layer_params(s: ModelSpec) -> tuple[int, int, int, int]:
 
 def _layer_params(s: ModelSpec, i: int) -> int:
     """One decoder layer: mixer, FFN and its two norms."""
-    n = _MIXER_PARAMS[s.layer_kinds[i]](s) + 2 * s.hidden_size
+    n = mixer_params(s, s.layer_kinds[i]) + 2 * s.hidden_size
     if s.mlp_kinds[i] == MOE:
         return n + sum(moe_layer_params(s)[:3])
     return n + 3 * s.hidden_size * s.intermediate_size
@@ -113,9 +139,9 @@ def parameter_counts(s: ModelSpec) -> tuple[dict[str, int], dict[str, int]]:
     h = s.hidden_size
     comp = {"embedding": s.vocab_size * h, "lm_head": 0 if s.tie_word_embeddings else s.vocab_size * h}
     comp["norms"] = h * (2 * s.num_layers + 1)
-    for kind, fn in _MIXER_PARAMS.items():
+    for kind in _MIXER_PARAMS:
         if kind in s.layer_kinds:
-            comp[kind] = fn(s) * s.layer_kinds.count(kind)
+            comp[kind] = mixer_params(s, kind) * s.layer_kinds.count(kind)
     comp["dense_mlp"] = 3 * h * s.intermediate_size * s.mlp_kinds.count(DENSE)
     n_moe = s.mlp_kinds.count(MOE)
     routed_active = 0

@@ -1,7 +1,7 @@
 """TP/EP/PP plans with 20% headroom per GPU, preferring the fewest GPUs that hold the model.
 
-Weights per GPU follow the runtime's split (`inference/parallel/sharding.py` decides it; this module
-counts its result without torch): each rank holds its slice of the language model plus what every
+Weights per GPU follow the runtime's split rule (`inference/parallel/split_rule.py`, torch-free,
+which `inference/parallel/sharding.py` reshapes the model by): each rank holds its slice of the language model plus what every
 rank keeps whole (norms, routers, latent and low-rank projections, the DSA indexer, the GDN conv
 filter, GQA KV heads past `tp`), and a vision-language model's tower and projector are held whole
 by the driver on GPU 0 (`model/multimodal.VisionEncoder`), so GPU 0 is the fullest GPU: its free
@@ -16,13 +16,22 @@ from dataclasses import dataclass
 from inference.analyze.params import (
     KV_DTYPE_BYTES,
     cache_bytes,
-    dsa_params,
     kv_per_layer,
-    mixer_params,
+    mixer_param_numels,
     moe_layer_params,
     parameter_counts,
 )
-from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
+from inference.config import DENSE, GQA, MOE, ModelSpec
+from inference.parallel.split_rule import (
+    FFN_SPLITS,
+    MIXER_SPLITS,
+    WIDTH,
+    local_numel,
+    mixer_units,
+    shared_expert_over_world,
+    split_problem,
+    vocab_range,
+)
 
 __all__ = [
     "HEADROOM",
@@ -63,30 +72,8 @@ class ParallelPlan:
 
 
 def _split_problem(s: ModelSpec, tp: int) -> str:
-    """Why TP=`tp` does not split this model evenly ("" when it does)."""
-    heads = []
-    if s.kda is not None and KDA in s.layer_kinds:
-        heads.append(("KDA heads", s.kda.num_heads))
-    if s.mla is not None and MLA in s.layer_kinds:
-        heads.append(("MLA heads", s.mla.num_heads))
-    if s.gdn is not None and GDN in s.layer_kinds:
-        heads += [("GDN key heads", s.gdn.num_k_heads), ("GDN value heads", s.gdn.num_v_heads)]
-    if s.gqa is not None and GQA in s.layer_kinds:
-        heads.append(("GQA heads", s.gqa.num_heads))
-        kv = s.gqa.num_kv_heads
-        if kv % tp and tp % kv:  # fewer kv heads than ranks is fine: each rank keeps a replica
-            return f"GQA kv heads {kv} vs TP {tp}"
-    if s.moe is not None and MOE in s.mlp_kinds:
-        heads.append(("experts", s.moe.num_experts))
-        heads.append(("moe_intermediate_size", s.moe.intermediate_size))  # each expert sliced over TP
-        if s.moe.shared_width:
-            heads.append(("shared expert width", s.moe.shared_width))
-    if DENSE in s.mlp_kinds:
-        heads.append(("intermediate_size", s.intermediate_size))
-    for what, n in heads:
-        if n % tp:
-            return f"{what} {n} not divisible by TP {tp}"
-    return ""
+    """Why TP=`tp` does not split this model evenly ("" when it does); analyze's plans put EP = TP."""
+    return split_problem(s, tp, tp)
 
 
 def _kv_per_gpu(s: ModelSpec, tp: int) -> int:
@@ -99,46 +86,39 @@ def _kv_per_gpu(s: ModelSpec, tp: int) -> int:
     return math.ceil(total)
 
 
-def _replicated(s: ModelSpec, kind: str) -> int:
-    """Parameters of one token mixer that every TP rank keeps whole (the rest splits by head)."""
-    h = s.hidden_size
-    if kind == KDA:
-        return 2 * h * s.kda.head_dim + s.kda.head_dim  # f_a / g_a low-rank inputs, output norm
-    if kind == MLA:
-        m = s.mla  # kv_a_proj_with_mqa and its norm; q_a_proj and its norm; the DSA indexer
-        q_a = 0 if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank
-        return h * m.latent_dim + m.kv_lora_rank + q_a + dsa_params(s)
-    if kind == GDN:
-        return s.gdn.conv_dim * s.gdn.conv_kernel_size + s.gdn.v_head_dim  # conv filter, output norm
-    return 2 * s.gqa.head_dim  # q/k norms (K/V heads: `_rank_mixer`)
-
-
 def _rank_mixer(s: ModelSpec, kind: str, tp: int) -> int:
-    whole = _replicated(s, kind)
-    split = mixer_params(s, kind) - whole
-    if kind != GQA:
-        return split // tp + whole
-    a = s.gqa  # K/V by KV head, or (tp a multiple of them) one KV head per rank
-    kv = 2 * s.hidden_size * a.num_kv_heads * a.head_dim
-    local = a.num_kv_heads // tp if a.num_kv_heads % tp == 0 else 1
-    return (split - kv) // tp + kv // a.num_kv_heads * local + whole
+    """One rank's parameters of a token mixer: each parameter as the split rule cuts it."""
+    splits, units = MIXER_SPLITS[kind], mixer_units(s, kind)
+    return sum(local_numel(n, splits.get(name), units, tp) for name, n in mixer_param_numels(s, kind).items())
 
 
-def rank_params(s: ModelSpec, tp: int) -> int:
-    """Parameters of one TP rank's language-model shard (vocab rows padded to `ceil(vocab / tp)`);
-    `tp` must split the model. The vision side is `driver_params`."""
-    if problem := _split_problem(s, tp):
-        raise ValueError(f"TP={tp} does not split this model ({problem}): choose a TP that divides it")
+def _rank_ffn(h: int, width: int, tp: int) -> int:
+    """One rank's parameters of a SwiGLU of `width` (dense FFN, a routed or the shared expert)."""
+    return sum(local_numel(h * width, split, {WIDTH: width}, tp) for split in FFN_SPLITS.values())
+
+
+def rank_params(s: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Parameters of rank 0's language-model shard (vocab rows padded to `ceil(vocab / tp)`) on the
+    runtime's `--tensor-parallel-size tp --expert-parallel-size ep` mesh; `tp` x `ep` must split the
+    model. `ep=1` is also what analyze's plans hold: EP = TP over the same GPUs holds each GPU's
+    1/tp of every routed expert as TP's slice of each does. The vision side is `driver_params`."""
+    if problem := _split_problem(s, tp) if ep == 1 else split_problem(s, tp, ep):
+        mesh = f"TP={tp}" + (f" x EP={ep}" if ep > 1 else "")
+        raise ValueError(f"{mesh} does not split this model ({problem}): choose a TP that divides it")
     h = s.hidden_size
-    rows = -(-s.vocab_size // tp)
+    rows = vocab_range(s.vocab_size, tp, 0)[2]
     n = rows * h * (1 if s.tie_word_embeddings else 2) + h * (2 * s.num_layers + 1)  # + norms, whole
     for kind in s.layer_kinds:
         n += _rank_mixer(s, kind, tp)
     if s.moe is not None and MOE in s.mlp_kinds:
-        router, shared, routed, _ = moe_layer_params(s)
-        gate = h if s.moe.shared_expert_gate else 0  # replicated, as the router
-        n += s.mlp_kinds.count(MOE) * (router + gate + (shared - gate + routed) // tp)
-    n += s.mlp_kinds.count(DENSE) * 3 * h * s.intermediate_size // tp
+        e = s.moe
+        router, _, _, _ = moe_layer_params(s)
+        gate = h if e.shared_expert_gate else 0  # replicated, as the router
+        over = tp * ep if shared_expert_over_world(e.shared_width, tp * ep) else tp
+        shared = _rank_ffn(h, e.shared_width, over) if e.shared_width else 0
+        routed = e.num_experts // ep * _rank_ffn(h, e.intermediate_size, tp)
+        n += s.mlp_kinds.count(MOE) * (router + gate + shared + routed)
+    n += s.mlp_kinds.count(DENSE) * _rank_ffn(h, s.intermediate_size, tp)
     return n
 
 

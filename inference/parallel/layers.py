@@ -13,16 +13,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.parallel.comm import Comm
+from inference.parallel.split_rule import vocab_range
 
 __all__ = ["ParallelLMHead", "RowParallelLinear", "VocabParallelEmbedding", "vocab_shard"]
 
 
 def vocab_shard(vocab: int, comm: Comm) -> tuple[int, int, int]:
     """`(start, stop, rows)`: this rank's vocab ids `[start, stop)` in `rows = ceil(vocab / size)`
-    local rows (the last rank's tail rows are padding, zero and never sampled)."""
-    rows = -(-vocab // comm.size)
-    start = min(comm.rank * rows, vocab)
-    return start, min(start + rows, vocab), rows
+    local rows (the last rank's tail rows are padding, zero and never sampled): `split_rule`'s."""
+    return vocab_range(vocab, comm.size, comm.rank)
 
 
 class RowParallelLinear(nn.Linear):
