@@ -36,6 +36,8 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pg_wal  # beside this script (psycopg only)
+
 from tests.support.scripted_model import reply  # stdlib only
 
 ADMIN_DSN = os.environ.get("DAYZERO_BENCH_PG_DSN", "host=127.0.0.1 user=postgres dbname=postgres")
@@ -92,40 +94,12 @@ def run_task(graph: Any, durations: list[float] | None = None) -> int:
     return steps
 
 
-def wal_lsn(conn: psycopg.Connection) -> int:
-    return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
-
-
-def table_bytes(conn: psycopg.Connection) -> int:
-    return int(
-        conn.execute(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'"
-        ).fetchone()[0]
-    )
-
-
-def wal_record_bytes(conn: psycopg.Connection, lsn0: int, lsn1: int) -> int:
-    """This database's WAL record bytes (without full-page images) between two LSNs: every
-    record of a transaction that wrote one of its relations (the dayzero benchmark's rule)."""
-    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-    oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
-    row = conn.execute(
-        "WITH r AS (SELECT xid, record_length - fpi_length AS len, block_ref FROM pg_get_wal_records_info("
-        "'0/0'::pg_lsn + %s::numeric, '0/0'::pg_lsn + %s::numeric)), "
-        "ours AS (SELECT DISTINCT xid FROM r WHERE xid <> '0' AND block_ref LIKE %s) "
-        "SELECT coalesce(sum(len), 0) FROM r WHERE xid IN (SELECT xid FROM ours)",
-        (lsn0, lsn1, f"%/{oid}/%"),
-    ).fetchone()
-    return int(row[0])
-
-
 def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
-    with PostgresSaver.from_conn_string(dsn) as saver, psycopg.connect(dsn, autocommit=True) as conn:
+    with PostgresSaver.from_conn_string(dsn) as saver:
         graph = build(saver)
         for _ in range(2):  # warm-up: connection, prepared statements, graph compile caches
             run_task(graph)
-        lsn0, size0 = wal_lsn(conn), table_bytes(conn)
+        lsn0, size0 = pg_wal.lsn_and_table_bytes(dsn)
         durations: list[float] = []
         firsts: list[float] = []
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -135,8 +109,8 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
             steps += run_task(graph, durations)
             firsts.append(durations[before])
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        lsn1, size1 = wal_lsn(conn), table_bytes(conn)
-        rec = wal_record_bytes(conn, lsn0, lsn1)
+        lsn1, size1 = pg_wal.lsn_and_table_bytes(dsn)
+        rec, _fpi = pg_wal.record_bytes(dsn, lsn0, lsn1)
     later = sorted(set(durations) - set(firsts))
     durations.sort()
     return {

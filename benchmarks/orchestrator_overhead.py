@@ -47,6 +47,8 @@ from sqlalchemy import text
 # DZ_BENCH_REPO: the checkout whose code is measured (another one's for "before" figures).
 sys.path.insert(0, os.environ.get("DZ_BENCH_REPO") or str(Path(__file__).resolve().parents[1]))
 
+import pg_wal  # beside this script
+
 from orchestrator.config import Budgets
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
@@ -124,51 +126,8 @@ def steps_run(url: str, ids: list[str]) -> tuple[int, int]:
 
 
 def wal_record_bytes(url: str, start_lsn: int, end_lsn: int) -> tuple[int, int]:
-    """(record bytes without full-page images, full-page-image bytes) of this database's WAL
-    between two LSNs: every record of a transaction that wrote one of its relations."""
-    engine = make_engine(url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        rec, fpi = conn.execute(
-            text(
-                "WITH r AS (SELECT xid, record_length, fpi_length, block_ref FROM pg_get_wal_records_info("
-                "'0/0'::pg_lsn + CAST(:a AS numeric), '0/0'::pg_lsn + CAST(:b AS numeric))), "
-                "ours AS (SELECT DISTINCT xid FROM r WHERE xid <> '0' AND block_ref LIKE :rel) "
-                "SELECT sum(record_length - fpi_length), sum(fpi_length) FROM r WHERE xid IN (SELECT xid FROM ours)"
-            ),
-            {"a": start_lsn, "b": end_lsn, "rel": f"%/{_db_oid(conn)}/%"},
-        ).one()
-    engine.dispose()
-    return int(rec or 0), int(fpi or 0)
-
-
-def wal_by_relation(url: str, start_lsn: int, end_lsn: int) -> dict[str, int]:
-    """This database's WAL record bytes between two LSNs by relation (table or index; a record
-    counts for the first block it touches), largest first; records without a block (commits)
-    are "(no block: commit)"."""
-    engine = make_engine(url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "WITH r AS (SELECT xid, record_length - fpi_length AS len, "
-                "substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS node, block_ref "
-                "FROM pg_get_wal_records_info('0/0'::pg_lsn + CAST(:a AS numeric), "
-                "'0/0'::pg_lsn + CAST(:b AS numeric))), "
-                "ours AS (SELECT DISTINCT xid FROM r WHERE xid <> '0' AND block_ref LIKE :rel) "
-                "SELECT coalesce(c.relname, '(no block: commit)'), sum(r.len) FROM r "
-                "LEFT JOIN pg_class c ON c.relfilenode::text = r.node "
-                "WHERE r.xid IN (SELECT xid FROM ours) GROUP BY 1 ORDER BY 2 DESC"
-            ),
-            {"a": start_lsn, "b": end_lsn, "rel": f"%/{_db_oid(conn)}/%"},
-        ).all()
-    engine.dispose()
-    return {name: int(n) for name, n in rows}
-
-
-def _db_oid(conn: Any) -> int:
-    return int(
-        conn.exec_driver_sql("SELECT oid FROM pg_database WHERE datname = current_database()").scalar_one()
-    )
+    """(record bytes without full-page images, full-page-image bytes): `pg_wal.record_bytes`."""
+    return pg_wal.record_bytes(url, start_lsn, end_lsn)
 
 
 def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks: int = 10) -> dict[str, Any]:
@@ -185,7 +144,7 @@ def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks:
         rec, fpi = wal_record_bytes(url, lsn0, lsn1)
         ran, ok = steps_run(url, ids)
         steps = ran / n_tasks  # as run, not as planned
-        by_rel = wal_by_relation(url, lsn0, lsn1)
+        by_rel = pg_wal.record_bytes_by_relation(url, lsn0, lsn1)
         out[f"cycles_{cycles}"] = {
             "steps": steps,
             "tasks_succeeded": ok,
@@ -198,17 +157,7 @@ def wal_by_length(url: str, lengths: tuple[int, ...] = (5, 10, 20, 40), n_tasks:
 
 
 def wal_and_sizes(url: str) -> tuple[int, int]:
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        lsn = conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar_one()
-        size = conn.execute(
-            text(
-                "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = 'public' AND c.relkind = 'r'"
-            )
-        ).scalar_one()
-    engine.dispose()
-    return int(lsn), int(size)
+    return pg_wal.lsn_and_table_bytes(url)
 
 
 def commit_floor_ms(url: str, n: int = 200) -> dict[str, float]:

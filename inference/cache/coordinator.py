@@ -328,10 +328,9 @@ class HybridCacheCoordinator:
         if 0 < num_computed < prompt_len and prompt_len - num_computed <= resumed_within:
             return (((prompt_len - 1) // interval) + 1) * interval  # past the prompt: rule 1 as ever
         cut = (num_computed // interval + 1) * interval
-        if num_computed < prompt_len - 1:  # rule 4's marks lie inside the prompt (a decode has none ahead)
-            for p in self.prompt_marks(prompt_len, message_ends):
-                if p > num_computed:
-                    return min(cut, p)
+        for p in self.prompt_marks(prompt_len, message_ends):
+            if p > num_computed:
+                return min(cut, p)
         return cut
 
     def _reserve(self, req_id: str, token_ids: Sequence[int], p: int, priority: int, mm) -> Snapshot | None:
