@@ -95,8 +95,12 @@ class ModelRunner:
         return t
 
     def _table(self, s: ScheduledRequest) -> list[int]:
-        """The sequence's block table after this step (not stored): new, or extended by its blocks."""
-        return list(s.block_ids) if s.is_new else self.tables[s.req_id] + list(s.block_ids)
+        """The sequence's block table after this step (not stored): new, extended by its blocks
+        (a new list), or the same list object when it gained none (the decode graphs' host
+        buffer skips a row that holds the list it held before; lists are never mutated)."""
+        if s.is_new:
+            return list(s.block_ids)
+        return self.tables[s.req_id] + list(s.block_ids) if s.block_ids else self.tables[s.req_id]
 
     def build_meta(self, out: SchedulerOutput) -> tuple[ForwardMeta, list[int], list[int]]:
         """ForwardMeta for the step, the flat input ids, and the batch rows of sampled requests."""

@@ -3,9 +3,16 @@ and replay themselves run on the GPU benchmark, `benchmarks/engine.py`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from inference.engine.cuda_graphs import DecodeBatch, padded_inputs, pick_bucket, width_bucket
+from inference.engine.cuda_graphs import (
+    DecodeBatch,
+    HostInputs,
+    padded_inputs,
+    pick_bucket,
+    width_bucket,
+)
 
 
 def test_buckets():
@@ -52,3 +59,37 @@ def test_padded_inputs_refuses_what_does_not_fit():
         padded_inputs(batch, rows=1, width=2, scratch_block=5, scratch_slot=1, block_size=4)
     with pytest.raises(ValueError, match="does not fit"):
         padded_inputs(DecodeBatch([1, 2], [0, 0], [0, 0], [1, 1], [[0], [1]], [0, 1]), 1, 4, 5, 1, 4)
+
+
+def test_host_inputs_rewrite_only_changed_rows_and_match_a_fresh_fill():
+    """Fills in place over a run of steps (tables extended as new lists, rows reassigned, the
+    batch shrinking and growing) always equal a fresh `padded_inputs` of the same batch; a row
+    holding the same list is not rewritten."""
+    rows, width, sb, ss, bs = 4, 6, 9, 4, 4
+    array = np.zeros(5 * rows + rows * width, dtype=np.int64)
+    host = HostInputs(rows, width, array)
+    a, b, c = [1, 2], [3], [5, 6, 7]
+    steps = [
+        [a, b, c],
+        [a, b, c],
+        [[*a, 8], b, c],
+        [c, [*a, 8]],
+        [b],
+        [b, c, a, [0, 4, 4, 4, 4, 4]],
+        [],
+    ]
+    for tables in steps:
+        n = len(tables)
+        batch = DecodeBatch(
+            ids=list(range(n)), positions=[7] * n, slot_mapping=[3] * n, seq_lens=[8] * n,
+            tables=tables, state_slots=list(range(n)),
+        )  # fmt: skip
+        host.fill(batch, sb, ss, bs)
+        assert array.tolist() == padded_inputs(batch, rows, width, sb, ss, bs)
+    same = DecodeBatch([0], [7], [3], [8], [b], [0])
+    host.fill(same, sb, ss, bs)
+    array[5 * rows] = -1  # a row holding the list it held is left as it is
+    host.fill(same, sb, ss, bs)
+    assert array[5 * rows] == -1
+    host.fill(DecodeBatch([0], [7], [3], [8], [list(b)], [0]), sb, ss, bs)  # an equal new list: rewritten
+    assert array[5 * rows] == b[0]

@@ -205,7 +205,7 @@ class _PaddedEager(DecodeGraphs):
     from a captured graph: what the graph computes, checkable on CPU."""
 
     def _capture(self, rows, width):
-        g = DecodeInputs(rows, width, self.block_size, self.device)
+        g = DecodeInputs(rows, width, self.block_size, self.device, self.scratch_block, self.scratch_slot)
         self.graphs[(rows, width)] = g
         return g
 
