@@ -241,7 +241,15 @@ def _warm(eng: Engine, extra_steps: int = 3) -> None:
 
 
 def engine_decode(
-    model, spec, dtype, device, batch: int, prompt_len: int, steps: int, **engine_kw
+    model,
+    spec,
+    dtype,
+    device,
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    host_profile: bool = False,
+    **engine_kw,
 ) -> dict[str, Any]:
     # a request whose prompt is done decodes while the others still prefill (a token per step):
     # room for those steps too, so that no request finishes inside the timed steps (a smaller
@@ -264,7 +272,34 @@ def engine_decode(
     first = eng.get_request(rids[0])
     _warm(eng)
     res = _timed_steps(eng, device, steps)
-    return {"batch": batch, "prompt_len": prompt_len, **res, "first_tokens": first.output_token_ids[:8]}
+    out = {"batch": batch, "prompt_len": prompt_len, **res, "first_tokens": first.output_token_ids[:8]}
+    if host_profile:
+        out["host_profile"] = _host_profile(eng, device, min(steps, 16))  # within max_tokens
+    return out
+
+
+def _host_profile(eng: Engine, device, steps: int) -> str:
+    """Where the host time of `steps` graph-mode decode steps goes (cProfile, by own time). A
+    step's wall time over its GPU work is host time when the GPU waits: the sampled tokens' copy
+    to the host (the step's one sync) shows how long the host waited for the GPU."""
+    import cProfile
+    import io
+    import pstats
+
+    sync(device)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        eng.step()
+    sync(device)
+    prof.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(22)
+    st.sort_stats("cumulative").print_stats(18)
+    text = buf.getvalue()
+    print(text, flush=True)
+    return text
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -543,6 +578,9 @@ def main() -> None:
     ap.add_argument("--profile-ttft", action="store_true", help="torch.profiler table of one cached turn")
     ap.add_argument("--profile-decode", action="store_true", help="GPU kernels of eager decode steps")
     ap.add_argument("--profile-batch", type=int, default=32, help="batch of --profile-decode")
+    ap.add_argument(
+        "--profile-host", action="store_true", help="cProfile of graph decode steps (decode, decode_long)"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)  # a failed decode-graph capture is logged, not raised
     want = set(args.sections.split(","))
@@ -579,11 +617,13 @@ def main() -> None:
         section("decode_paths", out_dir)(decode_paths)(model, spec, dtype, device)
     if "decode" in want:
         for b in batches:
-            section(f"engine_decode_b{b}", out_dir)(engine_decode)(model, spec, dtype, device, b, plen, steps)
+            section(f"engine_decode_b{b}", out_dir)(engine_decode)(
+                model, spec, dtype, device, b, plen, steps, host_profile=args.profile_host
+            )
     if "decode_long" in want:  # batch 32 at a 16K context: wide block tables in the decode graphs
         long_len = 512 if quick else 16384
         section("engine_decode_b32_ctx16k", out_dir)(engine_decode)(
-            model, spec, dtype, device, 32, long_len, 32
+            model, spec, dtype, device, 32, long_len, 32, host_profile=args.profile_host
         )
     if "decode" in want and not quick:  # batch 32 without CUDA graphs: what the graphs buy
         section("engine_decode_b32_eager", out_dir)(engine_decode)(
