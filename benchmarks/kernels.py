@@ -51,6 +51,7 @@ with the selection 71.6 / 99.5 ms.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -523,9 +524,66 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
     return rows
 
 
+# the benchmark config's routed experts: E 32, H 2048, I 768, top-4
+MOE_E, MOE_H, MOE_I, MOE_K = 32, 2048, 768, 4
+MOE_CANDIDATES = [(bn, w, st) for bn in (16, 32, 64) for w, st in ((2, 4), (4, 3), (4, 4), (4, 5))]
+
+
+def _time_tiles(fn, res: dict[str, Any]) -> dict[tuple[int, int, int], float]:
+    """Graph-replay seconds of `fn(tile=...)` for every candidate; one that fails is noted in
+    `res` and timed as infinite."""
+    times = {}
+    for tile in MOE_CANDIDATES:
+        try:
+            times[tile] = bench_graph(functools.partial(fn, tile=tile), flush="read")
+        except Exception as exc:  # e.g. a tile past the shared memory
+            times[tile] = float("inf")
+            res.setdefault("failed", []).append([list(tile), repr(exc)[:120]])
+    return times
+
+
+def moe_tiles(gbps: float) -> dict[str, Any]:
+    """The decode MoE GEMMs (`inference/kernels/moe_gemm`) per tile at batch 1 / 4 / 32 / 128
+    (4 / 16 / 128 / 512 pairs), CUDA-graph replay, L2 flushed by reads; % of copy bandwidth on the
+    routed experts' weight bytes (the experts that got a token; the activations are noise)."""
+    from inference.kernels.moe_dispatch.reference import sort_pairs_reference
+    from inference.kernels.moe_gemm import fast as mg
+
+    rows: dict[str, Any] = {"picked_up": list(mg.UP_TILES), "picked_down": list(mg.DOWN_TILES)}
+    g = torch.Generator("cuda").manual_seed(0)
+    w13 = torch.randn(MOE_E, 2 * MOE_I, MOE_H, generator=g, device="cuda").to(torch.bfloat16)
+    w2 = torch.randn(MOE_E, MOE_H, MOE_I, generator=g, device="cuda").to(torch.bfloat16)
+    for t in (1, 4, 32, 128):
+        x = torch.randn(t, MOE_H, generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(MOE_E, generator=g, device="cuda")[:MOE_K] for _ in range(t)])
+        _, tok, _, ends = sort_pairs_reference(ids, MOE_E)
+        act = mg.moe_up_fast(x, tok, w13, ends)
+        experts = int(ids.unique().numel())
+        up_bytes = experts * 2 * MOE_I * MOE_H * 2
+        down_bytes = experts * MOE_H * MOE_I * 2
+        res: dict[str, Any] = {"pairs": t * MOE_K, "experts": experts}
+        up = functools.partial(mg.moe_up_fast, x, tok, w13, ends)
+        down = functools.partial(mg.moe_down_fast, act, w2, ends)
+        for name, nbytes, fn, tiles in (
+            ("up", up_bytes, up, mg.UP_TILES), ("down", down_bytes, down, mg.DOWN_TILES),
+        ):  # fmt: skip
+            times = _time_tiles(fn, res)
+            picked, best = mg.pick_tile(tiles, t * MOE_K), min(times, key=times.get)
+            res[name] = {
+                "picked": list(picked), "picked_us": round(1e6 * times[picked], 2),
+                "picked_pct_copy_bw": round(100 * nbytes / times[picked] / 1e9 / gbps, 1),
+                "best": list(best), "best_us": round(1e6 * times[best], 2),
+                "best_pct_copy_bw": round(100 * nbytes / times[best] / 1e9 / gbps, 1),
+                "all_us": {f"{a}/{b}/{c}": round(1e6 * v, 2) for (a, b, c), v in sorted(times.items())},
+            }  # fmt: skip
+        rows[f"b{t}"] = res
+        print(f"[moe] b{t}: {json.dumps(res)[:900]}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,sweep,deep,prefill,chunking,layer_prefill,dsa")
+    ap.add_argument("--sections", default="copy,decode,sweep,deep,prefill,chunking,layer_prefill,dsa,moe")
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
     want = args.sections.split(",")
@@ -546,6 +604,7 @@ def main() -> None:
         "chunking": lambda: record("prefill_chunking", prefill_chunking),
         "layer_prefill": lambda: record("layer_prefill", layer_prefill),
         "dsa": lambda: record("dsa", dsa),
+        "moe": lambda: record("moe", moe_tiles, gbps),
     }
     for name in want:  # in the order given (a time limit then cuts the last ones)
         if name in sections:

@@ -146,16 +146,20 @@ def main() -> None:
     sig = {"X": "*bf16", "TOK": "*i64", "W": "*bf16", "ENDS": "*i32", "OUT": "*bf16"} | dict.fromkeys(
         ints, "i32"
     )
-    bn, bk, warps, stages = moe_gemm.UP_TILE
-    const = dict(BLOCK_M=moe_gemm.BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, IEEE=False, STAGES=stages)
-    compile_one("moe up (gate|up + SwiGLU)", moe_gemm._moe_up_kernel, sig, const,
-                {"X", "W", "OUT", "stride_x", "stride_we", "stride_wn", "stride_o", "H", "INTER"}, num_warps=warps)  # fmt: skip
+    for most, (bn, warps, stages) in moe_gemm.UP_TILES:
+        const = dict(
+            BLOCK_M=moe_gemm.BLOCK_M, BLOCK_N=bn, BLOCK_K=moe_gemm.BLOCK_K, IEEE=False, STAGES=stages
+        )
+        compile_one(f"moe up (gate|up + SwiGLU) <= {most} pairs", moe_gemm._moe_up_kernel, sig, const,
+                    {"X", "W", "OUT", "stride_x", "stride_we", "stride_wn", "stride_o", "H", "INTER"}, num_warps=warps)  # fmt: skip
     ints = ["stride_a", "stride_we", "stride_wn", "stride_o", "N", "K"]
     sig = {"A": "*bf16", "W": "*bf16", "ENDS": "*i32", "OUT": "*bf16"} | dict.fromkeys(ints, "i32")
-    bn, bk, warps, stages = moe_gemm.DOWN_TILE
-    const = dict(BLOCK_M=moe_gemm.BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, IEEE=False, STAGES=stages)
-    compile_one("moe down", moe_gemm._moe_down_kernel, sig, const,
-                {"A", "W", "OUT", "stride_a", "stride_we", "stride_wn", "stride_o", "N", "K"}, num_warps=warps)  # fmt: skip
+    for most, (bn, warps, stages) in moe_gemm.DOWN_TILES:
+        const = dict(
+            BLOCK_M=moe_gemm.BLOCK_M, BLOCK_N=bn, BLOCK_K=moe_gemm.BLOCK_K, IEEE=False, STAGES=stages
+        )
+        compile_one(f"moe down <= {most} pairs", moe_gemm._moe_down_kernel, sig, const,
+                    {"A", "W", "OUT", "stride_a", "stride_we", "stride_wn", "stride_o", "N", "K"}, num_warps=warps)  # fmt: skip
     import inference.kernels.moe_router.fast as router
 
     # the benchmark config's router ([32, 2048], k 4) and Kimi-Linear-48B's ([256, 2304], k 8)

@@ -18,13 +18,25 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["MAX_PAIRS", "moe_down_fast", "moe_up_fast"]
+__all__ = ["DOWN_TILES", "MAX_PAIRS", "UP_TILES", "moe_down_fast", "moe_up_fast", "pick_tile"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_PAIRS = 512  # b128 x top-4; a group then holds ~16 rows (one row tile) at 32 experts
 BLOCK_M = 16  # rows per tile (tl.dot's minimum)
-UP_TILE = (64, 128, 4, 3)  # (BLOCK_N, BLOCK_K, num_warps, num_stages)
-DOWN_TILE = (64, 128, 4, 3)
+BLOCK_K = 128  # the same in every tile: each output's K sum runs in one order whatever the tile
+# (most pairs, (BLOCK_N, num_warps, num_stages)), by the step's pairs (tokens x top-k), from
+# `benchmarks/kernels.py --sections moe` on the H200 (12 tiles each; graph replay, L2 flushed; %
+# of the 4.25 TB/s copy bandwidth on the routed experts' weights). Batch 1: up 14.3 us (41%; the
+# one tile before: 19.2 us), down 10.2 us (29%); narrower column blocks, more programs, were
+# slower (16 columns: 17-24 us). Batch 4: 26.7 / 17.3 us (78 / 60%). Batch 32 / 128: up 50.0 /
+# 78.2 us (89 / 61%), down 27.6 / 35.9 us (81 / 66%; before: 27.6 / 42.8).
+UP_TILES = ((8, (64, 4, 5)), (32, (64, 4, 3)), (MAX_PAIRS, (32, 4, 5)))
+DOWN_TILES = ((8, (64, 2, 4)), (32, (32, 4, 3)), (MAX_PAIRS, (64, 2, 4)))
+
+
+def pick_tile(tiles: tuple[tuple[int, tuple[int, int, int]], ...], pairs: int) -> tuple[int, int, int]:
+    """The tile of the first row of `tiles` whose bound holds `pairs`."""
+    return next(t for most, t in tiles if pairs <= most)
 
 
 @triton.jit
@@ -111,8 +123,11 @@ def _check(name: str, rows: int, w: Tensor, ends: Tensor) -> None:
                          f"{tuple(w.shape)} and {tuple(ends.shape)} {ends.dtype}")  # fmt: skip
 
 
-def moe_up_fast(x: Tensor, tok: Tensor, w13: Tensor, ends: Tensor) -> Tensor:
-    """`moe_up_reference`'s contract (gate|up GEMM + SwiGLU) in one kernel."""
+def moe_up_fast(
+    x: Tensor, tok: Tensor, w13: Tensor, ends: Tensor, tile: tuple[int, int, int] | None = None
+) -> Tensor:
+    """`moe_up_reference`'s contract (gate|up GEMM + SwiGLU) in one kernel; `tile` (BLOCK_N,
+    num_warps, num_stages) overrides `UP_TILES`' pick."""
     p, (e, two_i, h) = tok.shape[0], w13.shape
     _check("moe_up", p, w13, ends)
     if x.shape[1] != h or x.stride(-1) != 1 or two_i % 2:
@@ -122,25 +137,25 @@ def moe_up_fast(x: Tensor, tok: Tensor, w13: Tensor, ends: Tensor) -> Tensor:
     i = two_i // 2
     out = torch.empty(p, i, dtype=x.dtype, device=x.device)
     if p:
-        bn, bk, warps, stages = UP_TILE
+        bn, warps, stages = tile or pick_tile(UP_TILES, p)
         _moe_up_kernel[(e, triton.cdiv(i, bn))](
             x, tok, w13, ends, out, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0), h, i,
-            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, IEEE=_ieee(x), STAGES=stages, num_warps=warps,
+            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, IEEE=_ieee(x), STAGES=stages, num_warps=warps,
         )  # fmt: skip
     return out
 
 
-def moe_down_fast(act: Tensor, w2: Tensor, ends: Tensor) -> Tensor:
-    """`moe_down_reference`'s contract in one kernel."""
+def moe_down_fast(act: Tensor, w2: Tensor, ends: Tensor, tile: tuple[int, int, int] | None = None) -> Tensor:
+    """`moe_down_reference`'s contract in one kernel; `tile` overrides `DOWN_TILES`' pick."""
     p, (e, h, i) = act.shape[0], w2.shape
     _check("moe_down", p, w2, ends)
     if act.shape[1] != i or act.stride(-1) != 1:
         raise ValueError(f"moe_down: act {tuple(act.shape)} against w2 {tuple(w2.shape)}: need act [P, I]")
     out = torch.empty(p, h, dtype=act.dtype, device=act.device)
     if p:
-        bn, bk, warps, stages = DOWN_TILE
+        bn, warps, stages = tile or pick_tile(DOWN_TILES, p)
         _moe_down_kernel[(e, triton.cdiv(h, bn))](
             act, w2, ends, out, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), h, i,
-            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, IEEE=_ieee(act), STAGES=stages, num_warps=warps,
+            BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, IEEE=_ieee(act), STAGES=stages, num_warps=warps,
         )  # fmt: skip
     return out

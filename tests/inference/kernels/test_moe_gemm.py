@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from inference.kernels.moe_dispatch.reference import combine_reference, sort_pairs_reference
-from inference.kernels.moe_gemm.fast import MAX_PAIRS, moe_down_fast, moe_up_fast
+from inference.kernels.moe_gemm.fast import (
+    DOWN_TILES,
+    MAX_PAIRS,
+    UP_TILES,
+    moe_down_fast,
+    moe_up_fast,
+    pick_tile,
+)
 from inference.kernels.moe_gemm.reference import moe_down_reference, moe_up_reference
 from inference.model.ops.moe import moe_experts_reference
 from tests.inference.kernels.helpers import TOL, assert_rel
@@ -64,6 +71,35 @@ def test_moe_up_and_down_match_reference(t, k, e, h, i, skew, dtype):
     assert_rel(y, moe_down_reference(act, w2, ends), TOL[dtype], f"moe_down {t}x{h} E={e} I={i} {dtype}")
 
 
+TILES = sorted({t for _, t in UP_TILES + DOWN_TILES})
+# on the GPU also the candidates `benchmarks/kernels.py --sections moe` times, so that a table
+# re-picked from its figures holds only tiles checked here
+GPU_TILES = sorted(
+    set(TILES) | {(bn, w, st) for bn in (16, 32, 64) for w, st in ((2, 4), (4, 3), (4, 4), (4, 5))}
+)
+
+
+@pytest.mark.parametrize("tile", TILES, ids=[f"n{t[0]}w{t[1]}s{t[2]}" for t in TILES])
+def test_every_tile_matches_reference(tile):
+    """Each tile of the pairs-keyed tables, whatever the pairs (fp32, past a tile in N and K)."""
+    x, _, _, w13, w2, tok, _, ends = _problem(5, 3, 8, 200, 72, torch.float32, 3, skew=True)
+    act = moe_up_fast(x, tok, w13, ends, tile=tile)
+    assert_rel(act, moe_up_reference(x, tok, w13, ends), TOL[torch.float32], f"moe_up tile {tile}")
+    y = moe_down_fast(act, w2, ends, tile=tile)
+    assert_rel(y, moe_down_reference(act, w2, ends), TOL[torch.float32], f"moe_down tile {tile}")
+
+
+def test_tiles_are_picked_by_pairs():
+    for tiles in (UP_TILES, DOWN_TILES):
+        bounds = [most for most, _ in tiles]
+        assert bounds == sorted(bounds) and bounds[-1] == MAX_PAIRS
+        assert [pick_tile(tiles, p) for p in (1, bounds[0], bounds[0] + 1)] == [
+            tiles[0][1],
+            tiles[0][1],
+            tiles[1][1],
+        ]
+
+
 def test_too_many_pairs_and_bad_shapes_say_what_to_do():
     x, _, _, w13, w2, tok, _, ends = _problem(2, 2, 4, 16, 16, torch.float32, 1)
     big = torch.zeros(MAX_PAIRS + 1, dtype=torch.int64, device=x.device)
@@ -76,7 +112,7 @@ def test_too_many_pairs_and_bad_shapes_say_what_to_do():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 32, 128])
+@pytest.mark.parametrize("t", [1, 4, 32, 128])
 def test_gpu_moe_gemm_at_model_shapes(t):
     """The benchmark config's experts (E 32, H 2048, I 768, top-4) in bf16: the kernels vs the
     reference, and the whole routed sum vs the `torch._grouped_mm` + SwiGLU path."""
@@ -87,6 +123,11 @@ def test_gpu_moe_gemm_at_model_shapes(t):
     assert_rel(act, moe_up_reference(x, tok, w13, ends), TOL[torch.bfloat16], f"gpu moe_up t={t}")
     y = moe_down_fast(act, w2, ends)
     assert_rel(y, moe_down_reference(act, w2, ends), TOL[torch.bfloat16], f"gpu moe_down t={t}")
+    # every tile gives the same bits (one BLOCK_K: each output's K sum in one order), so a
+    # sequence decoded alone and in a batch of another tile stay equal in fp32
+    for tile in GPU_TILES:
+        assert torch.equal(moe_up_fast(x, tok, w13, ends, tile=tile), act), f"moe_up tile {tile} t={t}"
+        assert torch.equal(moe_down_fast(act, w2, ends, tile=tile), y), f"moe_down tile {tile} t={t}"
     h = torch._grouped_mm(x.index_select(0, tok), w13.transpose(1, 2), offs=ends)
     y_cutlass = torch._grouped_mm(silu_mul_reference(h), w2.transpose(1, 2), offs=ends)
     assert_rel(
