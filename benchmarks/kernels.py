@@ -46,6 +46,12 @@ splits, 7.6 at b64 x 4. `dsa` (b32 x 128K, top-2048, graph replay, read flush): 
 360.0 us, bf16 504.3, dense 1,245.5 (3.46x); FP8 recall of the bf16 top-2048 0.956. Prefill
 scoring of 8K queries over 128K keys: FP8 31.1 ms (548 TFLOP/s), bf16 61.2 ms (278 TFLOP/s);
 with the selection 71.6 / 99.5 ms.
+
+Session 7 (copy 4,247 GB/s), `moe` (E 32, H 2048, I 768, top-4, 12 tiles, graph replay, read
+flush; % of copy bandwidth on the routed experts' weights): batch 1 up 14.3 us (41%; 64/4/3,
+the tile before, 19.2; 16-column tiles 17-24), down 10.2 us (29%); batch 4 26.7 / 17.3 us (78 /
+60%); batch 32 up 49.7-50.6 us (88-89%), down 27.6 (81%); batch 128 up 78.2 (61%), down 35.9
+(66%; 64/4/3 42.8). `moe_gemm.fast.UP_TILES` / `DOWN_TILES` hold the picks.
 """
 
 from __future__ import annotations
