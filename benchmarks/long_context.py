@@ -72,8 +72,11 @@ Recorded, session 4 (2026-12-01):
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import random
 import sys
 import tempfile
@@ -261,9 +264,13 @@ def turn10(
     }  # fmt: skip
 
 
-def returning(model, spec, dtype, device, context: int, mode: str, disk_dir: str) -> dict[str, Any]:
+def returning(
+    model, spec, dtype, device, context: int, mode: str, disk_dir: str, profile: bool = False
+) -> dict[str, Any]:
     """A conversation of `context` tokens, then another as long (the GPU pool holds one: the first
-    is evicted, to the tier of `mode` or nowhere), then the first returns with 64 new tokens."""
+    is evicted, to the tier of `mode` or nowhere), then the first returns with 64 new tokens.
+    `profile`: the return under cProfile (the engine thread's time by function, its waits
+    included), in the row as `profile`."""
     cache_spec = HybridCacheSpec.from_model_spec(spec, dtype)
     conv = (context + 1024) * cache_spec.kv_bytes_per_token + 16 * cache_spec.state_bytes_per_slot
     tiers = {
@@ -280,12 +287,22 @@ def returning(model, spec, dtype, device, context: int, mode: str, disk_dir: str
     _, reply, _ = first_token(eng, first, sp, device)
     first_token(eng, rand(context, 22), SamplingParams(temperature=0, max_tokens=1), device)  # evicts it
     back = first + reply + rand(64, 23)
+    prof = cProfile.Profile() if profile else None
+    if prof is not None:
+        prof.enable()
     ttft, _, cached = first_token(eng, back, sp, device)
+    if prof is not None:
+        prof.disable()
     st = eng.stats()
     store = eng.runner.tier_store
     row = {"mode": mode, "context": context, "prompt_tokens": len(back), "cached_tokens": cached,
            "ttft_ms": round(1000 * ttft, 2),
            **{k: v for k, v in st.items() if k.startswith(("promoted_", "tier_"))}}  # fmt: skip
+    if prof is not None:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        row["profile"] = buf.getvalue()
+        print(row["profile"], flush=True)
     if store is not None:
         row["bytes_loaded"] = dict(store.bytes_loaded)
         if store.transfer_times:  # the return's promotion, start to landed, inside the engine
@@ -569,6 +586,7 @@ def main() -> None:
         "--hf-max", type=int, default=32768, help="longest prompt given to transformers (0: none)"
     )
     ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--profile-returning", action="store_true", help="cProfile of each return (returning)")
     ap.add_argument("--accuracy-tokens", type=int, default=48, help="greedy tokens per prompt (fp8_accuracy)")
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
     ap.add_argument("--plot", default=None, help="PNG path (default beside the JSON)")
@@ -655,7 +673,16 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="lc-disk-") as disk:
                     for mode in ("recompute", "host", "disk"):
                         RESULTS.setdefault("returning", {})[mode] = run_section(
-                            f"returning_{mode}", returning, m, spec, dtype, device, ret_ctx, mode, disk
+                            f"returning_{mode}",
+                            returning,
+                            m,
+                            spec,
+                            dtype,
+                            device,
+                            ret_ctx,
+                            mode,
+                            disk,
+                            args.profile_returning,
                         )
                 r = RESULTS["returning"]
                 if all("ttft_ms" in r[k] for k in r):
