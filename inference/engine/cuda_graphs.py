@@ -17,6 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -170,16 +171,8 @@ class DecodeInputs:
 class _Graph(DecodeInputs):
     """One captured decode forward over its inputs, and its static output."""
 
-    def __init__(
-        self,
-        rows: int,
-        width: int,
-        block_size: int,
-        device: torch.device,
-        scratch_block: int,
-        scratch_slot: int,
-    ) -> None:
-        super().__init__(rows, width, block_size, device, scratch_block, scratch_slot)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # DecodeInputs' arguments
+        super().__init__(*args, **kwargs)
         self.graph = torch.cuda.CUDAGraph()
         self.logits: Tensor | None = None
         self.greedy: Tensor | None = None  # argmax over the sampled vocabulary, per row
