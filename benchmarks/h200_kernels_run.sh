@@ -10,8 +10,9 @@
 # (max abs / rel error of every kernel-vs-reference comparison), kernels_bench.json,
 # engine_bench.json (ENGINE=1), tc.tgz (the Triton cache, if under 16 MB: carry it to the next
 # call as ./tc.tgz, it is unpacked first).
-# decode_ops: the fused decode ops, the split router and the decode-size MoE GEMMs (session 6:
-# never run on the H200 before), and the bf16 graph-greedy check.
+# decode_ops: the fused decode ops, the split router, the decode-size MoE GEMMs (first run on the
+# H200 in session 7), KDA's fla paths incl. the recurrent one for short prefill chunks (session 7:
+# not run on the H200 yet), and the bf16 graph-greedy check.
 # History: the fp32 end-to-end check used to be benchmarks/engine.py --sections exactness_fp32
 # (the 16-layer 2.77B model in fp32); it ran past 112-165 s three times and never finished.
 set -u
@@ -59,7 +60,7 @@ stamp "phase 2: tests"
 T=tests/inference/kernels
 for group in ${TEST_GROUPS:-decode_topk prefill dsa_layer e2e_fp32 decode_ops}; do
   case $group in
-  decode_ops) py_test decode_ops $T/test_decode_ops.py $T/test_moe_gemm.py \
+  decode_ops) py_test decode_ops $T/test_decode_ops.py $T/test_moe_gemm.py $T/test_kda_varlen_fla.py \
     tests/inference/engine/test_decode_fast_paths_gpu.py & ;;
   decode_topk) py_test decode_topk $T/test_mla_decode.py $T/test_topk.py & ;;
   topk) py_test topk $T/test_topk.py & ;;
