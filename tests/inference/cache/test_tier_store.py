@@ -155,3 +155,41 @@ def test_every_tensor_the_cache_holds_moves_with_its_unit(tmp_path):
     for i, t in c.extra.items():
         assert torch.equal(t[1], want[i]) and torch.equal(t[2], want[i])
     store.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_disk_promotion_larger_than_the_staging_slabs_streams_through_them(device, tmp_path, monkeypatch):
+    """Slabs of one unit each and two of them: a promotion of 10 blocks and 3 states cycles each
+    slab five-plus times (each refill after its previous copy ran) and lands bit-identical; the
+    slabs are allocated once, with the store."""
+    import inference.engine.tier_store as ts
+
+    monkeypatch.setattr(ts, "DISK_STAGING_BYTES", 1)
+    monkeypatch.setattr(ts, "DISK_STAGING_SLABS", 2)
+    c = cache(device, blocks=24, slots=8)
+    before = snapshot(c)
+    store = TierStore(c, TierCapacity(host_blocks=0, host_states=0, disk_bytes=1 << 24), str(tmp_path))
+    assert store.slab_bytes == max(store.unit_bytes.values()) and len(store._slabs) == 2
+    slabs = {t.data_ptr() for t, _ in store._slabs}
+    store.apply(
+        [Store(BLOCK, b, DISK, 100 + b) for b in range(10)]
+        + [Store(STATE, s, DISK, 50 + s) for s in range(3)]
+    )
+    for pools in (c.kv, c.kv_scale, c.index_k, c.state, c.conv):
+        for t in pools.values():
+            t.zero_()
+    loads = [Load(BLOCK, DISK, 100 + b, 23 - b) for b in range(10)] + [
+        Load(STATE, DISK, 50 + s, 7 - s) for s in range(3)
+    ]
+    store.start([Transfer(0, tuple(loads))])
+    while not store.poll(wait=True):
+        pass
+    after = snapshot(c)
+    for i in c.kv:
+        for b in range(10):
+            assert same(before, after, "kv", i, b, 23 - b) and same(before, after, "ik", i, b, 23 - b), (i, b)
+    for i in c.state:
+        for s in range(3):
+            assert same(before, after, "st", i, s, 7 - s) and same(before, after, "cv", i, s, 7 - s), (i, s)
+    assert {t.data_ptr() for t, _ in store._slabs} == slabs  # the same two slabs, no new ones
+    store.close()
