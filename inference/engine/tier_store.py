@@ -336,19 +336,21 @@ class TierStore:
                 for b0 in range(0, len(ls), per):
                     batch = range(b0, min(b0 + per, len(ls)))
                     slab, ready = self._slabs.popleft()
-                    if ready is not None:
-                        ready.synchronize()  # its previous copy to the device has run
-                    rows = slab[: len(batch) * n].view(len(batch), n)
-                    host = rows.numpy()
-                    for j, i in enumerate(batch):
-                        host[j] = reads[i].result()  # raises a read error, seen in `poll`
-                    src = rows.to(self.device, non_blocking=True)
-                    cols, off = [], 0
-                    for g in self.gpu[kind]:
-                        cols.append(src[:, off : off + g.shape[1]])
-                        off += g.shape[1]
-                    self._put(kind, cols, list(range(len(batch))), [ls[i].gpu for i in batch])
-                    self._slabs.append((slab, self._side_event()))
+                    try:
+                        if ready is not None:
+                            ready.synchronize()  # its previous copy to the device has run
+                        rows = slab[: len(batch) * n].view(len(batch), n)
+                        host = rows.numpy()
+                        for j, i in enumerate(batch):
+                            host[j] = reads[i].result()  # raises a read error, seen in `poll`
+                        src = rows.to(self.device, non_blocking=True)
+                        cols, off = [], 0
+                        for g in self.gpu[kind]:
+                            cols.append(src[:, off : off + g.shape[1]])
+                            off += g.shape[1]
+                        self._put(kind, cols, list(range(len(batch))), [ls[i].gpu for i in batch])
+                    finally:  # back in the ring also after a failed read: free once its copies ran
+                        self._slabs.append((slab, self._side_event()))
             return self._side_event()
 
     def _side_event(self):

@@ -193,3 +193,19 @@ def test_a_disk_promotion_larger_than_the_staging_slabs_streams_through_them(dev
             assert same(before, after, "st", i, s, 7 - s) and same(before, after, "cv", i, s, 7 - s), (i, s)
     assert {t.data_ptr() for t, _ in store._slabs} == slabs  # the same two slabs, no new ones
     store.close()
+
+
+def test_a_failed_disk_read_surfaces_in_poll_and_gives_its_slab_back(tmp_path):
+    """A unit file gone missing fails its promotion in `poll` (the engine thread), and the slab
+    it was read for goes back to the ring (a slab lost per failure would stall the loader)."""
+    import inference.engine.tier_store as ts
+
+    c = cache("cpu")
+    store = TierStore(c, TierCapacity(host_blocks=0, host_states=0, disk_bytes=1 << 20), str(tmp_path))
+    store.start([Transfer(0, (Load(BLOCK, DISK, 7, 0),))])  # location 7 was never stored
+    with pytest.raises(FileNotFoundError, match="kv-7"):
+        while not store.poll(wait=True):
+            pass
+    store._loader.submit(lambda: None).result()  # the loader is past the failed promotion
+    assert len(store._slabs) == ts.DISK_STAGING_SLABS
+    store.close()
