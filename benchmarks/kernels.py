@@ -532,14 +532,15 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
 
 # the benchmark config's routed experts: E 32, H 2048, I 768, top-4
 MOE_E, MOE_H, MOE_I, MOE_K = 32, 2048, 768, 4
-MOE_CANDIDATES = [(bn, w, st) for bn in (16, 32, 64) for w, st in ((2, 4), (4, 3), (4, 4), (4, 5))]
 
 
 def _time_tiles(fn, res: dict[str, Any]) -> dict[tuple[int, int, int], float]:
     """Graph-replay seconds of `fn(tile=...)` for every candidate; one that fails is noted in
     `res` and timed as infinite."""
+    from inference.kernels.moe_gemm.fast import CANDIDATE_TILES
+
     times = {}
-    for tile in MOE_CANDIDATES:
+    for tile in CANDIDATE_TILES:
         try:
             times[tile] = bench_graph(functools.partial(fn, tile=tile), flush="read")
         except Exception as exc:  # e.g. a tile past the shared memory

@@ -216,12 +216,13 @@ class TierStore:
                 self._file_op(path, lambda path=path: self.fs.rm_file(path))
             i += 1
 
-    def _event(self):
-        """An event on the compute stream marking the copies queued so far (None on a CPU)."""
+    def _event(self, side: bool = False):
+        """An event marking the work queued so far on the compute stream (`side`: on the
+        promotions' side stream); None on a CPU."""
         if self.stream is None:
             return None
         ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(self.device))
+        ev.record(self.stream if side else torch.cuda.current_stream(self.device))
         return ev
 
     def _store(self, kind: int, tier: int, ops: list[Store]) -> None:
@@ -307,7 +308,7 @@ class TierStore:
                 ls = [ld for ld in loads if ld.kind == kind]
                 if ls:
                     self._put(kind, self.host[kind], [ld.loc for ld in ls], [ld.gpu for ld in ls])
-            return self._side_event()
+            return self._event(side=True)
 
     def _start_disk(self, loads: list[Load]) -> Future:
         """Queue a promotion's file reads now (in order with the writes and deletes of the same
@@ -350,16 +351,8 @@ class TierStore:
                             off += g.shape[1]
                         self._put(kind, cols, list(range(len(batch))), [ls[i].gpu for i in batch])
                     finally:  # back in the ring also after a failed read: free once its copies ran
-                        self._slabs.append((slab, self._side_event()))
-            return self._side_event()
-
-    def _side_event(self):
-        """An event on the side stream marking what is queued there so far (None on a CPU)."""
-        if self.stream is None:
-            return None
-        ev = torch.cuda.Event()
-        ev.record(self.stream)
-        return ev
+                        self._slabs.append((slab, self._event(side=True)))
+            return self._event(side=True)
 
     def poll(self, wait: bool = False) -> list[int]:
         """Ids of the promotions whose data is on the GPU now (`wait`: block for at least one)."""

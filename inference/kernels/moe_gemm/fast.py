@@ -18,7 +18,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["DOWN_TILES", "MAX_PAIRS", "UP_TILES", "moe_down_fast", "moe_up_fast", "pick_tile"]
+__all__ = [
+    "CANDIDATE_TILES",
+    "DOWN_TILES",
+    "MAX_PAIRS",
+    "UP_TILES",
+    "moe_down_fast",
+    "moe_up_fast",
+    "pick_tile",
+]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_PAIRS = 512  # b128 x top-4; a group then holds ~16 rows (one row tile) at 32 experts
@@ -30,6 +38,8 @@ BLOCK_K = 128  # the same in every tile: each output's K sum runs in one order w
 # one tile before: 19.2 us), down 10.2 us (29%); narrower column blocks, more programs, were
 # slower (16 columns: 17-24 us). Batch 4: 26.7 / 17.3 us (78 / 60%). Batch 32 / 128: up 50.0 /
 # 78.2 us (89 / 61%), down 27.6 / 35.9 us (81 / 66%; before: 27.6 / 42.8).
+# the tiles the sweep times and the `gpu` test checks bit for bit against each other
+CANDIDATE_TILES = tuple((bn, w, st) for bn in (16, 32, 64) for w, st in ((2, 4), (4, 3), (4, 4), (4, 5)))
 UP_TILES = ((8, (64, 4, 5)), (32, (64, 4, 3)), (MAX_PAIRS, (32, 4, 5)))
 DOWN_TILES = ((8, (64, 2, 4)), (32, (32, 4, 3)), (MAX_PAIRS, (64, 2, 4)))
 

@@ -10,6 +10,7 @@ import torch
 
 from inference.kernels.moe_dispatch.reference import combine_reference, sort_pairs_reference
 from inference.kernels.moe_gemm.fast import (
+    CANDIDATE_TILES,
     DOWN_TILES,
     MAX_PAIRS,
     UP_TILES,
@@ -74,9 +75,7 @@ def test_moe_up_and_down_match_reference(t, k, e, h, i, skew, dtype):
 TILES = sorted({t for _, t in UP_TILES + DOWN_TILES})
 # on the GPU also the candidates `benchmarks/kernels.py --sections moe` times, so that a table
 # re-picked from its figures holds only tiles checked here
-GPU_TILES = sorted(
-    set(TILES) | {(bn, w, st) for bn in (16, 32, 64) for w, st in ((2, 4), (4, 3), (4, 4), (4, 5))}
-)
+GPU_TILES = sorted(set(TILES) | set(CANDIDATE_TILES))
 
 
 @pytest.mark.parametrize("tile", TILES, ids=[f"n{t[0]}w{t[1]}s{t[2]}" for t in TILES])
