@@ -282,6 +282,17 @@ def _host_profile(eng: Engine, device, steps: int) -> str:
     """Where the host time of `steps` graph-mode decode steps goes (cProfile, by own time). A
     step's wall time over its GPU work is host time when the GPU waits: the sampled tokens' copy
     to the host (the step's one sync) shows how long the host waited for the GPU."""
+
+    def run() -> None:
+        for _ in range(steps):
+            eng.step()
+
+    return cprofile_text(run, device)
+
+
+def cprofile_text(fn, device) -> str:
+    """`fn()` under cProfile (synchronised before and after): the top functions by own time and
+    by cumulative time, printed and returned."""
     import cProfile
     import io
     import pstats
@@ -289,8 +300,7 @@ def _host_profile(eng: Engine, device, steps: int) -> str:
     sync(device)
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(steps):
-        eng.step()
+    fn()
     sync(device)
     prof.disable()
     buf = io.StringIO()
@@ -531,7 +541,11 @@ def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, A
     cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
     print(table, flush=True)
     print(cpu_table, flush=True)
-    return {"ttft_ms": round(1000 * ttft, 2), "cached_tokens": hit, "table": table, "cpu_table": cpu_table}
+    # the next turn under cProfile: which Python functions the host time goes to
+    nxt += [rng.randrange(256) for _ in range(64)]
+    host = cprofile_text(lambda: first_token(eng, nxt, sp, device), device)
+    return {"ttft_ms": round(1000 * ttft, 2), "cached_tokens": hit, "table": table, "cpu_table": cpu_table,
+            "host_profile": host}  # fmt: skip
 
 
 def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any]:
@@ -583,7 +597,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)  # a failed decode-graph capture is logged, not raised
-    want = set(args.sections.split(","))
+    want = {s for s in args.sections.split(",") if s}  # "" runs none (e.g. only --profile-ttft)
     if args.skip_hf:
         want.discard("hf")
     if args.skip_fp32:

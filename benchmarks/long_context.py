@@ -72,11 +72,8 @@ Recorded, session 4 (2026-12-01):
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 import random
 import sys
 import tempfile
@@ -287,22 +284,22 @@ def returning(
     _, reply, _ = first_token(eng, first, sp, device)
     first_token(eng, rand(context, 22), SamplingParams(temperature=0, max_tokens=1), device)  # evicts it
     back = first + reply + rand(64, 23)
-    prof = cProfile.Profile() if profile else None
-    if prof is not None:
-        prof.enable()
-    ttft, _, cached = first_token(eng, back, sp, device)
-    if prof is not None:
-        prof.disable()
+    from engine import cprofile_text
+
+    got: dict[str, Any] = {}
+    text = (
+        cprofile_text(lambda e=eng: got.update(r=first_token(e, back, sp, device)), device)
+        if profile
+        else None
+    )
+    ttft, _, cached = got["r"] if profile else first_token(eng, back, sp, device)
     st = eng.stats()
     store = eng.runner.tier_store
     row = {"mode": mode, "context": context, "prompt_tokens": len(back), "cached_tokens": cached,
            "ttft_ms": round(1000 * ttft, 2),
            **{k: v for k, v in st.items() if k.startswith(("promoted_", "tier_"))}}  # fmt: skip
-    if prof is not None:
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-        row["profile"] = buf.getvalue()
-        print(row["profile"], flush=True)
+    if text is not None:
+        row["profile"] = text
     if store is not None:
         row["bytes_loaded"] = dict(store.bytes_loaded)
         if store.transfer_times:  # the return's promotion, start to landed, inside the engine

@@ -3,6 +3,9 @@ and loaded back are bit-identical (bf16 and FP8 latents with scales, indexer key
 host -> disk moves keep the bytes, and a promotion is reported only once its data has landed (on
 CUDA it runs on a side stream and overlaps work queued on the compute stream)."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -208,4 +211,33 @@ def test_a_failed_disk_read_surfaces_in_poll_and_gives_its_slab_back(tmp_path):
             pass
     store._loader.submit(lambda: None).result()  # the loader is past the failed promotion
     assert len(store._slabs) == ts.DISK_STAGING_SLABS
+    store.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_promotion_reads_past_the_writes_queued_before_it(device, tmp_path, monkeypatch):
+    """Reads have threads of their own: a returning conversation's files are read while the
+    writes of what its return evicts are still queued (they used to wait behind every one of
+    those writes, ~1 s of a 128K return from disk)."""
+    c = cache(device)
+    store = TierStore(c, TierCapacity(host_blocks=0, host_states=0, disk_bytes=1 << 22), str(tmp_path))
+    store.apply([Store(BLOCK, 0, DISK, 7)])
+    store.flush()
+    before = snapshot(c)
+    gate = threading.Event()
+    write = store.fs.pipe_file
+    monkeypatch.setattr(store.fs, "pipe_file", lambda path, data: (gate.wait(30), write(path, data)))
+    store.apply([Store(BLOCK, b, DISK, 20 + b) for b in range(1, 12)])  # more than the writer threads
+    store.start([Transfer(0, (Load(BLOCK, DISK, 7, 11),))])
+    t0 = time.monotonic()
+    done: list[int] = []
+    while not done and time.monotonic() - t0 < 10:
+        done = store.poll()
+        time.sleep(0.01)
+    writes_blocked = not gate.is_set() and store.num_writes_in_flight >= 11
+    gate.set()
+    assert done == [0] and writes_blocked
+    after = snapshot(c)
+    for i in c.kv:
+        assert same(before, after, "kv", i, 0, 11) and same(before, after, "ik", i, 0, 11), i
     store.close()
