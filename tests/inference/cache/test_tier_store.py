@@ -225,8 +225,8 @@ def test_a_promotion_reads_past_the_writes_queued_before_it(device, tmp_path, mo
     store.flush()
     before = snapshot(c)
     gate = threading.Event()
-    write = store.fs.pipe_file
-    monkeypatch.setattr(store.fs, "pipe_file", lambda path, data: (gate.wait(30), write(path, data)))
+    write = store._write_file
+    monkeypatch.setattr(store, "_write_file", lambda path, data: (gate.wait(30), write(path, data)))
     store.apply([Store(BLOCK, b, DISK, 20 + b) for b in range(1, 12)])  # more than the writer threads
     store.start([Transfer(0, (Load(BLOCK, DISK, 7, 11),))])
     t0 = time.monotonic()
@@ -241,3 +241,25 @@ def test_a_promotion_reads_past_the_writes_queued_before_it(device, tmp_path, mo
     for i in c.kv:
         assert same(before, after, "kv", i, 0, 11) and same(before, after, "ik", i, 0, 11), i
     store.close()
+
+
+def test_a_failed_read_mid_promotion_releases_the_readers_of_the_units_after_it(tmp_path, monkeypatch):
+    """Slabs of one unit: the fourth of ten files is missing. The promotion fails in `poll` with
+    that file's error, every slab is back in the ring, and the readers of the six units never
+    reached stop waiting for a slab row (closing the store would hang otherwise)."""
+    import inference.engine.tier_store as ts
+
+    monkeypatch.setattr(ts, "DISK_STAGING_BYTES", 1)
+    c = cache("cpu", blocks=24)
+    store = TierStore(c, TierCapacity(host_blocks=0, host_states=0, disk_bytes=1 << 24), str(tmp_path))
+    store.apply([Store(BLOCK, b, DISK, 100 + b) for b in range(10) if b != 3])
+    store.start([Transfer(0, tuple(Load(BLOCK, DISK, 100 + b, 23 - b) for b in range(10)))])
+    with pytest.raises(FileNotFoundError, match="kv-103"):
+        while not store.poll(wait=True):
+            pass
+    store._loader.submit(lambda: None).result()
+    assert len(store._slabs) == ts.DISK_STAGING_SLABS
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive()
