@@ -16,18 +16,20 @@ Copies (how it is fast): a promotion's units whose host locations and GPU blocks
 consecutive (the promoter assigns targets in location order) go straight into the pool, one copy
 per run and tensor group; the rest through a device staging buffer and one scatter.
 
-Disk (off the engine thread): a unit bound for disk has its bytes taken on a copy thread: a host
--> disk move after the event of the device -> host copy that filled its host rows (a store reusing
-that location waits only for those bytes); a GPU -> disk store from the gathered device rows,
-streamed through one pinned slab on the copy thread's own stream (no page-locked allocation per
-eviction on the engine thread: that was ~0.2 s of a 128K return's TTFT). Files are written and
-deleted on `DISK_THREADS` writer threads and read on as many reader threads, ordered per file (a
-read or delete waits for the write of its own file, never for other files'): a returning
-conversation's reads never queue behind the writes of the conversation its return evicts, which
-cost ~1 s of a 128K return from disk. The scheduler's bookkeeping is final when it emits the ops:
-these orderings make every later op on the same location see it done. A promotion's reads are
-queued when it starts; the loader thread copies what they read, a slab at a time, into the ring of
-pinned slabs and on to the GPU. On a CPU the host copies are synchronous; the rest is the same.
+Disk (off the engine thread): a unit is one file of its groups' bytes. A host -> disk move has
+its bytes taken on a copy thread after the event of the device -> host copy that filled its host
+rows (a store reusing that location waits only for those bytes). A GPU -> disk store is gathered
+unit-contiguous on the device; the copy thread streams it through one pinned out-slab on its own
+stream and the store writers write the files straight from the slab's rows (no page-locked
+allocation per eviction, no bytes copied in Python). A promotion's reads go straight into the
+rows of the pinned slabs it streams through, on reader threads of their own, so a returning
+conversation never queues behind the writes of the one its return evicts. The many units of a
+store or a promotion are registered a slab's worth at a time, in `DISK_THREADS` parts, not one
+future each. Every file operation runs after the operations registered before it on the same
+file (a read or delete after the write of its own file, never after other files'; `_fulfil`
+says why that cannot deadlock). The scheduler's bookkeeping is final when it emits the ops:
+these orderings make every later op on the same location see it done. On a CPU the host copies
+are synchronous; the rest is the same.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from functools import partial
 
 import fsspec
 import numpy as np
@@ -133,6 +136,9 @@ class TierStore:
         # file writes and deletes, and apart from them file reads, `DISK_THREADS` at a time each;
         # ordered per file across both (`_file_op`)
         self._pool = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-io") if disk else None
+        self._store_io = (
+            ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-store") if disk else None
+        )
         self._readers = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-read") if disk else None
         # the copy thread: takes the bytes of units bound for disk (off the engine thread), from
         # the device through its own slab on its own stream
@@ -164,60 +170,82 @@ class TierStore:
     def _path(self, kind: int, loc: int) -> str:
         return f"{self.root}/{'kv' if kind == BLOCK else 'state'}-{loc}.bin"
 
-    def _write(self, kind: int, loc: int, taken: Future) -> None:
-        """Queue the file of one unit whose bytes `taken` will hold (taken on the copy thread).
-        Queued now, so the per-file order puts the write before any later read or delete of it."""
-        path = self._path(kind, loc)
-        self._file_op(path, lambda: self._write_file(path, taken.result()))
-        self.bytes_stored[DISK] += self.unit_bytes[kind]
-
-    def _take_from_device(self, gathered: list[torch.Tensor], event, futures: list[Future]) -> None:
-        """On the copy thread: the bytes of each unit of `gathered` (one `[units, bytes]` device
-        tensor per group, in `futures`' order) into `futures`, a slab's worth of units at a time
-        through the pinned out-slab, once `event` (the gather on the compute stream) has run."""
-        try:
-            per = max(1, self.slab_bytes // sum(g.shape[1] for g in gathered))
-            with torch.cuda.stream(self._out_stream):
-                self._out_stream.wait_event(event)
-                for b0 in range(0, len(futures), per):
-                    nb = min(per, len(futures) - b0)
-                    cols, off = [], 0
-                    for g in gathered:
-                        dst = self._out_slab[off : off + nb * g.shape[1]].view(nb, g.shape[1])
-                        dst.copy_(g[b0 : b0 + nb], non_blocking=True)
-                        cols.append(dst)
-                        off += nb * g.shape[1]
-                    self._out_stream.synchronize()
-                    for j in range(nb):
-                        futures[b0 + j].set_result(_take_bytes([c[j] for c in cols], None))
-        except BaseException as e:  # every unit not yet taken fails, seen in `poll` via its write
-            for f in futures:
-                if not f.done():
-                    f.set_exception(e)
-
-    def _file_op(self, path: str, fn, pool: ThreadPoolExecutor | None = None) -> Future:
-        """Queue `fn` on the I/O threads of `pool` (default: the writers) after every operation
-        queued before on the same file, on either pool (a write lands before a later read or
-        delete of it; other files do not wait). The earlier operation was submitted first, and
-        each pool runs its queue in order, so it runs or ran when this one starts: no deadlock."""
-        prev = self._last_op.get(path)
-
-        def run():
-            if prev is not None:
-                prev.exception()  # waits; its own error is raised where it is collected
-            return fn()
-
-        fut = (pool or self._pool).submit(run)
-        self._last_op[path] = fut
+    def _register(self, paths: list[str], fut: Future) -> list[Future | None]:
+        """Make `fut` the latest operation on each of `paths` (the per-file order, kept on the
+        engine thread); returns each path's previous operation, which `fut`'s work waits for."""
+        prevs = [self._last_op.get(p) for p in paths]
+        for p in paths:
+            self._last_op[p] = fut
         self._writes.append(fut)
+        return prevs
+
+    def _file_op(self, path: str, fn) -> Future:
+        """Queue one file operation of the engine thread (a move's write, a delete) on its I/O
+        threads, after every operation queued before on the same file."""
+        fut: Future = Future()
+        self._pool.submit(_fulfil, fut, self._register([path], fut), fn)
         return fut
 
-    def _read_into(self, path: str, dest: Future) -> None:
-        """One unit file's bytes into the slab row `dest` will hold (set by the loader), checked
-        against the row's size. A local file is read straight into the row: no allocation, and
-        the pinned row's pages are resident (fsspec's `cat_file` of fresh bytes ran ~10x slower,
-        0.43 GB/s on the H200 host); other filesystems through fsspec."""
-        row = dest.result()
+    def _batches(self, kind: int, paths: list[str]) -> list[list[tuple[range, Future, list]]]:
+        """Register one operation per part of each slab's worth of `paths` (a chunk, split into
+        `DISK_THREADS` parts run in parallel): `[chunk][part] = (indices, future, previous ops)`.
+        A 128K conversation is 2,048 units: per-unit futures and submissions from the engine
+        thread cost ~0.5 s of its return's TTFT (the Python work of 4,000 of them, contended)."""
+        per = max(1, self.slab_bytes // self.unit_bytes[kind])
+        chunks = []
+        for b0 in range(0, len(paths), per):
+            parts = []
+            for q in _split(range(b0, min(b0 + per, len(paths))), DISK_THREADS):
+                fut: Future = Future()
+                parts.append((q, fut, self._register([paths[i] for i in q], fut)))
+            chunks.append(parts)
+        return chunks
+
+    def _store_from(self, units: torch.Tensor, event, paths: list[str], chunks: list) -> None:
+        """On the copy thread: write the unit files of `units` (`[n, unit bytes]`, on the device or
+        the host), a chunk at a time: on CUDA through the pinned out-slab on the copy stream once
+        `event` (the gather on the compute stream) has run, then straight from the slab's rows on
+        the store writers, which the slab waits for before its next chunk."""
+        sent = 0
+        try:
+            if self._out_stream is not None:
+                self._out_stream.wait_event(event)
+            for parts in chunks:
+                b0, b1 = parts[0][0].start, parts[-1][0].stop
+                if self._out_stream is not None:
+                    rows = self._out_slab[: (b1 - b0) * units.shape[1]].view(b1 - b0, units.shape[1])
+                    with torch.cuda.stream(self._out_stream):
+                        rows.copy_(units[b0:b1], non_blocking=True)
+                    self._out_stream.synchronize()
+                    src, base = rows.numpy(), b0
+                else:
+                    src, base = units.numpy(), 0
+                for q, fut, prevs in parts:
+                    job = partial(self._write_files, [paths[i] for i in q], [src[i - base] for i in q])
+                    self._store_io.submit(_fulfil, fut, prevs, job)
+                    sent += 1
+                for _, fut, _ in parts:
+                    fut.exception()  # waits: the slab is refilled next, its files are written
+        except BaseException as e:  # the parts not sent fail, seen in `poll`
+            for fut in [f for parts in chunks for _, f, _ in parts][sent:]:
+                fut.set_exception(e)
+
+    def _write_files(self, paths: list[str], rows: list[np.ndarray]) -> None:
+        for path, row in zip(paths, rows, strict=True):
+            self._write_file(path, row)
+
+    def _write_file(self, path: str, data) -> None:
+        if self._local:  # plain file I/O (releases the GIL): fsspec's local layer costs more
+            with open(path, "wb") as f:
+                f.write(data)
+        else:
+            self.fs.pipe_file(path, bytes(data))
+
+    def _read_into(self, path: str, row: np.ndarray) -> None:
+        """One unit file's bytes into its slab row, checked against the row's size. A local file
+        is read straight into the row: no allocation, and the pinned row's pages are resident
+        (fsspec's `cat_file` of fresh bytes ran ~5x slower, 0.43 GB/s on the H200 host); other
+        filesystems through fsspec."""
         if self._local:
             with open(path, "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
@@ -231,13 +259,6 @@ class TierStore:
                 row[:] = np.frombuffer(data, dtype=np.uint8)
         if size != row.size or got != size:
             raise OSError(f"KV tier file {path} has {size} bytes ({got} read), expected {row.size}")
-
-    def _write_file(self, path: str, data) -> None:
-        if self._local:  # plain file I/O: fsspec's local layer costs more than the copy
-            with open(path, "wb") as f:
-                f.write(data)
-        else:
-            self.fs.pipe_file(path, data)
 
     # -- ops in order ----------------------------------------------------------------------
     def apply(self, ops: list[Store | Move | Drop]) -> None:
@@ -264,7 +285,9 @@ class TierStore:
                 rows = [h[op.src] for h in self.host[op.kind]]
                 taken = self._copier.submit(_take_bytes, rows, self._host_event)
                 self._host_reads[(op.kind, op.src)] = taken  # the location is free once taken
-                self._write(op.kind, op.dst, taken)
+                path = self._path(op.kind, op.dst)
+                self._file_op(path, lambda path=path, taken=taken: self._write_file(path, taken.result()))
+                self.bytes_stored[DISK] += self.unit_bytes[op.kind]
                 self.num_moves += 1
             elif isinstance(op, Drop):
                 path = self._path(op.kind, op.loc)
@@ -293,16 +316,11 @@ class TierStore:
                     h[loc : loc + n].copy_(src[pos : pos + n], non_blocking=True)
             self._host_event = self._event()
             self.bytes_stored[HOST] += len(ops) * self.unit_bytes[kind]
-        else:
-            if self.stream is not None:  # device -> pinned out-slab -> bytes, on the copy thread
-                futures = [Future() for _ in ops]
-                self._copier.submit(self._take_from_device, gathered, self._event(), futures)
-            else:
-                futures = [
-                    self._copier.submit(_take_bytes, [t[i] for t in gathered], None) for i in range(len(ops))
-                ]
-            for o, taken in zip(ops, futures, strict=True):
-                self._write(kind, o.loc, taken)
+        else:  # gathered unit-contiguous; written from the copy thread (`_store_from`)
+            units = torch.cat(gathered, dim=1) if len(gathered) > 1 else gathered[0]
+            paths = [self._path(kind, o.loc) for o in ops]
+            self._copier.submit(self._store_from, units, self._event(), paths, self._batches(kind, paths))
+            self.bytes_stored[DISK] += len(ops) * self.unit_bytes[kind]
 
     # -- promotions ------------------------------------------------------------------------
     def start(self, transfers: list[Transfer]) -> None:
@@ -366,64 +384,65 @@ class TierStore:
             return self._event(side=True)
 
     def _start_disk(self, loads: list[Load]) -> Future:
-        """Queue a promotion's file reads now (in order with the writes and deletes of the same
-        files, in parallel otherwise); the loader thread then streams what they read through the
-        pinned slabs to the GPU and into the pool (`_load_disk`)."""
+        """Register a promotion's file reads now (in order with the writes and deletes of the same
+        files, in parallel otherwise); the loader thread then reads them, a slab at a time, into
+        the ring of pinned slabs and on to the GPU and into the pool (`_load_disk`)."""
         staged = []
         for kind in (BLOCK, STATE):
             ls = [ld for ld in loads if ld.kind == kind]
-            if not ls:
-                continue
-            dests = [Future() for _ in ls]  # each unit's slab row, named by the loader
-            reads = []
-            for ld, dest in zip(ls, dests, strict=True):
-                path = self._path(kind, ld.loc)
-                reads.append(self._file_op(path, lambda p=path, d=dest: self._read_into(p, d), self._readers))
-            staged.append((kind, ls, dests, reads))
+            if ls:
+                paths = [self._path(kind, ld.loc) for ld in ls]
+                staged.append((kind, ls, paths, self._batches(kind, paths)))
         return self._loader.submit(self._load_disk, staged)
 
     def _load_disk(self, staged: list) -> object:
-        """On the loader thread: a slab's worth of units at a time, their bytes into a free slab,
-        one copy of it to the device and `_put` from its per-group columns (device to device), on
-        the side stream; the slab is free again once that has run. Returns the last event."""
+        """On the loader thread: per chunk, a free slab, its units' files read into its rows by the
+        readers, one copy of it to the device and `_put` from its per-group columns (device to
+        device), on the side stream; the slab is free again once that has run. Returns the last
+        event. After a failure, the reads not started fail too (a later operation on their files
+        waits for them)."""
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else _nullctx()
         try:
             with ctx:
-                return self._stream_through_slabs(staged)
-        finally:  # after a failed read, the units not reached yet: their readers stop waiting
-            for _, _, dests, _ in staged:
-                for d in dests:
-                    if not d.done():
-                        d.set_exception(OSError("not read: an earlier unit of its promotion failed"))
+                for kind, ls, paths, chunks in staged:
+                    for parts in chunks:
+                        self._load_chunk(kind, ls, paths, parts)
+                return self._event(side=True)
+        finally:
+            for *_, chunks in staged:
+                for parts in chunks:
+                    for _, fut, _ in parts:
+                        if not fut.done():
+                            fut.set_exception(OSError("not read: an earlier unit of its promotion failed"))
 
-    def _stream_through_slabs(self, staged: list) -> object:
-        for kind, ls, dests, reads in staged:
-            n = self.unit_bytes[kind]
-            per = self.slab_bytes // n
-            for b0 in range(0, len(ls), per):
-                batch = range(b0, min(b0 + per, len(ls)))
-                slab, ready = self._slabs.popleft()
-                try:
-                    if ready is not None:
-                        ready.synchronize()  # its previous copy to the device has run
-                    rows = slab[: len(batch) * n].view(len(batch), n)
-                    host = rows.numpy()
-                    for j, i in enumerate(batch):
-                        dests[i].set_result(host[j])  # its reader fills the row now
-                    # every read into this slab has ended (none may write it once it is back
-                    # in the ring); the first error is raised, and seen in `poll`
-                    errors = [e for i in batch if (e := reads[i].exception()) is not None]
-                    if errors:
-                        raise errors[0]
-                    src = rows.to(self.device, non_blocking=True)
-                    cols, off = [], 0
-                    for g in self.gpu[kind]:
-                        cols.append(src[:, off : off + g.shape[1]])
-                        off += g.shape[1]
-                    self._put(kind, cols, list(range(len(batch))), [ls[i].gpu for i in batch])
-                finally:  # back in the ring also after a failed read: free once its copies ran
-                    self._slabs.append((slab, self._event(side=True)))
-        return self._event(side=True)
+    def _load_chunk(self, kind: int, ls: list[Load], paths: list[str], parts: list) -> None:
+        n = self.unit_bytes[kind]
+        b0, b1 = parts[0][0].start, parts[-1][0].stop
+        slab, ready = self._slabs.popleft()
+        try:
+            if ready is not None:
+                ready.synchronize()  # its previous copy to the device has run
+            rows = slab[: (b1 - b0) * n].view(b1 - b0, n)
+            host = rows.numpy()
+            for q, fut, prevs in parts:
+                self._readers.submit(_fulfil, fut, prevs, partial(self._read_rows, paths, host, q, b0))
+            # every read into this slab has ended (none may write it once it is back in the
+            # ring); the first error is raised, and seen in `poll`
+            errors = [e for _, fut, _ in parts if (e := fut.exception()) is not None]
+            if errors:
+                raise errors[0]
+            src = rows.to(self.device, non_blocking=True)
+            cols, off = [], 0
+            for g in self.gpu[kind]:
+                cols.append(src[:, off : off + g.shape[1]])
+                off += g.shape[1]
+            self._put(kind, cols, list(range(b1 - b0)), [ls[i].gpu for i in range(b0, b1)])
+        finally:  # back in the ring also after a failed read: free once its copies ran
+            self._slabs.append((slab, self._event(side=True)))
+
+    def _read_rows(self, paths: list[str], host: np.ndarray, q: range, b0: int) -> None:
+        for i in q:
+            self._read_into(paths[i], host[i - b0])
 
     def poll(self, wait: bool = False) -> list[int]:
         """Ids of the promotions whose data is on the GPU now (`wait`: block for at least one)."""
@@ -480,11 +499,34 @@ class TierStore:
             self._loader.shutdown(wait=True)
         if self._copier is not None:
             self._copier.shutdown(wait=True)
-        for pool in (self._pool, self._readers):
+        for pool in (self._pool, self._store_io, self._readers):
             if pool is not None:
                 pool.shutdown(wait=True)
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def _fulfil(fut: Future, prevs: list[Future | None], fn) -> None:
+    """Run `fn` once every earlier operation on its files has ended; its outcome into `fut`.
+
+    Why this cannot deadlock: each pool is fed by one thread in the order the operations were
+    registered (the engine thread feeds `_pool`, the copy thread the store writers, the loader
+    the readers), and an operation waits only on operations registered before it."""
+    try:
+        for p in prevs:
+            if p is not None:
+                p.exception()  # waits; its own error is raised where it is collected
+        result = fn()
+    except BaseException as e:
+        fut.set_exception(e)
+    else:
+        fut.set_result(result)
+
+
+def _split(r: range, k: int) -> list[range]:
+    """`r` as at most `k` consecutive ranges of near-equal length."""
+    step = max(1, -(-len(r) // k))
+    return [range(i, min(i + step, r.stop)) for i in range(r.start, r.stop, step)]
 
 
 def _take_bytes(rows: list[torch.Tensor], event) -> bytes:
