@@ -3,13 +3,14 @@ and loaded back are bit-identical (bf16 and FP8 latents with scales, indexer key
 host -> disk moves keep the bytes, and a promotion is reported only once its data has landed (on
 CUDA it runs on a side stream and overlaps work queued on the compute stream)."""
 
+import random
 import threading
 import time
 
 import pytest
 import torch
 
-from inference.cache.tiers import BLOCK, DISK, HOST, STATE, Load, Move, Store, TierCapacity, Transfer
+from inference.cache.tiers import BLOCK, DISK, HOST, STATE, Drop, Load, Move, Store, TierCapacity, Transfer
 from inference.engine.tier_store import TierStore
 from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
 
@@ -265,3 +266,81 @@ def test_a_failed_read_mid_promotion_releases_the_readers_of_the_units_after_it(
     closer.start()
     closer.join(10)
     assert not closer.is_alive()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_op_sequences_load_what_a_model_of_the_tiers_holds(device, seed, tmp_path, monkeypatch):
+    """Random steps of stores (reusing locations, also a host location moved in the same step),
+    host -> disk moves, deletes and promotions left in flight across steps (their locations kept,
+    as the bookkeeping pins them), with one-unit slabs so every store and promotion spans many
+    chunks: every promotion lands the bytes a dict model of the tiers says the location held."""
+    import inference.engine.tier_store as ts
+
+    monkeypatch.setattr(ts, "DISK_STAGING_BYTES", 1)
+    rng = random.Random(seed)
+    c = cache(device, blocks=24, slots=8)
+    store = TierStore(c, TierCapacity(host_blocks=6, host_states=3, disk_bytes=1 << 24), str(tmp_path))
+    units = {BLOCK: 24, STATE: 8}
+    locs = {(BLOCK, HOST): 6, (STATE, HOST): 3, (BLOCK, DISK): 10, (STATE, DISK): 5}
+    model: dict[tuple[int, int, int], bytes] = {}  # (kind, tier, loc) -> the unit's bytes
+    busy: dict[int, set[int]] = {BLOCK: set(), STATE: set()}  # GPU units a promotion will write
+    inflight: dict[int, list[tuple[int, int, bytes]]] = {}
+    pinned: dict[int, list[tuple[int, int, int]]] = {}  # promotion -> the locations it reads
+
+    def unit(kind: int, u: int) -> bytes:
+        return b"".join(bytes(g[u].cpu().numpy()) for g in store.gpu[kind])
+
+    def check(ids: list[int]) -> None:
+        for tid in ids:
+            for kind, u, want in inflight.pop(tid):
+                assert unit(kind, u) == want, (seed, tid, kind, u)
+                busy[kind].discard(u)
+            del pinned[tid]
+
+    for step in range(40):
+        for kind in (BLOCK, STATE):  # new contents for the free GPU units
+            for u in set(range(units[kind])) - busy[kind]:
+                for g in store.gpu[kind]:
+                    g[u].copy_(torch.randint(0, 256, g[u].shape, dtype=torch.uint8))
+        ops: list = []
+        for _ in range(rng.randrange(1, 8)):
+            kind, tier = rng.choice([BLOCK, STATE]), rng.choice([HOST, DISK])
+            free = [u for u in range(units[kind]) if u not in busy[kind]]
+            held = [loc for (k, t, loc) in model if k == kind and t == HOST]
+            what = rng.choice(["store", "store", "move", "drop"])
+            if what == "store" and free:
+                u, loc = rng.choice(free), rng.randrange(locs[(kind, tier)])
+                if any(isinstance(o, Move) and o.kind == kind and tier == HOST and o.src == loc for o in ops):
+                    continue  # a step's move and a store reusing its host location: kept apart here
+                ops.append(Store(kind, u, tier, loc))
+                model[(kind, tier, loc)] = unit(kind, u)
+            elif what == "move" and held:
+                src, dst = rng.choice(held), rng.randrange(locs[(kind, DISK)])
+                ops.append(Move(kind, src, dst))
+                model[(kind, DISK, dst)] = model.pop((kind, HOST, src))
+            elif (
+                what == "drop"
+                and (kind, DISK)
+                and (on := [lc for (k, t, lc) in model if k == kind and t == DISK])
+            ):
+                loc = rng.choice(on)
+                ops.append(Drop(kind, loc))
+                del model[(kind, DISK, loc)]
+        store.apply(ops)
+        loads, expect = [], []
+        for (kind, tier, loc), data in rng.sample(sorted(model.items()), min(4, len(model))):
+            free = [u for u in range(units[kind]) if u not in busy[kind]]
+            if free:
+                u = rng.choice(free)
+                busy[kind].add(u)
+                loads.append(Load(kind, tier, loc, u))
+                expect.append((kind, u, data))
+        if loads:
+            store.start([Transfer(step, tuple(loads))])
+            inflight[step] = expect
+            pinned[step] = [(ld.kind, ld.tier, ld.loc) for ld in loads]
+        check(store.poll())
+    while inflight:
+        check(store.poll(wait=True))
+    store.close()
