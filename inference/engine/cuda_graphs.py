@@ -212,6 +212,10 @@ class DecodeGraphs:
         self.disabled = False
         self.capture_s = 0.0
 
+    @property
+    def num_captured(self) -> int:
+        return len(self.graphs)
+
     def run(self, batch: DecodeBatch) -> tuple[Tensor, Tensor] | None:
         """`(logits [n, vocab], greedy tokens [n])` of the step's `n = len(batch.ids)` rows, or
         None when no graph fits (run eagerly). The greedy tokens (argmax, first index on ties, as

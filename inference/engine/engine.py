@@ -333,6 +333,6 @@ class Engine:
             "generated_tokens": self.num_generated_tokens,
             "prompt_tokens_computed": self.num_prompt_tokens_computed,
             "steps": self.num_steps,
-            "decode_graphs": len(graphs.graphs) if graphs is not None else 0,
+            "decode_graphs": graphs.num_captured if graphs is not None else 0,
             "decode_graph_replays": graphs.num_replays if graphs is not None else 0,
         }

@@ -1,5 +1,6 @@
 """The driver side of a parallel engine: starts one worker process per rank, supervises them,
-and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` / `graphs`).
+and stands in for `ModelRunner` in `Engine` (same `execute` / `drop` / `tables` / `graphs`: under
+TP on CUDA each rank replays its own decode graphs, `worker.decode_graphs_on`).
 
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
 and lists) is pickled once and sent to every rank, with the sampling parameters (and image
@@ -44,7 +45,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -56,7 +57,7 @@ from inference.engine.model_runner import MMInputs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.scheduler import SchedulerOutput
 from inference.parallel.config import StepFailedError, WorkerFailedError
-from inference.parallel.worker import WorkerArgs, worker_main
+from inference.parallel.worker import WorkerArgs, decode_graphs_on, worker_main
 
 __all__ = ["ParallelRunner"]
 
@@ -91,12 +92,19 @@ def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -
             p.join(1.0)
 
 
+@dataclass(slots=True)
+class RankGraphs:
+    """Rank 0's decode-graph counts, as `DecodeGraphs` shows them to `Engine.stats`."""
+
+    num_captured: int = 0
+    num_replays: int = 0
+
+
 class ParallelRunner:
     """`ModelRunner`'s interface over `world_size` worker processes (see module docstring)."""
 
     # the language model lives in the ranks; `model` is the driver's image side of a
     # vision-language model (`VisionEncoder`, read by `server.images`), else None
-    graphs = None  # CUDA graphs under TP/EP: per-rank capture is the design, not built
 
     def __init__(
         self,
@@ -111,6 +119,8 @@ class ParallelRunner:
         self.device = torch.device(args.device_type)
         self.world_size = world
         self.forward_time = 0.0
+        # rank 0's decode-graph counts, for `Engine.stats` (None: the ranks run eagerly)
+        self.graphs: RankGraphs | None = RankGraphs() if decode_graphs_on(args) else None
         # block tables live in the workers, which drop a failed step's themselves; the engine's
         # requeue-after-failure pop of this dict has nothing to reach
         self.tables: dict[str, list[int]] = {}
@@ -324,8 +334,10 @@ class ParallelRunner:
             self._check_in_step(step, failed[min(failed)][2])
             self._unstarted_after_failure(step, {r: a[3] for r, a in failed.items()})
             raise StepFailedError(step, failed[min(failed)][2])
-        sampled, logprobs, seconds = answers[0][2]
+        sampled, logprobs, seconds, counts = answers[0][2]
         self.forward_time += seconds
+        if self.graphs is not None and counts is not None:
+            self.graphs.num_captured, self.graphs.num_replays = counts
         return sampled, logprobs
 
     def _step_answers(self, step: int) -> dict[int, tuple]:

@@ -152,6 +152,25 @@ class _Promotions:
         return ids
 
 
+def decode_graphs_on(args: WorkerArgs) -> bool:
+    """Per-rank CUDA graphs for pure-decode steps: on CUDA when the engine enables them, under TP
+    only. Every rank captures the same (batch, width) buckets at the same step, since all of them
+    run the driver's batches, and the NCCL all-reduces of the forward are captured with it (a
+    capture that fails on one rank only leaves that rank eager: its collectives are the same ones,
+    in the same order). Not under EP: its expert dispatch reads pair counts on the host
+    (`parallel/moe.py`), which a graph cannot replay."""
+    return (
+        args.device_type == "cuda"
+        and args.engine_config.enable_cuda_graphs
+        and args.config.expert_parallel_size == 1
+    )
+
+
+def _graph_counts(runner: ModelRunner) -> tuple[int, int] | None:
+    g = runner.graphs
+    return None if g is None else (g.num_captured, g.num_replays)
+
+
 def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
     """Process entry point (spawned by `ParallelRunner`)."""
     os.environ.update(NVLINK_MULTICAST_OFF)
@@ -167,11 +186,10 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
         from inference.engine.model_runner import ModelRunner
 
         cfg = args.engine_config
-        # CUDA graphs per rank are the design (NCCL collectives capture); not built: eager steps
         runner = ModelRunner(
             model, args.cache_spec, num_blocks=num_blocks, block_size=cfg.cache.block_size,
             num_slots=cfg.cache.num_state_slots, device=device, dtype=args.dtype, vocab_size=args.vocab_size,
-            cuda_graphs=False,
+            cuda_graphs=decode_graphs_on(args),
         )  # fmt: skip
         conn.send(("ready", rank))
     except BaseException:
@@ -266,7 +284,8 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     conn.send(("step_failed", step, failure, unstarted, promotions.landed()))
                     continue
                 promotions.started(out, [])
-                answer = (sampled, logprobs, time.perf_counter() - t0) if rank == 0 else None
+                dt = time.perf_counter() - t0
+                answer = (sampled, logprobs, dt, _graph_counts(runner)) if rank == 0 else None
                 conn.send(("done", step, answer, promotions.landed()))
             elif kind == "tiers":
                 runner.attach_tiers(msg[1], rank_disk_url(msg[2], rank))
