@@ -133,8 +133,9 @@ class TierStore:
         self._local = isinstance(getattr(self, "fs", None), LocalFileSystem)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         disk = bool(capacity.disk_bytes)
-        # file writes and deletes, and apart from them file reads, `DISK_THREADS` at a time each;
-        # ordered per file across both (`_file_op`)
+        # `DISK_THREADS` file operations at a time in each of three pools, ordered per file across
+        # all three (`_register`): the engine thread's moves and deletes, the copy thread's store
+        # writes, the loader's reads
         self._pool = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-io") if disk else None
         self._store_io = (
             ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-store") if disk else None
