@@ -43,10 +43,13 @@ class WorkerEnv:
     def counter(self, name: str) -> int:
         return int(self.redis.get(self.prefix + name) or 0)
 
-    def start_worker(self, pool: str = "prefork", name: str = "w") -> subprocess.Popen:
+    def start_worker(
+        self, pool: str = "prefork", name: str = "w", extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         log = self.log_dir / f"{name}.log"
         env = {
             **os.environ,
+            **(extra_env or {}),
             "PYTHONPATH": str(REPO),
             "DZ_TEST_PREFIX": self.prefix,
             "CELERY_BROKER_URL": REDIS_URL,

@@ -15,7 +15,7 @@ import signal
 import time
 
 from preprocess import BlobStore, ProcessedImage
-from tests.workers.celery_test_app import VISIBILITY_TIMEOUT_S, build_app
+from tests.workers.celery_test_app import VISIBILITY_ENV, VISIBILITY_TIMEOUT_S, build_app
 from tests.workers.conftest import REDIS_URL, kill_group, wait_for
 
 
@@ -57,11 +57,11 @@ def test_whole_worker_sigkilled_mid_job(worker_env, image_blob):
 def test_pool_child_sigkilled_mid_job(worker_env, image_blob):
     url, sha = image_blob
     app = build_app(REDIS_URL, REDIS_URL, worker_env.prefix)
-    worker = worker_env.start_worker(pool="prefork", name="child")
+    # the redelivery here is the surviving main process's reject, not the visibility timeout: a
+    # long one, so that the redelivered run's ack (after a fresh pool child has started, which
+    # under load took past 3 s) never races it into a third, at-least-once start (it did twice)
+    worker = worker_env.start_worker(pool="prefork", name="child", extra_env={VISIBILITY_ENV: "60"})
     try:
-        # shorter than the visibility timeout: the redelivered run must be acked inside it, or
-        # Redis hands the still-unacked message out once more (at-least-once), a third start
-        # this test does not count on (it did once in CI with a 3.0 s job and a 3 s timeout)
         res = _send(app, url, sha, delay_s=VISIBILITY_TIMEOUT_S / 2)
         wait_for(lambda: worker_env.counter("started") == 1, 30, "the job to start")
         child_pid = int(worker_env.redis.lindex(worker_env.prefix + "pids", 0))
