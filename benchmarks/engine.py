@@ -615,7 +615,8 @@ def main() -> None:
     t0 = time.perf_counter()
     # fp32 init then a cast (the decay parameters stay fp32), as the exactness_fp32 model is built
     model = build_model(spec, load_format="dummy", dtype=torch.float32, device=device, seed=0)
-    only_fp32 = bool(want) and want <= {"exactness_fp32"}  # then the fp32 build is the model (no second build)
+    # only the fp32 check: then the fp32 build is the model (no second build)
+    only_fp32 = bool(want) and want <= {"exactness_fp32"}
     for name, p in model.named_parameters():
         if not only_fp32 and not name.endswith(("A_log", "dt_bias")):
             p.data = p.data.to(dtype)
