@@ -244,9 +244,10 @@ class TierStore:
 
     def _read_into(self, path: str, row: np.ndarray) -> None:
         """One unit file's bytes into its slab row, checked against the row's size. A local file
-        is read straight into the row: no allocation, and the pinned row's pages are resident
-        (fsspec's `cat_file` of fresh bytes ran ~5x slower, 0.43 GB/s on the H200 host); other
-        filesystems through fsspec."""
+        is read straight into the row: no allocation, and the pinned row's pages are resident (on
+        the H200 host, 4 threads of 295 KB files while as many are written: 2.31 GB/s, against
+        0.74 GB/s for fsspec's `cat_file`, which returns fresh bytes); other filesystems through
+        fsspec."""
         if self._local:
             with open(path, "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
