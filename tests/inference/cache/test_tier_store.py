@@ -344,3 +344,24 @@ def test_random_op_sequences_load_what_a_model_of_the_tiers_holds(device, seed, 
     while inflight:
         check(store.poll(wait=True))
     store.close()
+
+
+@pytest.mark.parametrize("where", ["local", "memory-url"])
+@pytest.mark.parametrize("cut", [1, -1], ids=["truncated", "grown"])
+def test_a_unit_file_of_the_wrong_size_fails_its_promotion_saying_so(tmp_path, cut, where):
+    """A unit file cut short or grown in the tier (a foreign write, a full disk) is refused, never
+    copied in part: the promotion fails in `poll` naming the file and both sizes (local files
+    and fsspec URLs take different read paths)."""
+    url = str(tmp_path) if where == "local" else f"memory://dayzero-kv/{tmp_path.name}"
+    c = cache("cpu")
+    store = TierStore(c, TierCapacity(host_blocks=0, host_states=0, disk_bytes=1 << 20), url)
+    store.apply([Store(BLOCK, 0, DISK, 7)])
+    store.flush()
+    path = store._path(BLOCK, 7)
+    data = store.fs.cat_file(path)
+    store.fs.pipe_file(path, data[:-cut] if cut > 0 else data + b"\0")
+    store.start([Transfer(0, (Load(BLOCK, DISK, 7, 1),))])
+    with pytest.raises(OSError, match=rf"kv-7.bin has {len(data) - cut} bytes .* expected {len(data)}"):
+        while not store.poll(wait=True):
+            pass
+    store.close()
