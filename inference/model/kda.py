@@ -102,7 +102,7 @@ class KimiDeltaAttention(nn.Module):
             return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
         mixed, window = causal_conv_varlen(
             mixed, conv_pool.index_select(0, slots), self._conv.view(3 * h * d, -1),
-            meta.cu_seqlens, meta.query_lens_cpu,
+            meta.cu_seqlens,
         )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
         q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))

@@ -120,7 +120,7 @@ class GatedDeltaNet(nn.Module):
         conv_pool = cache.conv[self.layer_idx]
         mixed, window = causal_conv_varlen(
             mixed, conv_pool.index_select(0, slots), self._conv_weight(),
-            meta.cu_seqlens, meta.query_lens_cpu,
+            meta.cu_seqlens,
         )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
         q, k, v = mixed.split([g.key_dim, g.key_dim, g.value_dim], dim=-1)

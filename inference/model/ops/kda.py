@@ -60,7 +60,7 @@ def kda_gate(f: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
 
 
 def causal_conv_varlen(
-    x: Tensor, window: Tensor, weight: Tensor, cu_seqlens: Tensor, query_lens_cpu: tuple[int, ...]
+    x: Tensor, window: Tensor, weight: Tensor, cu_seqlens: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Depthwise causal conv + SiLU over a flat batch, continuing each sequence's window.
 
@@ -68,8 +68,9 @@ def causal_conv_varlen(
         x: `[T, C]` new pre-conv inputs of all sequences, flattened.
         window: `[N, C, W]` the last `W = kernel - 1` inputs of each sequence (oldest first).
         weight: `[C, W + 1]` taps; the last tap multiplies the current token.
-        cu_seqlens: `[N+1]` offsets of each sequence in `x`.
-        query_lens_cpu: host copy of the per-sequence lengths.
+        cu_seqlens: `[N+1]` offsets of each sequence in `x` (on `x`'s device: the lengths are
+            taken from it there, with no blocking copy from the host, which would sync the stream
+            once per layer of a prefill step).
     Returns:
         `(y [T, C], new_window [N, C, W])`, `y` in `x.dtype`.
     """
@@ -82,9 +83,9 @@ def causal_conv_varlen(
         ext = torch.cat([window, x.to(window.dtype)[:, :, None]], dim=-1)  # [N, C, W + 1]
         y = F.silu((ext.float() * weight.float()[None]).sum(-1)).to(x.dtype)
         return y, ext[..., 1:]
-    lens = torch.tensor(query_lens_cpu, device=dev, dtype=torch.long)
     cu = cu_seqlens.to(device=dev, dtype=torch.long)
-    seq_id = torch.repeat_interleave(torch.arange(n, device=dev), lens)  # [T]
+    lens = cu[1:] - cu[:-1]
+    seq_id = torch.repeat_interleave(torch.arange(n, device=dev), lens, output_size=t)  # [T]
     rel = torch.arange(t, device=dev) - cu[seq_id]  # [T] position inside the new chunk
     ext = torch.cat([window.permute(0, 2, 1).reshape(n * w, c), x.to(window.dtype)], dim=0).float()
 

@@ -50,7 +50,7 @@ def test_varlen_conv_continues_each_window():
     seqs = [torch.randn(n, c, generator=g) for n in (5, 1, 9)]
     windows = torch.randn(3, c, kernel - 1, generator=g)
     cu = torch.tensor([0, 5, 6, 15])
-    y, new = causal_conv_varlen(torch.cat(seqs), windows, weight, cu, (5, 1, 9))
+    y, new = causal_conv_varlen(torch.cat(seqs), windows, weight, cu)
     for i, x in enumerate(seqs):
         full = torch.cat([windows[i].t(), x])  # [W + n, C]
         want = torch.stack(
@@ -67,10 +67,10 @@ def test_pure_decode_conv_equals_the_general_path():
         torch.randn(3, 6, generator=g),
         torch.randn(3, 6, 3, generator=g),
     )
-    y, new = causal_conv_varlen(x, windows, weight, torch.tensor([0, 1, 2, 3]), (1, 1, 1))
+    y, new = causal_conv_varlen(x, windows, weight, torch.tensor([0, 1, 2, 3]))
     for i in range(3):  # each alone, padded with a second dummy sequence to force the general path
         xi = torch.cat([x[i : i + 1], torch.zeros(2, 6)])
-        yi, ni = causal_conv_varlen(xi, windows[[i, i]], weight, torch.tensor([0, 1, 3]), (1, 2))
+        yi, ni = causal_conv_varlen(xi, windows[[i, i]], weight, torch.tensor([0, 1, 3]))
         assert torch.allclose(y[i], yi[0], rtol=0, atol=1e-6) and torch.equal(new[i], ni[0])
 
 
