@@ -62,7 +62,7 @@ def _kda_rows(
     else:
         window, states = start[0].expand(b, -1, -1), start[1].expand(b, -1, -1, -1)
     cu = torch.arange(b + 1, device=x.device, dtype=torch.int32) * length
-    mixed, new_window = causal_conv_varlen(mixed, window, conv, cu, (length,) * b)
+    mixed, new_window = causal_conv_varlen(mixed, window, conv, cu)
     gate = layer.g_b_proj(layer.g_a_proj(x)).view(t, h, d)
     g = kda_gate(layer.f_b_proj(layer.f_a_proj(x)).view(t, h, d), layer.A_log, layer.dt_bias)
     beta = torch.sigmoid(layer.b_proj(x)).float()
