@@ -132,12 +132,15 @@ def build(cfg: dict[str, Any], device: torch.device, dtype: torch.dtype):
     return model, spec
 
 
+ENGINE_OVERRIDES: dict[str, Any] = {}  # engine settings given on the command line (all sections)
+
+
 def make_engine(model, spec, dtype, device, *, kv: str = "auto", **settings) -> Engine:
     base = dict(
         block_size=64, num_state_slots=8, max_num_seqs=4, max_num_batched_tokens=16384,
         checkpoint_interval=32768, enable_prefix_caching=False,
     )  # fmt: skip
-    cfg = EngineConfig.of(**{**base, **settings, "kv_cache_dtype": kv})
+    cfg = EngineConfig.of(**{**base, **settings, **ENGINE_OVERRIDES, "kv_cache_dtype": kv})
     tok = ByteTokenizer()
     tok.vocab_size = spec.vocab_size
     cache_spec = HybridCacheSpec.from_model_spec(spec, dtype, latent_fp8=kv == "fp8")
@@ -246,6 +249,8 @@ def turn10(
         turns.append({"turn": turn + 1, "prompt_tokens": len(prompt), "cached_tokens": hit,
                       "prefill_steps": steps[0], "ttft_ms": round(1000 * ttft, 2)})  # fmt: skip
         transcript = prompt + reply
+    graphs = eng.runner.graphs
+    short_replays = None if graphs is None else graphs.num_short_replays
     del eng
     free(device)
     plain = make_engine(model, spec, dtype, device, enable_prefix_caching=False, **size)
@@ -257,7 +262,8 @@ def turn10(
     return {
         "context": context, "turns": turns, "ttft_ms_with_cache": round(1000 * t_c, 2),
         "ttft_ms_without_cache": round(1000 * t_nc, 2), "ratio": round(t_c / t_nc, 4),
-        "reply_identical": reply_nc == reply,
+        "reply_identical": reply_nc == reply, "short_step_graph_replays": short_replays,
+        "short_graph_tokens": ENGINE_OVERRIDES.get("short_graph_tokens", EngineConfig().short_graph_tokens),
     }  # fmt: skip
 
 
@@ -583,6 +589,10 @@ def main() -> None:
         "--hf-max", type=int, default=32768, help="longest prompt given to transformers (0: none)"
     )
     ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--turn-contexts", default=None, help="comma list of turn10 contexts (default 16K,128K)")
+    ap.add_argument(
+        "--short-graph-tokens", type=int, default=None, help="EngineConfig.short_graph_tokens (0: off)"
+    )
     ap.add_argument("--profile-returning", action="store_true", help="cProfile of each return (returning)")
     ap.add_argument("--accuracy-tokens", type=int, default=48, help="greedy tokens per prompt (fp8_accuracy)")
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
@@ -620,6 +630,10 @@ def main() -> None:
     )
     steps = 8 if quick else args.decode_steps
     turn_ctx = (256, 1024) if quick else (16 * K, 128 * K)
+    if args.turn_contexts:
+        turn_ctx = tuple(int(x) for x in args.turn_contexts.split(","))
+    if args.short_graph_tokens is not None:
+        ENGINE_OVERRIDES["short_graph_tokens"] = args.short_graph_tokens
     ret_ctx = 1024 if quick else 128 * K
     RESULTS.update(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    quick=quick, config=model_config(quick, False))  # fmt: skip

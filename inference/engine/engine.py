@@ -28,6 +28,11 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_num_seqs=32))
     enable_cuda_graphs: bool = True  # pure-decode steps replay captured graphs (CUDA, capable models)
+    # steps of at most this many new tokens (a next agent turn, decodes beside it) replay graphs
+    # too (0: decode steps only), while their absorbed attention reads at most
+    # `short_graph_row_keys` (row, key) pairs; larger steps take the eager dense prefill path
+    short_graph_tokens: int = 128
+    short_graph_row_keys: int = 4 << 20
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -117,6 +122,8 @@ class Engine:
             dtype=dtype,
             vocab_size=tokenizer.vocab_size,
             cuda_graphs=config.enable_cuda_graphs,
+            short_graph_tokens=config.short_graph_tokens,
+            short_graph_row_keys=config.short_graph_row_keys,
         )
         if (tiers := self.scheduler.cache.tiers) is not None:
             self.runner.attach_tiers(tiers.capacity, config.cache.tiers.disk_url)

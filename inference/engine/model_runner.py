@@ -44,7 +44,11 @@ class ModelRunner:
         vocab_size: int | None = None,
         cuda_graphs: bool = False,
         graph_batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
+        short_graph_tokens: int = 0,
+        short_graph_row_keys: int = 0,
     ) -> None:
+        """`short_graph_tokens` / `short_graph_row_keys`: short steps replay graphs too where the
+        model allows (`DecodeGraphs`' `short_tokens` / `short_row_keys`)."""
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's: ids past it (padded embedding rows) are never sampled
         self.device = torch.device(device)
@@ -58,10 +62,13 @@ class ModelRunner:
         )
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
+            short = getattr(model, "supports_short_step_graphs", None)
+            if short is None or not short(dtype):
+                short_graph_tokens = 0
             self.graphs = DecodeGraphs(
                 model, self.cache, device=self.device, block_size=block_size,
                 scratch_block=num_blocks, scratch_slot=num_slots, batch_buckets=graph_batch_buckets,
-                vocab_size=vocab_size,
+                vocab_size=vocab_size, short_tokens=short_graph_tokens, short_row_keys=short_graph_row_keys,
             )  # fmt: skip
         self.sampler = Sampler()
         self.tables: dict[str, list[int]] = {}
@@ -160,41 +167,46 @@ class ModelRunner:
         self, out: SchedulerOutput, requests: Mapping[str, Request]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the sampled rows, and their greedy tokens when a captured graph ran the step
-        (pure-decode steps where one fits; else None)."""
+        (decode and short steps where one fits; else None)."""
         image_embeds = self._image_embeds(out, requests)
-        if (
-            self.graphs is not None
-            and image_embeds is None
-            and all(len(s.token_ids) == 1 for s in out.scheduled)
-        ):
-            batch, rows = self._decode_batch(out)
-            ran = self.graphs.run(batch)
+        g = self.graphs
+        if g is not None and image_embeds is None:
+            tokens = sum(len(s.token_ids) for s in out.scheduled)
+            decode = tokens == len(out.scheduled)
+            ran = None
+            if decode or tokens <= g.max_short_tokens:
+                batch, rows = self._graph_batch(out, decode)
+                ran = g.run(batch)
             if ran is not None:
                 logits, greedy = ran
                 for s, table in zip(out.scheduled, batch.tables, strict=True):
                     self.tables[s.req_id] = table
-                if len(rows) != len(batch.ids):
+                if len(rows) != len(batch.seq_lens):
                     return logits[rows], greedy[rows]
                 return logits, greedy
         meta, ids, _ = self.build_meta(out)
         return self.model(self._to(ids, torch.int64), meta, self.cache, image_embeds=image_embeds), None
 
-    def _decode_batch(self, out: SchedulerOutput) -> tuple[DecodeBatch, list[int]]:
-        """Host lists of a one-token-per-sequence step, and the rows to sample (tables not stored)."""
+    def _graph_batch(self, out: SchedulerOutput, decode: bool) -> tuple[DecodeBatch, list[int]]:
+        """Host lists of a step for the graphs (`decode`: one token per sequence), and the
+        sequences to sample (tables not stored)."""
         B = self.block_size
         ids, positions, slot_mapping, seq_lens, tables, slots, rows = [], [], [], [], [], [], []
+        q_lens: list[int] = []
         for i, s in enumerate(out.scheduled):
             table = self._table(s)
-            pos = s.start
-            ids.append(s.token_ids[0])
-            positions.append(pos)
-            slot_mapping.append(table[pos // B] * B + pos % B)
-            seq_lens.append(pos + 1)
+            ids.extend(s.token_ids)
+            for pos in range(s.start, s.start + len(s.token_ids)):
+                positions.append(pos)
+                slot_mapping.append(table[pos // B] * B + pos % B)
+            q_lens.append(len(s.token_ids))
+            seq_lens.append(s.start + len(s.token_ids))
             tables.append(table)
             slots.append(s.slot)
             if s.sample:
                 rows.append(i)
-        return DecodeBatch(ids, positions, slot_mapping, seq_lens, tables, slots), rows
+        batch = DecodeBatch(ids, positions, slot_mapping, seq_lens, tables, slots, None if decode else q_lens)
+        return batch, rows
 
     @torch.inference_mode()
     def execute(

@@ -28,6 +28,12 @@ class ForwardMeta:
         query_lens_cpu: host copy of the per-sequence new-token counts.
         seq_lens_cpu: host copy of `seq_lens`.
         logits_indices: `[M]` rows of the flat batch to compute logits for (None = all rows).
+        row_seq: `[T]` int64, the sequence of each token, set only for a step captured in a CUDA
+            graph with short prefill chunks (`inference/engine/cuda_graphs.py`): the host lengths
+            are not known at capture, so every layer takes its path whose shapes the tensors fix
+            (MLA: each row absorbed over keys `< position + 1`; KDA: the recurrent kernel over
+            `cu_seqlens`), and `query_lens_cpu` / `seq_lens_cpu` are shape stand-ins (the right
+            count and total, upper bounds otherwise).
     """
 
     positions: Tensor
@@ -39,6 +45,7 @@ class ForwardMeta:
     query_lens_cpu: tuple[int, ...]
     seq_lens_cpu: tuple[int, ...]
     logits_indices: Tensor | None = None
+    row_seq: Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -109,8 +109,8 @@ class KimiDeltaAttention(nn.Module):
         g = kda_gate(f, self.A_log, self.dt_bias)
         beta = torch.sigmoid(b).float()
         state_pool = cache.state[self.layer_idx]
-        o, final = kda_varlen(
-            q, k, v, g, beta, state_pool.index_select(0, slots), meta.cu_seqlens, meta.query_lens_cpu
-        )
+        # a captured short step knows its lengths on the device only (`ForwardMeta.row_seq`)
+        q_lens = None if meta.row_seq is not None else meta.query_lens_cpu
+        o, final = kda_varlen(q, k, v, g, beta, state_pool.index_select(0, slots), meta.cu_seqlens, q_lens)
         state_pool.index_copy_(0, slots, final)
         return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))

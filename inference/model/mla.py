@@ -122,7 +122,12 @@ class MLAttention(nn.Module):
         self, q: Tensor, meta: ForwardMeta, cache: HybridCacheTensors, index: _IndexInputs | None, out: Tensor
     ) -> None:
         """Fill `out` `[T, H, Dv]`: absorbed latent attention for one-token decodes (and for every
-        DSA row), expanded keys for dense prefill chunks."""
+        DSA row, and every row of a captured short step), expanded keys for dense prefill chunks."""
+        if meta.row_seq is not None:  # a captured short step: lengths on the device only
+            sub = None if index is None else (index[0], index[1])
+            lens = meta.positions.to(q.device) + 1
+            self._absorbed(q, meta, cache, index, sub, lens, meta.row_seq, out, slice(None))
+            return
         starts = [0]
         for n in meta.query_lens_cpu:
             starts.append(starts[-1] + n)

@@ -156,6 +156,10 @@ class KimiVLForConditionalGeneration(VisionEncoder):
         """See `KimiLinearForCausalLM.supports_decode_graphs` (decode steps carry no images)."""
         return self.language_model.supports_decode_graphs(dtype)
 
+    def supports_short_step_graphs(self, dtype: torch.dtype) -> bool:
+        """See `KimiLinearForCausalLM.supports_short_step_graphs` (steps with images run eagerly)."""
+        return self.language_model.supports_short_step_graphs(dtype)
+
     def forward(
         self,
         input_ids: Tensor,

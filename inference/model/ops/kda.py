@@ -27,6 +27,7 @@ from torch import Tensor
 
 __all__ = [
     "causal_conv_varlen",
+    "fla_installed",
     "kda_chunk_ref",
     "kda_decode",
     "kda_decode_ref",
@@ -174,14 +175,16 @@ def kda_chunk_ref(
 RECURRENT_MAX_TOKENS = 128
 
 
-def _fla_available(x: Tensor) -> bool:
-    if x.device.type != "cuda":
-        return False
+def fla_installed() -> bool:
     try:
         import fla.ops.kda  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _fla_available(x: Tensor) -> bool:
+    return x.device.type == "cuda" and fla_installed()
 
 
 def kda_varlen(
@@ -192,7 +195,7 @@ def kda_varlen(
     beta: Tensor,
     states: Tensor,
     cu_seqlens: Tensor,
-    query_lens_cpu: tuple[int, ...],
+    query_lens_cpu: tuple[int, ...] | None,
     *,
     use_fla: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -202,7 +205,10 @@ def kda_varlen(
         q, k: `[T, H, K]` raw (normalisation and scaling happen here); v: `[T, H, V]`.
         g: `[T, H, K]` fp32 log decay; beta: `[T, H]`.
         states: `[N, H, K, V]` fp32 initial states (gathered from the state pool).
-        cu_seqlens: `[N+1]` offsets; query_lens_cpu: host lengths.
+        cu_seqlens: `[N+1]` offsets; query_lens_cpu: host lengths, or None when the host does
+            not know them (a step captured in a CUDA graph): every sequence is then short
+            (<= `RECURRENT_MAX_TOKENS`) and takes the recurrent kernel; the reference reads
+            `cu_seqlens`.
         use_fla: force (True) or forbid (False) the fla path; default: CUDA, fla installed and a
             16-bit dtype.
     Returns:
@@ -218,7 +224,7 @@ def kda_varlen(
 
         cu = cu_seqlens.to(torch.long)
         args = (q[None], k[None], v[None], g.float()[None], beta.to(q.dtype)[None])
-        if max(query_lens_cpu, default=1) <= RECURRENT_MAX_TOKENS:
+        if query_lens_cpu is None or max(query_lens_cpu, default=1) <= RECURRENT_MAX_TOKENS:
             o, final = fused_recurrent_kda(
                 *args, scale=scale, initial_state=states, output_final_state=True,
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
@@ -233,10 +239,16 @@ def kda_varlen(
     qn = l2norm(q.float()) * scale
     kn = l2norm(k.float())
     vf, gf, bf = v.float(), g.float(), beta.float()
+    if query_lens_cpu is None:
+        query_lens_cpu = tuple(cu_seqlens.diff().tolist())
     outs, finals = [], []
     start = 0
     for i, n in enumerate(query_lens_cpu):
         sl = slice(start, start + n)
+        if n == 0:  # a padding sequence of a captured step: its state passes through
+            outs.append(vf[sl])
+            finals.append(states[i].float())
+            continue
         fn = kda_recurrent_ref if n == 1 else kda_chunk_ref
         o, s = fn(qn[sl], kn[sl], vf[sl], gf[sl], bf[sl], states[i])
         outs.append(o)

@@ -93,3 +93,83 @@ def test_host_inputs_rewrite_only_changed_rows_and_match_a_fresh_fill():
     assert array[5 * rows] == -1
     host.fill(DecodeBatch([0], [7], [3], [8], [list(b)], [0]), sb, ss, bs)  # an equal new list: rewritten
     assert array[5 * rows] == b[0]
+
+
+def test_short_step_inputs_layout_pads_tokens_into_their_own_sequence():
+    # two sequences of 3 and 1 new tokens in a 4-row, 8-token buffer: tokens 4..7 are sequence 2's
+    batch = DecodeBatch(
+        [5, 6, 7, 8], [10, 11, 12, 3], [20, 21, 22, 7], [13, 4], [[2, 3], [1]], [0, 1], [3, 1]
+    )
+    rows, width, tokens, sb, ss, bs = 4, 2, 8, 9, 5, 8
+    a = padded_inputs(batch, rows, width, sb, ss, bs, tokens)
+    t = tokens
+    assert a[:t] == [5, 6, 7, 8, 0, 0, 0, 0]  # ids
+    assert a[t : 2 * t] == [10, 11, 12, 3, 0, 0, 0, 0]  # positions
+    assert a[2 * t : 3 * t] == [20, 21, 22, 7] + [sb * bs] * 4  # slot mapping
+    assert a[3 * t : 3 * t + rows] == [0, 1, ss, ss]  # state slots
+    assert a[3 * t + rows : 3 * t + 2 * rows] == [13, 4, 1, 1]  # seq lens
+    tables = 3 * t + 2 * rows
+    assert a[tables : tables + rows * width] == [2, 3, 1, sb, sb, sb, sb, sb]
+    extra = tables + rows * width
+    assert a[extra : extra + t] == [0, 0, 0, 1, 2, 2, 2, 2]  # row_seq
+    assert a[extra + t : extra + t + rows + 1] == [0, 3, 4, 8, 8]  # cu_seqlens
+    assert a[extra + t + rows + 1 :] == [2, 3, 0, 0]  # logit rows: each sequence's last token
+    with pytest.raises(ValueError, match="does not fit"):  # no row left for the padding tokens
+        padded_inputs(batch, 2, width, sb, ss, bs, tokens)
+    with pytest.raises(ValueError, match="one new token"):
+        padded_inputs(batch, rows, width, sb, ss, bs)
+
+
+def test_a_short_step_through_its_padded_buffer_equals_the_dense_eager_step():
+    """A mixed step (a prefill chunk over a cached context, a decode, a fresh prompt) run from a
+    short-step graph's padded buffer (`ForwardMeta.row_seq`: absorbed rows, device lengths)
+    gives the dense eager step's logits and leaves the same KV and KDA state behind (CPU, fp32)."""
+    import torch
+
+    from inference.engine.cuda_graphs import DecodeInputs
+    from inference.engine.engine import EngineConfig
+    from inference.engine.factory import build_engine
+    from inference.model.forward_meta import ForwardMeta
+
+    bs = 8
+    eng = build_engine(
+        engine_config=EngineConfig.of(block_size=bs, num_blocks=32, num_state_slots=4, max_model_len=128)
+    )
+    model, cache = eng.runner.model, eng.runner.cache
+    scratch_block, scratch_slot = 32, 4
+    gen = torch.Generator().manual_seed(3)
+    tables = [[0, 1, 2, 3, 4, 5, 6], [8, 9, 10], [12, 13]]
+    ctx = [30, 17, 0]
+    with torch.inference_mode():
+        for slot in range(3):
+            cache.zero_slot(slot)
+        first = ForwardMeta.for_sequences(ctx[:2], [0, 0], tables[:2], bs, [0, 1])
+        model(torch.randint(0, 256, (sum(ctx),), generator=gen), first, cache)
+        q_lens = [20, 1, 9]
+        ids = torch.randint(0, 256, (sum(q_lens),), generator=gen)
+        saved = {k: v.clone() for k, v in cache.state.items()}, {k: v.clone() for k, v in cache.conv.items()}
+        kv = {k: v.clone() for k, v in cache.kv.items()}
+        dense = ForwardMeta.for_sequences(q_lens, ctx, tables, bs, [0, 1, 2], logits_indices=[19, 20, 29])
+        want = model(ids, dense, cache)
+        after = (
+            {k: v[:3].clone() for k, v in cache.state.items()},
+            {k: v.clone() for k, v in cache.kv.items()},
+        )
+        for k in cache.state:
+            cache.state[k].copy_(saved[0][k])
+            cache.conv[k].copy_(saved[1][k])
+        for k in cache.kv:
+            cache.kv[k].copy_(kv[k])
+        g = DecodeInputs(8, 8, bs, torch.device("cpu"), scratch_block, scratch_slot, tokens=48)
+        g.load(DecodeBatch(
+            ids.tolist(), dense.positions.tolist(), dense.slot_mapping.tolist(),
+            [c + q for c, q in zip(ctx, q_lens, strict=True)], tables, [0, 1, 2], q_lens,
+        ))  # fmt: skip
+        got = model(g.ids, g.meta, cache)[:3]
+    assert g.meta.row_seq is not None
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for k in cache.state:
+        torch.testing.assert_close(cache.state[k][:3], after[0][k], rtol=1e-4, atol=1e-5)
+    used = [b for t in tables for b in t]
+    for k in cache.kv:
+        torch.testing.assert_close(cache.kv[k][used], after[1][k][used])

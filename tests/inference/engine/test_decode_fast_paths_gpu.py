@@ -1,7 +1,8 @@
 """The decode fast paths on the GPU, end to end on the bundled small model: the fused Triton
 decode ops give the PyTorch references' tokens (fp32, kernels on vs `DAYZERO_KERNELS=reference`),
 and the greedy tokens read from a decode graph's own argmax equal the sampler's choice on the
-same logits (bf16, CUDA graphs)."""
+same logits (bf16, CUDA graphs); short-step graphs (chunked prefills, decodes beside them)
+replay what their padded inputs compute eagerly, and agree with the dense eager prefill path."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 
 import pytest
 
+from inference.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
@@ -48,3 +50,60 @@ def test_gpu_graph_greedy_tokens_equal_the_samplers():
     # logprobs asked: the same graph replays, but the sampler picks from the logits
     sampled, _ = _run("bfloat16", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0))
     assert [r.output_token_ids for r in graph_argmax] == [r.output_token_ids for r in sampled]
+
+
+class _EagerReplay(DecodeGraphs):
+    """The graphs' buckets and padded input buffers, the forward run eagerly instead of replayed."""
+
+    def _capture(self, rows, width, tokens=None):
+        g = DecodeInputs(
+            rows, width, self.block_size, self.device, self.scratch_block, self.scratch_slot, tokens
+        )
+        self.graphs[(rows, width, tokens)] = g
+        return g
+
+    def _replay(self, g):
+        return self.outputs(self.model(g.ids, g.meta, self.cache))
+
+
+# every prefill in chunks of <= 64 tokens: each step is a short step, mixed with decodes
+SHORT = dict(enable_chunked_prefill=True, max_num_batched_tokens=64, enable_prefix_caching=True)
+
+
+@pytest.mark.gpu
+def test_gpu_short_step_graphs_replay_what_their_inputs_compute_eagerly():
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    replayed, eng = _run("bfloat16", sp, **SHORT)
+    g = eng.runner.graphs
+    assert g is not None and not g.short_disabled and g.num_short_replays > 0
+    eng = build_engine(engine_config=CFG.evolve(**SHORT), device="cuda", dtype="bfloat16", fixed_blocks=True)
+    r = eng.runner
+    r.graphs = _EagerReplay(
+        r.model, r.cache, device=r.device, block_size=g.block_size, scratch_block=g.scratch_block,
+        scratch_slot=g.scratch_slot, vocab_size=r.vocab_size, short_tokens=g.max_short_tokens,
+        short_row_keys=g.short_row_keys,
+    )  # fmt: skip
+    eager = eng.generate(_prompts(), sp)
+    assert r.graphs.num_short_replays == g.num_short_replays
+    for a, b in zip(replayed, eager, strict=True):
+        assert a.output_token_ids == b.output_token_ids
+        diff = max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs, strict=True))
+        assert diff < 1e-2, f"chosen-token logprob differs by {diff}"
+
+
+@pytest.mark.gpu
+def test_gpu_short_step_graphs_agree_with_the_dense_eager_prefill():
+    """Absorbed rows vs expanded keys in bf16: other roundings, so near-ties may flip a token;
+    the first token of every prompt and nearly all of the rest agree."""
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    short, eng = _run("bfloat16", sp, **SHORT)
+    assert eng.runner.graphs.num_short_replays > 0
+    dense, eng = _run("bfloat16", sp, **SHORT, short_graph_tokens=0)
+    assert eng.runner.graphs.num_short_replays == 0
+    pairs = [
+        (a, b)
+        for x, y in zip(short, dense, strict=True)
+        for a, b in zip(x.output_token_ids, y.output_token_ids, strict=True)
+    ]
+    assert all(x.output_token_ids[0] == y.output_token_ids[0] for x, y in zip(short, dense, strict=True))
+    assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs), pairs

@@ -204,9 +204,11 @@ class _PaddedEager(DecodeGraphs):
     runner's graph path) with the forward run eagerly on the padded inputs instead of replayed
     from a captured graph: what the graph computes, checkable on CPU."""
 
-    def _capture(self, rows, width):
-        g = DecodeInputs(rows, width, self.block_size, self.device, self.scratch_block, self.scratch_slot)
-        self.graphs[(rows, width)] = g
+    def _capture(self, rows, width, tokens=None):
+        g = DecodeInputs(
+            rows, width, self.block_size, self.device, self.scratch_block, self.scratch_slot, tokens
+        )
+        self.graphs[(rows, width, tokens)] = g
         return g
 
     def _replay(self, g):
@@ -238,6 +240,41 @@ def test_padded_decode_graph_inputs_give_identical_outputs(reference, cfg):
     assert runner.graphs.num_replays > 0
     layer = next(iter(runner.cache.state))
     assert runner.cache.state[layer][scratch_slot].abs().sum() > 0  # padding rows ran, in the spare slot
+    pool = eng.scheduler.cache
+    pool.check_invariants()
+    assert pool.num_request_blocks == 0 and pool.states.num_live == 0
+
+
+@pytest.mark.parametrize("row_keys", [1 << 30, 600], ids=["all-short", "budget-splits"])
+def test_padded_short_step_graph_inputs_give_identical_outputs(reference, row_keys):
+    """Every step of <= 48 new tokens (chunked prefills of 40, decodes, both mixed) through the
+    short-step graph bookkeeping: padded to token and sequence buckets, the padding tokens one
+    extra sequence in the scratch slot, every attention row absorbed over its own keys and the
+    KDA lengths read from `cu_seqlens` only; the tokens stay those of the plain engine. With a
+    small row-key budget the long-context steps fall back to the eager path in between."""
+    eng = build_engine(
+        engine_config=BASE.evolve(
+            enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=40
+        )
+    )
+    runner = eng.runner
+    scratch_block, scratch_slot = BASE.cache.num_blocks, BASE.cache.num_state_slots
+    runner.graphs = _PaddedEager(
+        runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
+        scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
+        vocab_size=runner.vocab_size, short_tokens=48, short_row_keys=row_keys,
+    )  # fmt: skip
+    eager = []
+    model_forward = runner.model.forward
+    runner.model.forward = lambda ids, meta, *a, **k: (
+        eager.append(meta.row_seq is None and not meta.is_pure_decode) or model_forward(ids, meta, *a, **k)
+    )
+    ps = prompts()[:6]
+    for _wave in range(2):
+        outs = [r.output_token_ids for r in eng.generate(ps, GREEDY)]
+        assert outs == reference[:6]
+    assert runner.graphs.num_short_replays > 0
+    assert any(eager) == (row_keys == 600)  # the budget sends some prefill steps to the eager path
     pool = eng.scheduler.cache
     pool.check_invariants()
     assert pool.num_request_blocks == 0 and pool.states.num_live == 0
