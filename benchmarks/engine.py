@@ -532,6 +532,8 @@ def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, A
     eng = make_engine(model, spec, dtype, device, enable_prefix_caching=True)
     prompt = [rng.randrange(256) for _ in range(context)]
     first_token(eng, prompt, sp, device)
+    prompt += [rng.randrange(256) for _ in range(64)]
+    first_token(eng, prompt, sp, device)  # a first cached turn: captures its short-step graph
     nxt = prompt + [rng.randrange(256) for _ in range(64)]
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:

@@ -264,6 +264,7 @@ def turn10(
         "ttft_ms_without_cache": round(1000 * t_nc, 2), "ratio": round(t_c / t_nc, 4),
         "reply_identical": reply_nc == reply, "short_step_graph_replays": short_replays,
         "short_graph_tokens": ENGINE_OVERRIDES.get("short_graph_tokens", EngineConfig().short_graph_tokens),
+        "short_graph_row_keys": ENGINE_OVERRIDES.get("short_graph_row_keys", EngineConfig().short_graph_row_keys),
     }  # fmt: skip
 
 
@@ -593,6 +594,9 @@ def main() -> None:
     ap.add_argument(
         "--short-graph-tokens", type=int, default=None, help="EngineConfig.short_graph_tokens (0: off)"
     )
+    ap.add_argument(
+        "--short-graph-row-keys", type=int, default=None, help="EngineConfig.short_graph_row_keys"
+    )
     ap.add_argument("--profile-returning", action="store_true", help="cProfile of each return (returning)")
     ap.add_argument("--accuracy-tokens", type=int, default=48, help="greedy tokens per prompt (fp8_accuracy)")
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
@@ -632,8 +636,9 @@ def main() -> None:
     turn_ctx = (256, 1024) if quick else (16 * K, 128 * K)
     if args.turn_contexts:
         turn_ctx = tuple(int(x) for x in args.turn_contexts.split(","))
-    if args.short_graph_tokens is not None:
-        ENGINE_OVERRIDES["short_graph_tokens"] = args.short_graph_tokens
+    for name in ("short_graph_tokens", "short_graph_row_keys"):
+        if getattr(args, name) is not None:
+            ENGINE_OVERRIDES[name] = getattr(args, name)
     ret_ctx = 1024 if quick else 128 * K
     RESULTS.update(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    quick=quick, config=model_config(quick, False))  # fmt: skip
