@@ -592,11 +592,9 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--turn-contexts", default=None, help="comma list of turn10 contexts (default 16K,128K)")
     ap.add_argument(
-        "--short-graph-tokens", type=int, default=None, help="EngineConfig.short_graph_tokens (0: off)"
-    )
-    ap.add_argument(
-        "--short-graph-row-keys", type=int, default=None, help="EngineConfig.short_graph_row_keys"
-    )
+        "--set", action="append", default=[], metavar="NAME=INT",
+        help="an EngineConfig setting for every engine, e.g. short_graph_tokens=0, max_num_batched_tokens=32768",
+    )  # fmt: skip
     ap.add_argument("--profile-returning", action="store_true", help="cProfile of each return (returning)")
     ap.add_argument("--accuracy-tokens", type=int, default=48, help="greedy tokens per prompt (fp8_accuracy)")
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/long_context.json)")
@@ -636,9 +634,11 @@ def main() -> None:
     turn_ctx = (256, 1024) if quick else (16 * K, 128 * K)
     if args.turn_contexts:
         turn_ctx = tuple(int(x) for x in args.turn_contexts.split(","))
-    for name in ("short_graph_tokens", "short_graph_row_keys"):
-        if getattr(args, name) is not None:
-            ENGINE_OVERRIDES[name] = getattr(args, name)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        EngineConfig.of(**{name: int(value)})  # an unknown name fails here, before any work
+        ENGINE_OVERRIDES[name] = int(value)
+    RESULTS["engine_overrides"] = ENGINE_OVERRIDES
     ret_ctx = 1024 if quick else 128 * K
     RESULTS.update(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    quick=quick, config=model_config(quick, False))  # fmt: skip
