@@ -278,3 +278,14 @@ def test_padded_short_step_graph_inputs_give_identical_outputs(reference, row_ke
     pool = eng.scheduler.cache
     pool.check_invariants()
     assert pool.num_request_blocks == 0 and pool.states.num_live == 0
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused_before_anything_is_queued():
+    eng = build_engine()
+    vocab = eng.tokenizer.vocab_size
+    for bad in ([1, -1, 2], [vocab], [0, vocab + 5]):
+        with pytest.raises(ValueError, match=r"prompt token ids must be in \[0, "):
+            eng.add_request(bad)
+    assert not eng.has_unfinished
+    eng.add_request([0, vocab - 1])
+    assert eng.has_unfinished
