@@ -280,11 +280,15 @@ class DecodeGraphs:
         vocab_size: int | None = None,
         short_tokens: int = 0,
         short_row_keys: int = 0,
+        short_capture_after: int = 2,
     ) -> None:
         """`vocab_size`: the sampled vocabulary (the greedy tokens' argmax ignores padded
         embedding rows past it); None: all logits. `short_tokens`: steps of at most this many new
         tokens (<= `RECURRENT_MAX_TOKENS`) replay short-step graphs (0: decode steps only) when
-        their rows read at most `short_row_keys` (row, key) pairs of attention."""
+        their rows read at most `short_row_keys` (row, key) pairs of attention.
+        `short_capture_after`: a short-step shape is captured the time it occurs this often and
+        runs eagerly before: short shapes are many (sequences x tokens x width), a capture stalls
+        every request of the step for ~0.1-0.3 s, and a one-off shape would never repay it."""
         if short_tokens > RECURRENT_MAX_TOKENS:
             raise ValueError(f"short_tokens must be <= {RECURRENT_MAX_TOKENS}, got {short_tokens}")
         self.model, self.cache = model, cache
@@ -296,6 +300,8 @@ class DecodeGraphs:
             (short_tokens,) if short_tokens else ()
         )
         self.short_row_keys = short_row_keys
+        self.short_capture_after = short_capture_after
+        self._short_seen: OrderedDict[_Key, int] = OrderedDict()  # uncaptured short shapes -> times seen
         self.max_graphs = max_graphs
         self.device = device
         self.pool: tuple[int, int] | None = None  # shared by all graphs, made at the first capture
@@ -346,6 +352,8 @@ class DecodeGraphs:
         g = self.graphs.get(key)
         if g is not None:
             self.graphs.move_to_end(key)
+        elif key[2] is not None and not self._worth_capturing(key):
+            return None
         else:
             if len(self.graphs) >= self.max_graphs:  # drop the least recently used graph
                 _, old = self.graphs.popitem(last=False)
@@ -365,6 +373,16 @@ class DecodeGraphs:
         self.num_short_replays += key[2] is not None
         n = len(batch.seq_lens)
         return logits[:n], greedy[:n]
+
+    def _worth_capturing(self, key: _Key) -> bool:
+        """Count an uncaptured short shape; True the time it reaches `short_capture_after`."""
+        seen = self._short_seen.pop(key, 0) + 1
+        if seen >= self.short_capture_after:
+            return True
+        self._short_seen[key] = seen
+        if len(self._short_seen) > 4 * self.max_graphs:  # forget the oldest shapes seen
+            self._short_seen.popitem(last=False)
+        return False
 
     def outputs(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """A captured forward's outputs: the logits and their greedy tokens over the sampled

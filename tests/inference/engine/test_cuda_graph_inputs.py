@@ -173,3 +173,24 @@ def test_a_short_step_through_its_padded_buffer_equals_the_dense_eager_step():
     used = [b for t in tables for b in t]
     for k in cache.kv:
         torch.testing.assert_close(cache.kv[k][used], after[1][k][used])
+
+
+def test_a_short_shape_is_captured_the_second_time_it_occurs():
+    import torch
+
+    from inference.engine.cuda_graphs import DecodeGraphs
+
+    g = DecodeGraphs(
+        None, None, device=torch.device("cpu"), block_size=8, scratch_block=0, scratch_slot=0,
+        max_graphs=2, short_tokens=64, short_row_keys=1 << 20,
+    )  # fmt: skip
+    a, b = (2, 8, 64), (4, 8, 64)
+    assert [g._worth_capturing(k) for k in (a, b, a, b)] == [False, False, True, True]
+    assert not g._short_seen  # counted shapes leave the table once they are captured
+    for i in range(9):  # at most 4 x max_graphs shapes are remembered, the oldest forgotten
+        g._worth_capturing((i + 1, 8, 16))
+    assert len(g._short_seen) == 8 and (1, 8, 16) not in g._short_seen
+    assert DecodeGraphs(
+        None, None, device=torch.device("cpu"), block_size=8, scratch_block=0, scratch_slot=0,
+        short_tokens=64, short_capture_after=1,
+    )._worth_capturing(a)  # fmt: skip

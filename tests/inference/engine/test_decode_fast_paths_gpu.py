@@ -81,7 +81,7 @@ def test_gpu_short_step_graphs_replay_what_their_inputs_compute_eagerly():
     r.graphs = _EagerReplay(
         r.model, r.cache, device=r.device, block_size=g.block_size, scratch_block=g.scratch_block,
         scratch_slot=g.scratch_slot, vocab_size=r.vocab_size, short_tokens=g.max_short_tokens,
-        short_row_keys=g.short_row_keys,
+        short_row_keys=g.short_row_keys, short_capture_after=g.short_capture_after,
     )  # fmt: skip
     eager = eng.generate(_prompts(), sp)
     assert r.graphs.num_short_replays == g.num_short_replays

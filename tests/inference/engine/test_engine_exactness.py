@@ -262,7 +262,7 @@ def test_padded_short_step_graph_inputs_give_identical_outputs(reference, row_ke
     runner.graphs = _PaddedEager(
         runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
-        vocab_size=runner.vocab_size, short_tokens=48, short_row_keys=row_keys,
+        vocab_size=runner.vocab_size, short_tokens=48, short_row_keys=row_keys, short_capture_after=1,
     )  # fmt: skip
     eager = []
     model_forward = runner.model.forward
