@@ -71,10 +71,13 @@ from workers.tool_jobs import build_registry
 
 ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 CYCLES = 20
+# The instant tool: `echo` goes through the dispatcher's pool thread; `--tool echo_inline` is the
+# same tool declared `inline` (run on the runner's thread: `ToolSpec.inline`).
+TOOL = ["echo"]
 
 
 def script(cycles: int = CYCLES) -> str:
-    return "script:" + json.dumps({"cycles": cycles, "tool": "echo"})
+    return "script:" + json.dumps({"cycles": cycles, "tool": TOOL[0]})
 
 
 class InstantModel:
@@ -327,7 +330,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--runners", type=int, default=4)
+    ap.add_argument("--tool", default="echo", choices=("echo", "echo_inline"))
     args = ap.parse_args()
+    TOOL[0] = args.tool
     load_at_start = os.getloadavg()  # a shared box: the figures mean little without it
     name = f"dz_bench_{uuid.uuid4().hex[:8]}"
     admin = make_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -349,6 +354,7 @@ def main() -> None:
             {
                 "benchmark": "orchestrator_overhead",
                 "cycles_per_task": CYCLES,
+                "tool": TOOL[0],
                 "steps_per_task": 2 * CYCLES + 1,
                 "synchronous_commit": sync,
                 "cpus": os.cpu_count(),
