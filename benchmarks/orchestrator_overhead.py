@@ -13,7 +13,7 @@ that touched its relations, commit records included; other databases' writes are
 Steps per task are read from the database, so a task that stops early (a budget) is divided
 by the steps it ran.
 
-    python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4]
+    python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4] [--tool echo_inline]
     DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/orchestrator_overhead.py  # its code
 
 Recorded 2026-12-01 on the 2-core CPU box shared with three other sessions (1-minute load
@@ -26,6 +26,9 @@ both; floors: durable one-statement INSERT 0.37 ms, INSERT + COMMIT 0.62 ms, 8 K
 0.15 ms (that code: up to commit 9457706). With the claim prepared as well, 6 more interleaved
 runs at load 4.2-7.3 (median 5.2): p50 6.90 -> 2.89 ms, p99 17.9 -> 10.2, task start 8.3 -> 4.3,
 runner CPU 2.32 -> 1.39 ms per step, 141 -> 309 steps/s (1 runner), 256 -> 343 (4 runners).
+2026-12-03 (load 0.5-4.4, medians of 10 interleaved rounds, main at adb974c -> migration 0008 and
+UUIDv7 ids): WAL 72.9 -> 65.2 KB per 20-cycle task, latency and steps/s within the spread;
+`--tool echo_inline` (6 rounds): p50 1.05 ms, runner CPU 0.61 ms per step (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -71,10 +74,13 @@ from workers.tool_jobs import build_registry
 
 ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 CYCLES = 20
+# The instant tool: `echo` goes through the dispatcher's pool thread; `--tool echo_inline` is the
+# same tool declared `inline` (run on the runner's thread: `ToolSpec.inline`).
+TOOL = ["echo"]
 
 
 def script(cycles: int = CYCLES) -> str:
-    return "script:" + json.dumps({"cycles": cycles, "tool": "echo"})
+    return "script:" + json.dumps({"cycles": cycles, "tool": TOOL[0]})
 
 
 class InstantModel:
@@ -327,7 +333,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--runners", type=int, default=4)
+    ap.add_argument("--tool", default="echo", choices=("echo", "echo_inline"))
     args = ap.parse_args()
+    TOOL[0] = args.tool
     load_at_start = os.getloadavg()  # a shared box: the figures mean little without it
     name = f"dz_bench_{uuid.uuid4().hex[:8]}"
     admin = make_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -349,6 +357,7 @@ def main() -> None:
             {
                 "benchmark": "orchestrator_overhead",
                 "cycles_per_task": CYCLES,
+                "tool": TOOL[0],
                 "steps_per_task": 2 * CYCLES + 1,
                 "synchronous_commit": sync,
                 "cpus": os.cpu_count(),

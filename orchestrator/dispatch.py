@@ -51,6 +51,8 @@ class InProcessDispatcher:
     def run_tool(self, job: ToolJob) -> dict[str, Any]:
         from workers.tool_jobs import run_tool
 
+        if self._inline(job.tool):
+            return run_tool(job, self._registry)
         started = time.perf_counter()
         fut = self._pool.submit(run_tool, job, self._registry)
         try:
@@ -63,6 +65,17 @@ class InProcessDispatcher:
         from workers.jobs import preprocess_attachment
 
         return self._pool.submit(preprocess_attachment, job).result(timeout=timeout_s)
+
+    def _inline(self, tool: str) -> bool:
+        """Whether the tool declared itself `inline`; an unknown tool is not (the pool thread
+        reports it as the tool's error, as before)."""
+        from tools.base import ToolError
+        from workers.tool_jobs import process_registry
+
+        try:
+            return (self._registry or process_registry()).spec(tool).inline
+        except ToolError:
+            return False
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

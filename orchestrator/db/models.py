@@ -55,23 +55,24 @@ class Task(Base):
     max_steps: Mapped[int] = mapped_column(Integer, nullable=False)
     max_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
     deadline_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
-    # Progress and usage, updated in each step's transaction.
-    step_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    event_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
-    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     result: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     # Lease: who works on the task, until when; when it may next be claimed.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
-    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     next_run_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     traceparent: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
-    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # Last, and adjacent: the columns every step's transaction rewrites (progress, usage, the
+    # outbox counter, the lease), so that its HOT update logs only them (migration 0008).
+    step_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    event_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_tasks_tenant_idempotency_key"),
@@ -96,7 +97,6 @@ class Step(Base):
     task_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(8), nullable=False)  # "model" | "tool"
-    status: Mapped[str] = mapped_column(String(16), nullable=False)
     tool_name: Mapped[str | None] = mapped_column(String(128))
     tool_call_id: Mapped[str | None] = mapped_column(String(128))
     arguments: Mapped[str | None] = mapped_column(Text)
@@ -109,10 +109,13 @@ class Step(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     runner_id: Mapped[str | None] = mapped_column(String(64))
     resumed: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    # Last, in this order: what the UPDATE that ends the step writes, so that its HOT update logs
+    # only these (migration 0008). `usage` is json text (written once, read whole: see types).
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
 
 
 class StepAttempt(Base):
@@ -130,7 +133,7 @@ class StepAttempt(Base):
     # How often a runner took over this attempt after another died mid-way (same idempotency key).
     resumed: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 

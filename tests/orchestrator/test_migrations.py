@@ -98,3 +98,59 @@ def test_0004_moves_successful_attempts_onto_steps_and_back(db_url):
         ).all()
     assert [tuple(r) for r in back] == [(1, "FAILED", "r-a", 0), (2, "SUCCEEDED", "r-b", 1)]
     engine.dispose()
+
+
+def test_0008_moves_the_per_step_columns_with_their_values(db_url):
+    """The rows written before 0008 (columns moved to the end on PostgreSQL) read the same after
+    it and after its downgrade."""
+    import datetime as dt
+
+    from sqlalchemy import text
+
+    from orchestrator.tasks.queries import get_task, list_attempts, list_steps
+
+    engine = make_engine(db_url)
+    migrate.upgrade(engine, "0007")
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    t1 = t0 + dt.timedelta(seconds=1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO tasks (id, tenant, status, max_steps, max_tokens, deadline_at, step_count, "
+                "event_seq, prompt_tokens, cached_tokens, completion_tokens, cancel_requested, "
+                "lease_owner, lease_until, next_run_at, created_at, updated_at) VALUES ('t', 'x', "
+                "'RUNNING', 9, 99, :s, 3, 7, 11, 5, 2, false, 'r', :f, :s, :s, :f)"
+            ),
+            {"s": t0, "f": t1},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO steps (task_id, step_index, kind, status, attempt_count, started_at, "
+                "runner_id, created_at, finished_at, usage) VALUES ('t', 0, 'model', 'SUCCEEDED', 1, "
+                ":s, 'r', :s, :f, :u)"
+            ),
+            {"s": t0, "f": t1, "u": '{"prompt_tokens": 11}'},
+        )
+
+    def read() -> tuple:
+        with engine.connect() as conn:
+            task = get_task(conn, "t")
+            (step,) = list_steps(conn, "t")
+            (attempt,) = list_attempts(conn, "t")
+        return (
+            (task.step_count, task.event_seq, task.prompt_tokens, task.cached_tokens),
+            (task.completion_tokens, task.lease_until, task.updated_at, task.status),
+            (step.status, step.finished_at, step.usage, attempt.usage),
+        )
+
+    before = read()
+    assert before == (
+        (3, 7, 11, 5),
+        (2, t1, t1, "RUNNING"),
+        ("SUCCEEDED", t1, {"prompt_tokens": 11}, {"prompt_tokens": 11}),
+    )
+    migrate.upgrade(engine)
+    assert read() == before
+    migrate.downgrade(engine, "0007")
+    assert read() == before
+    engine.dispose()

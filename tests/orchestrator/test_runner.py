@@ -114,6 +114,33 @@ def test_hanging_tool_hits_its_timeout(db, make_runner):
     assert elapsed < 4.0
 
 
+def test_an_inline_tool_runs_on_the_runner_thread_and_others_still_time_out(db, make_runner, monkeypatch):
+    """A tool declared `inline` skips the hand-off to a pool thread; a tool that is not, in the
+    same task, still runs on a pool thread and is abandoned at its timeout."""
+    from orchestrator.runner.loop import Runner
+
+    task_id = submit(db, {"cycles": 2, "tool": "echo_inline"})
+    hung = submit(db, {"cycles": 1, "tool": "hang"})
+    runner_threads: set[str] = set()
+    execute = Runner._execute_tool
+
+    def spy(self, task, step, *, in_doubt):
+        runner_threads.add(threading.current_thread().name)
+        execute(self, task, step, in_doubt=in_doubt)
+
+    monkeypatch.setattr(Runner, "_execute_tool", spy)
+    t0 = time.monotonic()
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        results = [json.loads(m["content"]) for m in list_messages(conn, task_id) if m["role"] == "tool"]
+        hung_attempts = [a for a in list_attempts(conn, hung) if a.step_index == 1]
+        assert get_task(conn, task_id).status == get_task(conn, hung).status == "SUCCEEDED"
+    assert [r["echo"] for r in results] == [{"i": 0}, {"i": 1}]
+    assert {r["thread"] for r in results} == runner_threads  # the thread that drives the task
+    assert [a.error["kind"] for a in hung_attempts] == ["timeout", "timeout"]
+    assert time.monotonic() - t0 < 6.0
+
+
 def test_unknown_tool_and_malformed_arguments_become_tool_errors(db, make_runner):
     unknown = submit(db, {"cycles": 1, "tool": "no_such_tool"})
     malformed = submit(db, {"cycles": 1, "tool": "echo", "raw_args": '{"i": 1,,'})

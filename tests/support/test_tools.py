@@ -32,6 +32,22 @@ class Echo:
         return ToolResult(content={"echo": arguments, "note": "x" * 180})
 
 
+class InlineEcho:
+    """Echo declared `inline`: the in-process dispatcher runs it on the caller's thread (the
+    benchmark's instant tool without the hand-off); it reports the thread it ran on."""
+
+    spec = ToolSpec(
+        name="echo_inline", description="echo on the caller's thread", parameters=OBJ, inline=True
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        import threading
+
+        return ToolResult(
+            content={"echo": arguments, "thread": threading.current_thread().name, "note": "x" * 160}
+        )
+
+
 class SlowEcho:
     """Echo after a short random sleep: gives crash tests windows to kill a runner mid-tool."""
 
@@ -208,6 +224,7 @@ class WhoAmI:
 def dayzero_tools() -> list[Any]:
     return [
         Echo(),
+        InlineEcho(),
         SlowEcho(),
         Ledger(),
         Flaky(),
