@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from inference.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
+from tests.inference.engine.graph_fakes import EagerGraphs
 
 CFG = EngineConfig.of(
     block_size=16, num_blocks=256, num_state_slots=40, max_num_seqs=16, max_num_batched_tokens=2048,
@@ -31,16 +31,20 @@ def _run(dtype: str, sp: SamplingParams, **cfg) -> tuple[list, object]:
     return eng.generate(_prompts(), sp), eng
 
 
+def _same_tokens_close_logprobs(outs, refs, tol: float) -> None:
+    for a, b in zip(outs, refs, strict=True):
+        assert a.output_token_ids == b.output_token_ids
+        diff = max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs, strict=True))
+        assert diff < tol, f"chosen-token logprob differs by {diff}"
+
+
 @pytest.mark.gpu
 def test_gpu_fused_decode_ops_give_the_references_tokens(monkeypatch):
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
     fast, _ = _run("float32", sp)
     monkeypatch.setenv("DAYZERO_KERNELS", "reference")
     ref, _ = _run("float32", sp)
-    for a, b in zip(fast, ref, strict=True):
-        assert a.output_token_ids == b.output_token_ids
-        diff = max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs, strict=True))
-        assert diff < 1e-3, f"chosen-token logprob differs by {diff}"
+    _same_tokens_close_logprobs(fast, ref, 1e-3)
 
 
 @pytest.mark.gpu
@@ -50,20 +54,6 @@ def test_gpu_graph_greedy_tokens_equal_the_samplers():
     # logprobs asked: the same graph replays, but the sampler picks from the logits
     sampled, _ = _run("bfloat16", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0))
     assert [r.output_token_ids for r in graph_argmax] == [r.output_token_ids for r in sampled]
-
-
-class _EagerReplay(DecodeGraphs):
-    """The graphs' buckets and padded input buffers, the forward run eagerly instead of replayed."""
-
-    def _capture(self, rows, width, tokens=None):
-        g = DecodeInputs(
-            rows, width, self.block_size, self.device, self.scratch_block, self.scratch_slot, tokens
-        )
-        self.graphs[(rows, width, tokens)] = g
-        return g
-
-    def _replay(self, g):
-        return self.outputs(self.model(g.ids, g.meta, self.cache))
 
 
 # every prefill in chunks of <= 64 tokens: each step is a short step, mixed with decodes
@@ -78,17 +68,14 @@ def test_gpu_short_step_graphs_replay_what_their_inputs_compute_eagerly():
     assert g is not None and not g.short_disabled and g.num_short_replays > 0
     eng = build_engine(engine_config=CFG.evolve(**SHORT), device="cuda", dtype="bfloat16", fixed_blocks=True)
     r = eng.runner
-    r.graphs = _EagerReplay(
+    r.graphs = EagerGraphs(
         r.model, r.cache, device=r.device, block_size=g.block_size, scratch_block=g.scratch_block,
         scratch_slot=g.scratch_slot, vocab_size=r.vocab_size, short_tokens=g.max_short_tokens,
         short_row_keys=g.short_row_keys, short_capture_after=g.short_capture_after,
     )  # fmt: skip
     eager = eng.generate(_prompts(), sp)
     assert r.graphs.num_short_replays == g.num_short_replays
-    for a, b in zip(replayed, eager, strict=True):
-        assert a.output_token_ids == b.output_token_ids
-        diff = max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs, strict=True))
-        assert diff < 1e-2, f"chosen-token logprob differs by {diff}"
+    _same_tokens_close_logprobs(replayed, eager, 1e-2)
 
 
 @pytest.mark.gpu

@@ -7,11 +7,11 @@ import random
 import pytest
 
 from inference.chat import ChatTemplate
-from inference.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
 from tests.inference.engine.engine_fakes import checkpoint_positions, expected_hit
+from tests.inference.engine.graph_fakes import EagerGraphs
 
 BASE = EngineConfig.of(
     block_size=8,
@@ -199,22 +199,6 @@ def test_abort_frees_blocks_and_slot():
     assert rid not in eng.runner.tables and other not in eng.runner.tables
 
 
-class _PaddedEager(DecodeGraphs):
-    """Decode-graph bookkeeping (buckets, padded input buffer, scratch block and slot, the
-    runner's graph path) with the forward run eagerly on the padded inputs instead of replayed
-    from a captured graph: what the graph computes, checkable on CPU."""
-
-    def _capture(self, rows, width, tokens=None):
-        g = DecodeInputs(
-            rows, width, self.block_size, self.device, self.scratch_block, self.scratch_slot, tokens
-        )
-        self.graphs[(rows, width, tokens)] = g
-        return g
-
-    def _replay(self, g):
-        return self.outputs(self.model(g.ids, g.meta, self.cache))
-
-
 @pytest.mark.parametrize(
     "cfg",
     [dict(), dict(enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=40)],
@@ -228,7 +212,7 @@ def test_padded_decode_graph_inputs_give_identical_outputs(reference, cfg):
     assert (
         scratch_block == BASE.cache.num_blocks and scratch_slot == BASE.cache.num_state_slots
     )  # one spare each
-    runner.graphs = _PaddedEager(
+    runner.graphs = EagerGraphs(
         runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
         vocab_size=runner.vocab_size,
@@ -259,7 +243,7 @@ def test_padded_short_step_graph_inputs_give_identical_outputs(reference, row_ke
     )
     runner = eng.runner
     scratch_block, scratch_slot = BASE.cache.num_blocks, BASE.cache.num_state_slots
-    runner.graphs = _PaddedEager(
+    runner.graphs = EagerGraphs(
         runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=scratch_slot, batch_buckets=(1, 2, 4, 8, 16),
         vocab_size=runner.vocab_size, short_tokens=48, short_row_keys=row_keys, short_capture_after=1,
