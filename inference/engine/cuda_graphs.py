@@ -326,16 +326,12 @@ class DecodeGraphs:
         n, t = len(batch.seq_lens), len(batch.ids)
         tokens = None
         if batch.query_lens is not None:
-            if self.short_disabled:
-                return None
             # absorbed rows each read their whole context: past the budget, dense prefill wins
             row_keys = sum(q * s for q, s in zip(batch.query_lens, batch.seq_lens, strict=True))
             tokens = pick_bucket(t, self.token_buckets)
             if tokens is None or row_keys > self.short_row_keys:
                 return None
             n += t < tokens  # the padding tokens' own sequence
-        elif self.disabled:
-            return None
         rows = pick_bucket(n, self.batch_buckets)
         if rows is None:
             return None
@@ -352,8 +348,10 @@ class DecodeGraphs:
         g = self.graphs.get(key)
         if g is not None:
             self.graphs.move_to_end(key)
-        elif key[2] is not None and not self._worth_capturing(key):
-            return None
+        elif (self.disabled if key[2] is None else self.short_disabled) or (
+            key[2] is not None and not self._worth_capturing(key)
+        ):
+            return None  # no new captures after one failed, nor of a short shape seen once
         else:
             if len(self.graphs) >= self.max_graphs:  # drop the least recently used graph
                 _, old = self.graphs.popitem(last=False)

@@ -51,7 +51,8 @@ def test_decode_graph_path_and_prefix_cache_keep_outputs_identical():
     """The runner's decode-graph path (buckets, padded rows into the scratch block) with the
     forward run eagerly on the padded inputs, and the prefix cache on: the same greedy tokens as
     each prompt alone, no cache, no padding. DeepSeek-V3 without DSA is the variant that captures."""
-    from tests.inference.engine.test_engine_exactness import BASE, GREEDY, _PaddedEager, prompts
+    from tests.inference.engine.graph_fakes import EagerGraphs
+    from tests.inference.engine.test_engine_exactness import BASE, GREEDY, prompts
 
     ref_eng = build_engine(config=_tiny_v3(), engine_config=BASE)
     assert not build_engine(config=TINY, engine_config=BASE).runner.model.supports_decode_graphs(
@@ -63,7 +64,7 @@ def test_decode_graph_path_and_prefix_cache_keep_outputs_identical():
     runner = eng.runner
     kv = next(iter(runner.cache.kv.values()))
     scratch_block = kv.shape[0] - 1
-    runner.graphs = _PaddedEager(
+    runner.graphs = EagerGraphs(
         runner.model, runner.cache, device=runner.device, block_size=BASE.cache.block_size,
         scratch_block=scratch_block, scratch_slot=runner.cache.num_slots - 1, batch_buckets=(1, 2, 4, 8, 16),
     )  # fmt: skip
