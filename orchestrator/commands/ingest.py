@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 
 from orchestrator.commands.kafka_process import add_kafka_process_arguments, start_kafka_process
+from orchestrator.commands.signals import hand_over
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,10 +39,7 @@ def _ingest(args: argparse.Namespace) -> int:
         max_message_bytes=proc.settings.ingress.max_body_bytes,
         health=proc.health,
     )
-    if proc.stop.is_set():
-        ingestor.stop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: ingestor.stop())
+    hand_over(proc.stop, ingestor.stop)
     logging.getLogger("dayzero").info("ingest consuming %s as group %s", kafka.tasks_topic, kafka.group_id)
     try:
         ingestor.run_forever()

@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from orchestrator.commands.signals import stop_on_signals
 
 T = TypeVar("T")
 log = logging.getLogger("dayzero")
@@ -69,9 +70,8 @@ def start_kafka_process(args: argparse.Namespace, topics: Any) -> KafkaProcess:
     setup_tracing(f"dayzero-{args.command}", settings.otlp_endpoint)
     if not settings.kafka_bootstrap_servers:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set")
-    proc = KafkaProcess(settings, kafka, settings.kafka_bootstrap_servers, health, threading.Event())
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the commands replace these once their loop exists
-        signal.signal(sig, lambda *_: proc.stop.set())
+    # The commands hand the signals over to their loop once it exists (`signals.hand_over`).
+    proc = KafkaProcess(settings, kafka, settings.kafka_bootstrap_servers, health, stop_on_signals())
     if not args.no_create_topics:
         proc.retry("creating topics", lambda: ensure_topics(proc.bootstrap, topics(kafka), kafka.partitions))
     return proc

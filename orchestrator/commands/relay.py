@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import signal
 
 from orchestrator.commands.kafka_process import add_kafka_process_arguments, start_kafka_process
+from orchestrator.commands.signals import hand_over
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,10 +31,7 @@ def _relay(args: argparse.Namespace) -> int:
         ),
         health=proc.health,
     )
-    if proc.stop.is_set():
-        relay.stop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: relay.stop())
+    hand_over(proc.stop, relay.stop)
     try:
         relay.run_forever()
     finally:

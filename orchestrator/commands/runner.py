@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 
 from orchestrator.commands.kafka_process import add_probe_arguments
+from orchestrator.commands.signals import hand_over, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,17 +27,14 @@ def _runner(args: argparse.Namespace) -> int:
 
     settings = Settings()
     setup_tracing("dayzero-runner", settings.otlp_endpoint)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     # Started during a database outage, it waits for the database (its loop then retries too).
     parts = retry_until_up(
         "connecting to the database",
         lambda: make_runner(settings, upgrade=args.upgrade, runner_id=args.id),
         stop,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: parts.runner.stop())
+    hand_over(stop, parts.runner.stop)
     if args.metrics_port is not None:
         from orchestrator.probes import serve_probes
 
