@@ -9,7 +9,9 @@ Write-path notes (they keep WAL per step small):
 - Steps, attempts and messages use natural composite keys `(task_id, step_index[, attempt])`,
   so no surrogate key index is written per row.
 - `events` is the transactional outbox: one row per state change, written in the same
-  transaction as the change; `published_at` is set by the relay.
+  transaction as the change (always after that transaction's write to the task row: the relay's
+  cursor relies on it, see `orchestrator.kafka.relay`). Nothing is written back to a row once it
+  is published: the relay keeps its position in `relay_cursors`.
 """
 
 from __future__ import annotations
@@ -188,17 +190,22 @@ class Event(Base):
     type: Mapped[str] = mapped_column(String(64), nullable=False)
     payload: Mapped[dict[str, Any] | None] = mapped_column(JSONText)  # json, not jsonb: see types
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
-    published_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
+    # AUTOINCREMENT: SQLite never hands an id out twice (the relay's cursor needs that).
     __table_args__ = (
         UniqueConstraint("task_id", "seq", name="uq_events_task_seq"),
-        Index(
-            "ix_events_unpublished",
-            "id",
-            postgresql_where=text("published_at IS NULL"),
-            sqlite_where=text("published_at IS NULL"),
-        ),
+        {"sqlite_autoincrement": True},
     )
+
+
+class RelayCursor(Base):
+    """The outbox relay's position: every event with an id below `low_water` is published."""
+
+    __tablename__ = "relay_cursors"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    low_water: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
 
 
 class ApiKey(Base):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.db.models import ApiKey, Attachment, Event, Message, Step, StepAttempt, Task
+from orchestrator.db.models import ApiKey, Attachment, Event, Message, RelayCursor, Step, StepAttempt, Task
 
 tasks_t = Task.__table__
 steps_t = Step.__table__
@@ -11,3 +11,4 @@ messages_t = Message.__table__
 events_t = Event.__table__
 attachments_t = Attachment.__table__
 api_keys_t = ApiKey.__table__
+relay_cursors_t = RelayCursor.__table__

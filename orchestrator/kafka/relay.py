@@ -1,17 +1,20 @@
 """The outbox relay: the `events` table (the transactional outbox) to Kafka.
 
-Relay. Reads unpublished `events` rows in id order, publishes each to `dayzero.events` (key =
+Relay. Reads the events past its cursor in id order, publishes each to `dayzero.events` (key =
 task id, so one task's events share a partition and keep their order) and, for terminal task
-events, the task's outcome to `dayzero.results`; waits for the broker's acks, then marks the rows
-published. A relay killed between the ack and the mark republishes those rows on restart:
+events, the task's outcome to `dayzero.results`; waits for the broker's acks, then moves its
+cursor (`relay_cursors`: one small row; nothing is written back to the events, whose update
+cost more WAL than the relay's whole job otherwise). Ids become visible in commit order, not in
+id order: `outbox_cursor` says when an id skipped over can no longer appear. A relay killed
+between the ack and the cursor's move republishes from its last saved mark on restart:
 delivery is at-least-once, and `(task_id, seq)` is the consumer's dedupe key. Per-task order
-holds because a task's events are written under its row lock (ids grow with seq) and the
-producer has one request in flight: a crash only replays a suffix of what was sent (a consumer
-skipping seqs it has seen reads an exact, gap-free sequence). One caveat: if a send fails for
-good (retries exhausted) while later sends of the same round succeed, a consumer can see a gap
-before the retried round fills it; `seq` then restores the order. On PostgreSQL one relay is
-active at a time (an advisory lock); others wait as hot standbys.
-
+holds because a task's events are written under its row lock (ids grow with seq, and a later
+event of a task is visible only once its earlier ones are) and the producer has one request in
+flight: a crash only replays a suffix of what was sent (a consumer skipping seqs it has seen
+reads an exact, gap-free sequence). One caveat: if a send fails for good (retries exhausted)
+while later sends of the same round succeed, a consumer can see a gap before the retried round
+fills it; `seq` then restores the order. On PostgreSQL one relay is active at a time (an
+advisory lock); others wait as hot standbys and take the cursor over from the table.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from sqlalchemy import Engine, select, text, update
+from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.clock import utcnow
-from orchestrator.db.tables import events_t, tasks_t
+from orchestrator.db.tables import events_t, relay_cursors_t, tasks_t
 from orchestrator.events import TERMINAL_EVENT_TYPES, event_record
 from orchestrator.failpoints import failpoint
+from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.tracing import context_of, kafka_headers, tracer
@@ -43,6 +47,8 @@ log = logging.getLogger(__name__)
 EVENTS_TOPIC = "dayzero.events"
 RESULTS_TOPIC = "dayzero.results"
 RELAY_LOCK_ID = 0x64617930  # pg advisory lock key of the active relay
+CURSOR_NAME = "default"  # the `relay_cursors` row of the (one active) relay
+_HOLES_PER_READ = 1000  # ids per look-up of the holes (an IN list)
 
 
 # -- relay ---------------------------------------------------------------------------------------
@@ -73,6 +79,8 @@ class Relay:
         self.health = health or Health()
         self.outages = 0
         self._stop = threading.Event()
+        self._cursor: OutboxCursor | None = None  # read from the table when (re)activated
+        self._saved_low_water: int | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -111,6 +119,7 @@ class Relay:
     @contextmanager
     def _active_lock(self) -> Iterator[Callable[[], None]]:
         """Hold the active-relay lock; yields a check that raises if the lock's connection died."""
+        self._cursor = None  # whoever was active before may have moved it
         if self.engine.dialect.name != "postgresql":
             yield lambda: None
             return
@@ -139,38 +148,29 @@ class Relay:
                     conn.commit()
 
     def publish_batch(self) -> int:
-        """Publish up to `batch_size` unpublished events; returns how many."""
-        cfg = self.config
-        q = (
-            select(
-                events_t.c.id,
-                events_t.c.task_id,
-                events_t.c.seq,
-                events_t.c.type,
-                events_t.c.payload,
-                events_t.c.created_at,
-                tasks_t.c.tenant,
-                tasks_t.c.status,
-                tasks_t.c.result,
-                tasks_t.c.error,
-                tasks_t.c.step_count,
-                tasks_t.c.prompt_tokens,
-                tasks_t.c.cached_tokens,
-                tasks_t.c.completion_tokens,
-                tasks_t.c.finished_at,
-                tasks_t.c.traceparent,
-                tasks_t.c.metadata,
-            )
-            .select_from(events_t.outerjoin(tasks_t, tasks_t.c.id == events_t.c.task_id))
-            .where(events_t.c.published_at.is_(None))
-            .order_by(events_t.c.id)
-            .limit(cfg.batch_size)
-        )
+        """Publish up to `batch_size` events past the cursor, and any skipped over before that
+        have appeared since; returns how many."""
+        if self._cursor is None:
+            with self.engine.connect() as conn:
+                self._saved_low_water = low_water(conn)
+            self._cursor = OutboxCursor.starting_at(self._saved_low_water)
+        cursor = self._cursor
         with self.engine.connect() as conn:
-            rows = list(conn.execute(q))
-        if not rows:
-            RELAY_LAG.set(0)
-            return 0
+            new, late, xmin, xmax = _read_past(conn, cursor, self.config.batch_size)
+        rows = sorted(late + new, key=lambda r: r.id)
+        if rows:
+            self._publish(rows)
+        cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
+        if cursor.low_water != self._saved_low_water:
+            with self.engine.begin() as conn:
+                save_low_water(conn, cursor.low_water)
+            self._saved_low_water = cursor.low_water
+        RELAY_LAG.set(len(rows))
+        return len(rows)
+
+    def _publish(self, rows: list[Any]) -> None:
+        """Send `rows` in order and wait for every ack (raises if any send failed)."""
+        cfg = self.config
         futures = []
         for r in rows:
             headers = [("dayzero-event-type", r.type.encode()), ("dayzero-seq", str(r.seq).encode())]
@@ -210,18 +210,84 @@ class Relay:
                 )
         self.producer.flush()
         for f in futures:
-            f.get(timeout=30)  # raises if any send failed: nothing is marked, all is retried
+            f.get(timeout=30)  # raises if any send failed: the cursor stays, all is retried
         failpoint("relay.after_publish")
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(events_t).where(events_t.c.id.in_([r.id for r in rows])).values(published_at=utcnow())
-            )
         n_results = sum(1 for r in rows if r.type in TERMINAL_EVENT_TYPES)
         RELAY_PUBLISHED.labels(cfg.events_topic).inc(len(rows))
         if n_results:
             RELAY_PUBLISHED.labels(cfg.results_topic).inc(n_results)
-        RELAY_LAG.set(len(rows))
-        return len(rows)
+
+
+# -- the outbox past the cursor ------------------------------------------------------------------
+_EVENT_ROW = (
+    select(
+        events_t.c.id,
+        events_t.c.task_id,
+        events_t.c.seq,
+        events_t.c.type,
+        events_t.c.payload,
+        events_t.c.created_at,
+        tasks_t.c.tenant,
+        tasks_t.c.status,
+        tasks_t.c.result,
+        tasks_t.c.error,
+        tasks_t.c.step_count,
+        tasks_t.c.prompt_tokens,
+        tasks_t.c.cached_tokens,
+        tasks_t.c.completion_tokens,
+        tasks_t.c.finished_at,
+        tasks_t.c.traceparent,
+        tasks_t.c.metadata,
+    )
+    .select_from(events_t.outerjoin(tasks_t, tasks_t.c.id == events_t.c.task_id))
+    .order_by(events_t.c.id)
+)
+# The snapshot's bounds as integers: xids below `xmin` have finished, from `xmax` on not started.
+_SNAPSHOT_PG = text(
+    "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+    "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+)
+
+
+def _read_past(conn: Connection, cursor: OutboxCursor, limit: int) -> tuple[list[Any], list[Any], int, int]:
+    """The events past the frontier, the holes now filled, and the bounds of the one snapshot
+    all were read in (PostgreSQL: a REPEATABLE READ transaction; SQLite: its one writer never
+    leaves a hole that a later commit fills, so `xmin == xmax`)."""
+    pg = conn.dialect.name == "postgresql"
+    if pg:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+    with conn.begin():
+        xmin, xmax = conn.execute(_SNAPSHOT_PG).one() if pg else (0, 0)
+        new = list(conn.execute(_EVENT_ROW.where(events_t.c.id > cursor.frontier).limit(limit)))
+        holes, late = sorted(cursor.holes), []
+        for i in range(0, len(holes), _HOLES_PER_READ):
+            late += conn.execute(_EVENT_ROW.where(events_t.c.id.in_(holes[i : i + _HOLES_PER_READ])))
+    return new, late, xmin, xmax
+
+
+def low_water(conn: Connection) -> int:
+    """The relay's saved mark: every event with a smaller id has been published."""
+    mark = conn.execute(
+        select(relay_cursors_t.c.low_water).where(relay_cursors_t.c.name == CURSOR_NAME)
+    ).scalar_one_or_none()
+    return 0 if mark is None else mark
+
+
+def save_low_water(conn: Connection, mark: int) -> None:
+    hit = conn.execute(
+        update(relay_cursors_t)
+        .where(relay_cursors_t.c.name == CURSOR_NAME)
+        .values(low_water=mark, updated_at=utcnow())
+    ).rowcount
+    if not hit:
+        conn.execute(insert(relay_cursors_t).values(name=CURSOR_NAME, low_water=mark, updated_at=utcnow()))
+
+
+def unpublished_count(conn: Connection) -> int:
+    """Events at or above the saved mark: what a relay starting now would (re)publish."""
+    return conn.execute(
+        select(func.count()).select_from(events_t).where(events_t.c.id >= low_water(conn))
+    ).scalar_one()
 
 
 def result_record(r: Any) -> dict[str, Any]:

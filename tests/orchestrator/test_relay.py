@@ -11,11 +11,10 @@ import time
 import uuid
 
 import pytest
-from sqlalchemy import func, select
 
-from orchestrator.kafka.relay import Relay, RelayConfig
+from orchestrator.kafka.relay import Relay, RelayConfig, unpublished_count
 from orchestrator.kafka.topics import ensure_topics
-from orchestrator.store import events_t, list_events
+from orchestrator.store import list_events
 from tests.orchestrator.conftest import submit
 from tests.support.kafka_broker import consume_all, kafka_broker  # noqa: F401 - the session broker fixture
 
@@ -49,7 +48,7 @@ class FakeProducer:
 
 def _unpublished(db) -> int:
     with db.connect() as conn:
-        return conn.execute(select(func.count()).where(events_t.c.published_at.is_(None))).scalar_one()
+        return unpublished_count(conn)
 
 
 def test_failed_send_marks_nothing_and_the_retry_publishes_everything_in_order(db, make_runner):

@@ -7,10 +7,8 @@ import time
 
 import pytest
 from kafka.errors import KafkaTimeoutError
-from sqlalchemy import func, select
 
-from orchestrator.kafka.relay import Relay, RelayConfig
-from orchestrator.store import events_t
+from orchestrator.kafka.relay import Relay, RelayConfig, unpublished_count
 from tests.orchestrator.conftest import submit
 from tests.orchestrator.test_relay import FakeProducer, _Sent
 from tests.support.db_outage import database_down
@@ -33,7 +31,7 @@ class FlakyBroker(FakeProducer):
 
 def _unpublished(db) -> int:
     with db.connect() as conn:
-        return conn.execute(select(func.count()).where(events_t.c.published_at.is_(None))).scalar_one()
+        return unpublished_count(conn)
 
 
 def _wait(cond, timeout_s: float = 30.0) -> None:

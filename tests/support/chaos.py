@@ -43,6 +43,7 @@ from sqlalchemy import Engine, func, select
 
 from orchestrator.auth import create_api_key
 from orchestrator.db.models import Event, Step, Task
+from orchestrator.kafka.relay import unpublished_count
 from orchestrator.kafka.topics import ensure_topics
 from orchestrator.store import list_messages
 from tests.support.db_outage import cut_connections, database_down
@@ -351,9 +352,7 @@ def _settled(engine: Engine, n_expected: int) -> bool:
             .select_from(Task)
             .where(Task.status.not_in(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]))
         ).scalar_one()
-        unpublished = conn.execute(
-            select(func.count()).select_from(Event).where(Event.published_at.is_(None))
-        ).scalar_one()
+        unpublished = unpublished_count(conn)
     return n >= n_expected and open_ == 0 and unpublished == 0
 
 
@@ -422,9 +421,7 @@ def verify(
             .select_from(Step)
             .where(Step.status.in_(["RUNNING", "PENDING", "RETRY_WAIT"]))
         ).scalar_one()
-        unpublished = conn.execute(
-            select(func.count()).select_from(Event).where(Event.published_at.is_(None))
-        ).scalar_one()
+        unpublished = unpublished_count(conn)
         n_events = conn.execute(select(func.count()).select_from(Event)).scalar_one()
     if in_flight_steps:
         stuck.append(f"{in_flight_steps} steps in flight")

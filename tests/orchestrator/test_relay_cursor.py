@@ -1,0 +1,141 @@
+"""The relay's cursor: ids skipped over while their transaction runs are published once it commits,
+given up once it cannot any more, and the saved mark is where a restarted relay begins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import delete, func, select, text
+
+from orchestrator.kafka.outbox_cursor import OutboxCursor
+from orchestrator.kafka.relay import Relay, RelayConfig, low_water, unpublished_count
+from orchestrator.store import events_t
+from tests.orchestrator.conftest import submit
+from tests.orchestrator.test_relay import FakeProducer
+
+
+# -- the bookkeeping alone -------------------------------------------------------------------------
+def test_a_skipped_id_is_a_hole_until_it_appears():
+    c = OutboxCursor.starting_at(1)
+    c.advance([1, 2, 5], [], xmin=100, xmax=103)  # 3 and 4 are missing while 100-102 may run
+    assert (c.frontier, sorted(c.holes), c.low_water) == (5, [3, 4], 3)
+    c.advance([6], [3], xmin=101, xmax=104)  # 3 showed up; 100-102 may still run: 4 stays
+    assert (sorted(c.holes), c.low_water) == ([4], 4)
+    c.advance([], [], xmin=103, xmax=105)  # everything that could hold 4 has finished
+    assert (c.holes, c.low_water) == ({}, 7)
+
+
+def test_with_nothing_running_a_missing_id_is_final():
+    c = OutboxCursor.starting_at(10)
+    c.advance([10, 13], [], xmin=7, xmax=7)
+    assert (c.holes, c.low_water) == ({}, 14)
+
+
+def test_ids_must_ascend_past_the_frontier():
+    c = OutboxCursor.starting_at(5)
+    with pytest.raises(ValueError, match="frontier 4"):
+        c.advance([4], [], xmin=1, xmax=1)
+
+
+# -- against the database ----------------------------------------------------------------------
+def _seqs(producer: FakeProducer) -> list[tuple[str, int]]:
+    return [(k.decode(), json.loads(v)["seq"]) for t, k, v in producer.sent if t == "dayzero.events"]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_an_event_committed_after_a_later_one_is_still_published(db):
+    early, late = submit(db, {"cycles": 1}), submit(db, {"cycles": 1})
+    p = FakeProducer()
+    relay = Relay(db, p, RelayConfig(batch_size=100))
+    relay.run_until_drained()
+    held = db.connect()
+    try:
+        # A transaction of `early` draws its event id, then `late` commits one with a larger id.
+        held.execute(text("UPDATE tasks SET updated_at = now() WHERE id = :t"), {"t": early})
+        held.execute(
+            text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.held', now())"),
+            {"t": early},
+        )
+        with db.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.next', now())"
+                ),
+                {"t": late},
+            )
+        p.sent.clear()
+        relay.run_until_drained()
+        assert _seqs(p) == [(late, 3)]
+        with db.connect() as conn:
+            # The mark waits below the held id: the later event, although sent, stays above it.
+            assert unpublished_count(conn) == 1
+        held.commit()
+    finally:
+        held.close()
+    p.sent.clear()
+    relay.run_until_drained()
+    assert _seqs(p) == [(early, 3)]  # published late, not lost
+    relay.publish_batch()  # the horizon has passed: the mark moves up to the frontier
+    with db.connect() as conn:
+        assert unpublished_count(conn) == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_an_id_whose_transaction_rolled_back_is_given_up(db):
+    a, b = submit(db, {"cycles": 1}), submit(db, {"cycles": 1})
+    relay = Relay(db, FakeProducer(), RelayConfig(batch_size=100))
+    relay.run_until_drained()
+    held = db.connect()
+    held.execute(text("UPDATE tasks SET updated_at = now() WHERE id = :t"), {"t": a})
+    held.execute(
+        text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.held', now())"),
+        {"t": a},
+    )
+    with db.begin() as conn:
+        conn.execute(
+            text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.next', now())"),
+            {"t": b},
+        )
+    relay.run_until_drained()
+    assert len(relay._cursor.holes) == 1
+    held.rollback()
+    held.close()
+    relay.publish_batch()
+    relay.publish_batch()
+    assert relay._cursor.holes == {}
+    with db.connect() as conn:
+        assert unpublished_count(conn) == 0
+        assert low_water(conn) == conn.execute(select(func.max(events_t.c.id))).scalar_one() + 1
+
+
+def test_a_restarted_relay_starts_at_the_saved_mark(db):
+    for _ in range(3):
+        submit(db, {"cycles": 1})
+    first = FakeProducer()
+    Relay(db, first, RelayConfig(batch_size=2)).run_until_drained()
+    assert len(_seqs(first)) == 6
+    again = FakeProducer()
+    Relay(db, again, RelayConfig(batch_size=2)).run_until_drained()
+    assert again.sent == []  # nothing is sent twice by a relay that stopped cleanly
+    new = submit(db, {"cycles": 1})
+    Relay(db, again, RelayConfig(batch_size=2)).run_until_drained()
+    assert _seqs(again) == [(new, 1), (new, 2)]
+
+
+def test_an_event_id_is_never_handed_out_twice(db):
+    """A deleted newest event must not give its id to the next one (it would sit below the mark)."""
+    submit(db, {"cycles": 1})
+    relay = Relay(db, FakeProducer(), RelayConfig(batch_size=100))
+    relay.run_until_drained()
+    with db.begin() as conn:
+        top = conn.execute(select(func.max(events_t.c.id))).scalar_one()
+        conn.execute(delete(events_t).where(events_t.c.id == top))
+    new = submit(db, {"cycles": 1})
+    with db.connect() as conn:
+        ids = conn.execute(select(events_t.c.id).where(events_t.c.task_id == new)).scalars().all()
+    assert min(ids) > top
+    p = FakeProducer()
+    relay.producer = p
+    relay.run_until_drained()
+    assert _seqs(p) == [(new, 1), (new, 2)]
