@@ -4,9 +4,11 @@ given up once it cannot any more, and the saved mark is where a restarted relay 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import Connection, delete, func, select, text
 
 from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.kafka.relay import Relay, RelayConfig, low_water, unpublished_count
@@ -43,27 +45,31 @@ def _seqs(producer: FakeProducer) -> list[tuple[str, int]]:
     return [(k.decode(), json.loads(v)["seq"]) for t, k, v in producer.sent if t == "dayzero.events"]
 
 
+_ADD_EVENT = text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.e', now())")
+
+
+@contextmanager
+def _event_held_open(db, held_task: str, committed_task: str) -> Iterator[Connection]:
+    """An event of `held_task` in a transaction left open (it writes the task row first, as every
+    writer does), then one of `committed_task` committed after it: a larger id visible first."""
+    held = db.connect()
+    try:
+        held.execute(text("UPDATE tasks SET updated_at = now() WHERE id = :t"), {"t": held_task})
+        held.execute(_ADD_EVENT, {"t": held_task})
+        with db.begin() as conn:
+            conn.execute(_ADD_EVENT, {"t": committed_task})
+        yield held
+    finally:
+        held.close()
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_an_event_committed_after_a_later_one_is_still_published(db):
     early, late = submit(db, {"cycles": 1}), submit(db, {"cycles": 1})
     p = FakeProducer()
     relay = Relay(db, p, RelayConfig(batch_size=100))
     relay.run_until_drained()
-    held = db.connect()
-    try:
-        # A transaction of `early` draws its event id, then `late` commits one with a larger id.
-        held.execute(text("UPDATE tasks SET updated_at = now() WHERE id = :t"), {"t": early})
-        held.execute(
-            text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.held', now())"),
-            {"t": early},
-        )
-        with db.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.next', now())"
-                ),
-                {"t": late},
-            )
+    with _event_held_open(db, early, late) as held:
         p.sent.clear()
         relay.run_until_drained()
         assert _seqs(p) == [(late, 3)]
@@ -71,8 +77,6 @@ def test_an_event_committed_after_a_later_one_is_still_published(db):
             # The mark waits below the held id: the later event, although sent, stays above it.
             assert unpublished_count(conn) == 1
         held.commit()
-    finally:
-        held.close()
     p.sent.clear()
     relay.run_until_drained()
     assert _seqs(p) == [(early, 3)]  # published late, not lost
@@ -86,21 +90,10 @@ def test_an_id_whose_transaction_rolled_back_is_given_up(db):
     a, b = submit(db, {"cycles": 1}), submit(db, {"cycles": 1})
     relay = Relay(db, FakeProducer(), RelayConfig(batch_size=100))
     relay.run_until_drained()
-    held = db.connect()
-    held.execute(text("UPDATE tasks SET updated_at = now() WHERE id = :t"), {"t": a})
-    held.execute(
-        text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.held', now())"),
-        {"t": a},
-    )
-    with db.begin() as conn:
-        conn.execute(
-            text("INSERT INTO events (task_id, seq, type, created_at) VALUES (:t, 3, 'test.next', now())"),
-            {"t": b},
-        )
-    relay.run_until_drained()
-    assert len(relay._cursor.holes) == 1
-    held.rollback()
-    held.close()
+    with _event_held_open(db, a, b) as held:
+        relay.run_until_drained()
+        assert len(relay._cursor.holes) == 1
+        held.rollback()
     relay.publish_batch()
     relay.publish_batch()
     assert relay._cursor.holes == {}
