@@ -30,7 +30,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from sqlalchemy import Connection, Engine, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, func, insert, or_, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.clock import utcnow
@@ -48,7 +48,7 @@ EVENTS_TOPIC = "dayzero.events"
 RESULTS_TOPIC = "dayzero.results"
 RELAY_LOCK_ID = 0x64617930  # pg advisory lock key of the active relay
 CURSOR_NAME = "default"  # the `relay_cursors` row of the (one active) relay
-_HOLES_PER_READ = 1000  # ids per look-up of the holes (an IN list)
+_HOLES_PER_READ = 100  # id ranges per look-up of the holes
 
 
 # -- relay ---------------------------------------------------------------------------------------
@@ -259,9 +259,10 @@ def _read_past(conn: Connection, cursor: OutboxCursor, limit: int) -> tuple[list
     with conn.begin():
         xmin, xmax = conn.execute(_SNAPSHOT_PG).one() if pg else (0, 0)
         new = list(conn.execute(_EVENT_ROW.where(events_t.c.id > cursor.frontier).limit(limit)))
-        holes, late = sorted(cursor.holes), []
-        for i in range(0, len(holes), _HOLES_PER_READ):
-            late += conn.execute(_EVENT_ROW.where(events_t.c.id.in_(holes[i : i + _HOLES_PER_READ])))
+        late = []
+        for i in range(0, len(cursor.holes), _HOLES_PER_READ):
+            ranges = [events_t.c.id.between(h.lo, h.hi) for h in cursor.holes[i : i + _HOLES_PER_READ]]
+            late += conn.execute(_EVENT_ROW.where(or_(*ranges)))
     return new, late, xmin, xmax
 
 

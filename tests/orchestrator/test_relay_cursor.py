@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import Connection, delete, func, select, text
 
-from orchestrator.kafka.outbox_cursor import OutboxCursor
+from orchestrator.kafka.outbox_cursor import Hole, OutboxCursor
 from orchestrator.kafka.relay import Relay, RelayConfig, low_water, unpublished_count
 from orchestrator.store import events_t
 from tests.orchestrator.conftest import submit
@@ -20,18 +20,26 @@ from tests.orchestrator.test_relay import FakeProducer
 # -- the bookkeeping alone -------------------------------------------------------------------------
 def test_a_skipped_id_is_a_hole_until_it_appears():
     c = OutboxCursor.starting_at(1)
-    c.advance([1, 2, 5], [], xmin=100, xmax=103)  # 3 and 4 are missing while 100-102 may run
-    assert (c.frontier, sorted(c.holes), c.low_water) == (5, [3, 4], 3)
-    c.advance([6], [3], xmin=101, xmax=104)  # 3 showed up; 100-102 may still run: 4 stays
-    assert (sorted(c.holes), c.low_water) == ([4], 4)
-    c.advance([], [], xmin=103, xmax=105)  # everything that could hold 4 has finished
-    assert (c.holes, c.low_water) == ({}, 7)
+    c.advance([1, 2, 6], [], xmin=100, xmax=103)  # 3-5 are missing while 100-102 may run
+    assert (c.frontier, c.holes, c.low_water) == (6, [Hole(3, 5, 103)], 3)
+    c.advance([7], [4], xmin=101, xmax=104)  # 4 showed up; 100-102 may still run: 3 and 5 stay
+    assert (c.holes, c.low_water) == ([Hole(3, 3, 103), Hole(5, 5, 103)], 3)
+    c.advance([], [3], xmin=103, xmax=105)  # everything that could hold 5 has finished
+    assert (c.holes, c.low_water) == ([], 8)
 
 
 def test_with_nothing_running_a_missing_id_is_final():
     c = OutboxCursor.starting_at(10)
     c.advance([10, 13], [], xmin=7, xmax=7)
-    assert (c.holes, c.low_water) == ({}, 14)
+    assert (c.holes, c.low_water) == ([], 14)
+
+
+def test_a_gap_of_any_size_is_one_hole():
+    c = OutboxCursor.starting_at(1)
+    c.advance([1, 10_000_002], [], xmin=5, xmax=9)
+    assert c.holes == [Hole(2, 10_000_001, 9)]
+    c.advance([], [2, 10_000_001], xmin=6, xmax=9)  # its two ends show up
+    assert c.holes == [Hole(3, 10_000_000, 9)]
 
 
 def test_ids_must_ascend_past_the_frontier():
@@ -96,10 +104,22 @@ def test_an_id_whose_transaction_rolled_back_is_given_up(db):
         held.rollback()
     relay.publish_batch()
     relay.publish_batch()
-    assert relay._cursor.holes == {}
+    assert relay._cursor.holes == []
     with db.connect() as conn:
         assert unpublished_count(conn) == 0
         assert low_water(conn) == conn.execute(select(func.max(events_t.c.id))).scalar_one() + 1
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_event_ids_are_drawn_in_time_order_across_sessions(db):
+    """The hole rule needs it: a per-session sequence cache would hand out ids out of order."""
+    with db.connect() as conn:
+        cache = conn.execute(
+            text(
+                "SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence('events', 'id')::regclass"
+            )
+        ).scalar_one()
+    assert cache == 1
 
 
 def test_a_restarted_relay_starts_at_the_saved_mark(db):
