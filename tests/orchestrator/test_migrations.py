@@ -154,3 +154,37 @@ def test_0008_moves_the_per_step_columns_with_their_values(db_url):
     migrate.downgrade(engine, "0007")
     assert read() == before
     engine.dispose()
+
+
+def test_0009_starts_the_relay_at_the_oldest_unpublished_event_and_back(db_url):
+    """Events published before 0009 are not sent again after it, the first unpublished one is;
+    the downgrade marks published exactly what lies below the mark."""
+    import datetime as dt
+
+    from sqlalchemy import text
+
+    from orchestrator.kafka.relay import low_water
+
+    engine = make_engine(db_url)
+    migrate.upgrade(engine, "0008")
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    with engine.begin() as conn:
+        for seq in (1, 2, 3, 4):
+            conn.execute(
+                text(
+                    "INSERT INTO events (task_id, seq, type, created_at, published_at) "
+                    "VALUES ('t', :q, 'task.created', :c, :p)"
+                ),
+                {"q": seq, "c": t0, "p": t0 if seq in (1, 2, 4) else None},
+            )
+        ids = [i for (i,) in conn.execute(text("SELECT id FROM events ORDER BY seq"))]
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert low_water(conn) == ids[2]  # seq 3, the oldest unpublished (4 is sent again too)
+    migrate.downgrade(engine, "0008")
+    with engine.connect() as conn:
+        published = [
+            p is not None for (p,) in conn.execute(text("SELECT published_at FROM events ORDER BY seq"))
+        ]
+    assert published == [True, True, False, False]
+    engine.dispose()
