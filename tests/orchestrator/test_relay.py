@@ -95,9 +95,11 @@ def test_relay_killed_repeatedly_loses_nothing_and_keeps_order(db, make_runner, 
     for _ in range(12):  # each run publishes a batch or more, then may die after a publish, before the mark
         if _unpublished(db) == 0:
             break
+        # 0.7: a first run that drains all ~8 batches without dying (kills == 0) is 0.3**8, not
+        # 0.5**8 (it happened once in CI); the healthy relay below finishes what the kills leave.
         proc = subprocess.Popen(
             cmd,
-            env={**env, "DAYZERO_FAILPOINTS": "relay.after_publish=0.5"},
+            env={**env, "DAYZERO_FAILPOINTS": "relay.after_publish=0.7"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
