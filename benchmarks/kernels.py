@@ -271,6 +271,24 @@ def decode_sweep(copy_gbps: float) -> list[dict[str, Any]]:
     return rows
 
 
+def decode_long_b1(copy_gbps: float) -> list[dict[str, Any]]:
+    """Batch 1 at 128K-1M keys: split counts past `_MAX_SPLITS` (one or two programs per SM, a
+    second wave) and the two tile classes, under the read flush (a decode step's weights sit in L2)."""
+    rows = []
+    for ctx in (131072, 1048576):
+        q_lat, q_rope, pool, _, tables, lens = _pool(1, ctx, 64, False)
+        default = default_num_splits(1, tables.shape[1] * 64, pool.device)
+        for tile in ((64, 8, 5), (64, 4, 3), (64, 8, 3), (32, 4, 3)):
+            for sp in (64, 128, 132, 256, 264, 512):
+                kw = dict(kv_lora_rank=R, scale=192**-0.5, num_splits=sp, tile=tile)
+                row = {"batch": 1, "ctx": ctx, "tile": tile, "splits": sp, "default_splits": default}
+                fn = lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)  # noqa: B023, E731
+                rows.append(_timed_tile(row, fn, _latent_bytes(1, ctx, False), copy_gbps, "read"))
+        del q_lat, q_rope, pool, tables, lens
+        torch.cuda.empty_cache()
+    return rows
+
+
 def decode_deep(copy_gbps: float) -> list[dict[str, Any]]:
     """Deeper pipelines at the default splits: Triton single-buffers the latent tile at 2-4 stages
     (~94 KB of shared memory, `benchmarks/kernels_compile_check.py`); 5 stages double-buffer it
@@ -493,7 +511,8 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
     import inference.kernels.mla_prefill as prefill_ops
 
     rows = []
-    for backend in ("triton", "cudnn"):
+    default = prefill_ops.PREFILL_BACKEND
+    for backend in ("triton", "cudnn", "auto"):
         prefill_ops.PREFILL_BACKEND = backend
         for n in lengths:
             blocks = n // 64 + 1
@@ -526,7 +545,7 @@ def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 1638
             print(json.dumps(rows[-1]), flush=True)
             del cache, metas
             torch.cuda.empty_cache()
-    prefill_ops.PREFILL_BACKEND = "triton"
+    prefill_ops.PREFILL_BACKEND = default
     return rows
 
 
@@ -590,7 +609,7 @@ def moe_tiles(gbps: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,sweep,deep,prefill,chunking,layer_prefill,dsa,moe")
+    ap.add_argument("--sections", default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,moe")
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
     want = args.sections.split(",")
@@ -607,6 +626,7 @@ def main() -> None:
         "decode": lambda: record("decode", decode, gbps),
         "sweep": lambda: record("decode_sweep", decode_sweep, gbps),
         "deep": lambda: record("decode_deep", decode_deep, gbps),
+        "long_b1": lambda: record("decode_long_b1", decode_long_b1, gbps),
         "prefill": lambda: record("prefill", prefill),
         "chunking": lambda: record("prefill_chunking", prefill_chunking),
         "layer_prefill": lambda: record("layer_prefill", layer_prefill),

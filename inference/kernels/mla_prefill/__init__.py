@@ -10,18 +10,26 @@ from torch import Tensor
 from inference.kernels import use_fast
 from inference.kernels.mla_prefill.reference import mla_prefill_varlen_reference
 
-__all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_reference"]
+__all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_reference", "pick_backend"]
 
 # Which fast path runs on CUDA for bf16/fp16 (fp32 has no cuDNN kernel: always Triton). Measured
 # on the H200 (benchmarks/kernels.py, H=16, Dqk=192, Dv=128): with its execution plan cached, the
 # cuDNN prefix + diagonal split runs 548-620 TFLOP/s on 8K-16K chunks over 32K-512K keys, our
 # Triton kernel 404-484 (SDPA's lower-right causal bias, the memory-efficient backend, 117-141).
-# But a chunked prefill gives cuDNN a new (L, S) shape every chunk, and one MLA layer prefilling
-# 128K / 512K in 16K chunks through the cuDNN path took 0.48 s / 3.63 s, ~45 ms per chunk above
-# its cached-plan kernel time (0.16 s at 128K), a fixed per-new-shape cost; Triton compiles once
-# for all lengths, runs a varlen batch in one launch, and its whole-128K attention (16K chunks,
-# expansion included) measured 0.20 s. So "triton" by default; "cudnn" stays selectable.
-PREFILL_BACKEND: Literal["triton", "cudnn"] = "triton"
+# cuDNN builds a plan per new (L, S) shape (~45 ms); with the prefix cut into fixed pieces
+# (`fast.CUDNN_PIECE`) a long chunked prefill meets a handful of shapes, but every new chunk
+# length still costs two or three plans, so "auto" takes cuDNN only where attention dominates a
+# step: one sequence, a chunk of >= CUDNN_MIN_QUERIES queries over >= CUDNN_MIN_KEYS keys;
+# Triton (compiled once for all lengths, a varlen batch in one launch) everywhere else.
+PREFILL_BACKEND: Literal["auto", "triton", "cudnn"] = "auto"
+CUDNN_MIN_KEYS = 131072
+CUDNN_MIN_QUERIES = 8192
+
+
+def pick_backend(q: Tensor, kv: Tensor, cu_q: Tensor) -> Literal["triton", "cudnn"]:
+    """The "auto" rule, on shapes only (no device sync)."""
+    long_single = cu_q.shape[0] == 2 and kv.shape[0] >= CUDNN_MIN_KEYS and q.shape[0] >= CUDNN_MIN_QUERIES
+    return "cudnn" if long_single else "triton"
 
 
 def mla_prefill_varlen(
@@ -34,7 +42,7 @@ def mla_prefill_varlen(
     max_q: int,
     scale: float,
     nope_dim: int,
-    backend: Literal["triton", "cudnn"] | None = None,
+    backend: Literal["auto", "triton", "cudnn"] | None = None,
 ) -> Tensor:
     """`[T, H, Dv]` causal attention; contract in `mla_prefill_varlen_reference`."""
     if q.dim() != 3 or kv.dim() != 3 or k_rope.dim() != 2:
@@ -51,6 +59,8 @@ def mla_prefill_varlen(
         from inference.kernels.mla_prefill import fast
 
         which = backend or PREFILL_BACKEND
+        if which == "auto":
+            which = pick_backend(q, kv, cu_q)
         if which == "cudnn" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             return fast.mla_prefill_varlen_cudnn(q, kv, k_rope, cu_q, cu_k, **kw)
         return fast.mla_prefill_varlen_triton(q, kv, k_rope, cu_q, cu_k, **kw)

@@ -7,9 +7,10 @@ keys and values straight from `kv_b_proj`'s output and the rope key shared by al
 `k_rope`: nothing `[L, S]` and no expanded `[S, H, Dqk]` key copy ever reaches HBM.
 
 cuDNN (`mla_prefill_varlen_cudnn`): a chunk's keys split into the cached prefix (every query sees
-all of it: plain non-causal attention) and the chunk itself (a square causal block, which
-cuDNN's top-left `is_causal` gets right); the two halves are merged by their log-sum-exp. It
-needs the keys expanded to `[S, H, Dqk]` and runs one sequence per call.
+all of it: plain non-causal attention, in fixed-size pieces, see `CUDNN_PIECE`) and the chunk
+itself (a square causal block, which cuDNN's top-left `is_causal` gets right); the parts are
+merged by their log-sum-exp. It needs the keys expanded to `[S, H, Dqk]` (a piece at a time)
+and runs one sequence per call.
 """
 
 # ruff: noqa: SIM108  (constexpr branches inside @triton.jit stay `if` statements, as Triton lowers them)
@@ -23,10 +24,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["mla_prefill_varlen_cudnn", "mla_prefill_varlen_triton"]
+__all__ = [
+    "CUDNN_PIECE", "merge_by_lse", "mla_prefill_varlen_cudnn", "mla_prefill_varlen_triton", "prefix_pieces",
+]  # fmt: skip
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
+# Prefix keys per cuDNN call. cuDNN builds an execution plan per new (L, S) shape (~45 ms on the
+# H200); cutting every chunk's prefix at fixed multiples of this leaves a long chunked prefill a
+# handful of shapes (one full piece, the partial last piece, the causal diagonal) instead of a
+# new one per chunk, for the price of an LSE merge of the pieces.
+CUDNN_PIECE = 65536
 
 
 @triton.jit
@@ -209,6 +217,21 @@ def _cudnn(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple
     return res[0], res[1].reshape(q.shape[0], q.shape[1], q.shape[2])
 
 
+def prefix_pieces(ctx: int, piece: int) -> list[tuple[int, int]]:
+    """Key ranges `[a, b)` covering the cached prefix `[0, ctx)`, cut at multiples of `piece`."""
+    return [(a, min(a + piece, ctx)) for a in range(0, ctx, piece)]
+
+
+def merge_by_lse(parts: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """Attention outputs over disjoint key sets, each with its natural-log LSE (`[..., L, Dv]`,
+    `[..., L]`), merged into the attention over their union (fp32)."""
+    total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
+    out = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=parts[0][0].device)
+    for o, lse in parts:
+        out.addcmul_(o, torch.exp(lse - total)[..., None])
+    return out
+
+
 def mla_prefill_varlen_cudnn(
     q: Tensor,
     kv: Tensor,
@@ -219,6 +242,7 @@ def mla_prefill_varlen_cudnn(
     max_q: int,
     scale: float,
     nope_dim: int,
+    piece: int = CUDNN_PIECE,
 ) -> Tensor:
     """Same contract as `mla_prefill_varlen_reference`; cuDNN, one sequence per call (see module)."""
     del max_q
@@ -226,21 +250,19 @@ def mla_prefill_varlen_cudnn(
     dv = kv.shape[-1] - nope_dim
     out = torch.empty(t, h, dv, dtype=q.dtype, device=q.device)
     cq, ck = cu_q.tolist(), cu_k.tolist()
+
+    def keys(a: int, b: int) -> tuple[Tensor, Tensor]:
+        """Keys `[a, b)` of the sequence as cuDNN's `[1, H, S, D]` (rope part broadcast to heads)."""
+        kn = kv[a:b, :, :nope_dim]
+        kr = k_rope[a:b, None, :].expand(b - a, h, k_rope.shape[-1])
+        return torch.cat([kn, kr], dim=-1).transpose(0, 1)[None], kv[a:b, :, nope_dim:].transpose(0, 1)[None]
+
     for i in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
         ctx = (k1 - k0) - (q1 - q0)
-        kn = kv[k0:k1, :, :nope_dim]
-        kr = k_rope[k0:k1, None, :].expand(k1 - k0, h, k_rope.shape[-1])
-        k = torch.cat([kn, kr], dim=-1).transpose(0, 1)[None]
-        v = kv[k0:k1, :, nope_dim:].transpose(0, 1)[None]
         qq = q[q0:q1].transpose(0, 1)[None]
-        o_d, lse_d = _cudnn(qq, k[:, :, ctx:], v[:, :, ctx:], True, scale)
-        if ctx:
-            o_p, lse_p = _cudnn(qq, k[:, :, :ctx], v[:, :, :ctx], False, scale)
-            m = torch.maximum(lse_d, lse_p)
-            w_d, w_p = torch.exp(lse_d - m), torch.exp(lse_p - m)
-            o = (o_d.float() * w_d[..., None] + o_p.float() * w_p[..., None]) / (w_d + w_p)[..., None]
-        else:
-            o = o_d
+        parts = [_cudnn(qq, *keys(k0 + ctx, k1), True, scale)]
+        parts += [_cudnn(qq, *keys(k0 + a, k0 + b), False, scale) for a, b in prefix_pieces(ctx, piece)]
+        o = parts[0][0] if len(parts) == 1 else merge_by_lse(parts)
         out[q0:q1] = o[0].transpose(0, 1).to(q.dtype)
     return out

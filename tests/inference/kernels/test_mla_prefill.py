@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.kernels.mla_prefill import mla_prefill_varlen
+from inference.kernels.mla_prefill import CUDNN_MIN_KEYS, CUDNN_MIN_QUERIES, mla_prefill_varlen, pick_backend
+from inference.kernels.mla_prefill.fast import merge_by_lse, prefix_pieces
 from inference.kernels.mla_prefill.reference import mla_prefill_varlen_reference
 from tests.inference.kernels.helpers import TOL, assert_rel
 
@@ -74,6 +75,37 @@ def test_dispatch_rejects_bad_shapes():
         mla_prefill_varlen(q, kv, kr, cu_q[:-1], cu_k, max_q=max_q, scale=1.0, nope_dim=16)
 
 
+def test_prefix_pieces_cut_at_fixed_multiples():
+    assert prefix_pieces(0, 4) == []
+    assert prefix_pieces(4, 4) == [(0, 4)]
+    assert prefix_pieces(10, 4) == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_merge_by_lse_of_disjoint_key_sets_is_attention_over_their_union():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 7, 5, generator=g)  # [H, L, D]
+    k, v = torch.randn(2, 19, 5, generator=g), torch.randn(2, 19, 4, generator=g)  # 19 keys
+
+    def attend(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = q @ k[:, a:b].transpose(-1, -2) * 0.3
+        return torch.softmax(s, -1) @ v[:, a:b], torch.logsumexp(s, -1)
+
+    whole = attend(0, 19)[0]
+    parts = [attend(a, b) for a, b in [(0, 4), (4, 8), (8, 19)]]
+    assert_rel(merge_by_lse([(o.bfloat16(), lse) for o, lse in parts]), whole, 1e-2, "merge bf16 parts")
+    assert_rel(merge_by_lse(parts), whole, 1e-5, "merge fp32 parts")
+
+
+def test_auto_backend_takes_cudnn_only_for_one_long_sequence_chunk():
+    def shapes(t, s, seqs):
+        return torch.empty(t, 1, 1), torch.empty(s, 1, 1), torch.empty(seqs + 1)
+
+    assert pick_backend(*shapes(CUDNN_MIN_QUERIES, CUDNN_MIN_KEYS, 1)) == "cudnn"
+    assert pick_backend(*shapes(CUDNN_MIN_QUERIES, CUDNN_MIN_KEYS, 2)) == "triton"
+    assert pick_backend(*shapes(CUDNN_MIN_QUERIES - 1, CUDNN_MIN_KEYS, 1)) == "triton"
+    assert pick_backend(*shapes(CUDNN_MIN_QUERIES, CUDNN_MIN_KEYS - 1, 1)) == "triton"
+
+
 GPU_CASES = [
     ([(4096, 4096)], "oneshot-4k"),
     ([(2048, 32768)], "chunk2k-over-32k"),
@@ -83,18 +115,18 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", "cudnn"])
+@pytest.mark.parametrize("backend", ["triton", "cudnn", "cudnn-piece1000"])
 @pytest.mark.parametrize("pairs", [c[0] for c in GPU_CASES], ids=[c[1] for c in GPU_CASES])
 def test_gpu_prefill_matches_reference(fast, pairs, backend):
+    """`cudnn-piece1000`: the prefix in pieces of 1,000 keys (several, the last one partial)."""
     dev = torch.device("cuda")
     q, kv, kr, cu_q, cu_k, max_q = _batch(pairs, 16, 128, 64, 128, torch.bfloat16, dev, seed=len(pairs))
     kw = dict(max_q=max_q, scale=192**-0.5, nope_dim=128)
-    fn = (
-        fast.mla_prefill.mla_prefill_varlen_triton
-        if backend == "triton"
-        else fast.mla_prefill.mla_prefill_varlen_cudnn
-    )
-    got = fn(q, kv, kr, cu_q, cu_k, **kw)
+    if backend == "triton":
+        got = fast.mla_prefill.mla_prefill_varlen_triton(q, kv, kr, cu_q, cu_k, **kw)
+    else:
+        piece = {"cudnn": fast.mla_prefill.CUDNN_PIECE, "cudnn-piece1000": 1000}[backend]
+        got = fast.mla_prefill.mla_prefill_varlen_cudnn(q, kv, kr, cu_q, cu_k, **kw, piece=piece)
     want = mla_prefill_varlen_reference(q, kv, kr, cu_q, cu_k, **kw)
     assert_rel(got, want, TOL[torch.bfloat16], f"gpu prefill {backend} {pairs[:2]}")
 
