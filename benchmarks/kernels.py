@@ -284,7 +284,6 @@ def decode_long_b1(copy_gbps: float) -> list[dict[str, Any]]:
                 row = {"batch": 1, "ctx": ctx, "tile": tile, "splits": sp, "default_splits": default}
                 fn = lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)  # noqa: B023, E731
                 rows.append(_timed_tile(row, fn, _latent_bytes(1, ctx, False), copy_gbps, "read"))
-        del q_lat, q_rope, pool, tables, lens
         torch.cuda.empty_cache()
     return rows
 
@@ -609,7 +608,9 @@ def moe_tiles(gbps: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,moe")
+    ap.add_argument(
+        "--sections", default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,moe"
+    )
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
     want = args.sections.split(",")
