@@ -125,6 +125,14 @@ def _ieee(t: Tensor) -> bool:
     return t.dtype == torch.float32 or _INTERPRET
 
 
+def _fit(tile: tuple[int, int, int], t: Tensor) -> tuple[int, int, int]:
+    """The tile as launched for `t`'s dtype: the tables are picked for bf16, and an fp32 tile
+    takes twice the shared memory per stage (Triton keeps `num_stages - 1` buffers: fp32 (64, 4, 5)
+    asked for 4 x 73,728 B = 294,912 B on the H200, whose limit is 232,448), so fp32 keeps <= 4."""
+    bn, warps, stages = tile
+    return (bn, warps, min(stages, 4)) if t.dtype == torch.float32 else tile
+
+
 def _check(name: str, rows: int, w: Tensor, ends: Tensor) -> None:
     if rows > MAX_PAIRS:
         raise ValueError(f"{name}: at most {MAX_PAIRS} pairs, got {rows}: use torch._grouped_mm")
@@ -147,7 +155,7 @@ def moe_up_fast(
     i = two_i // 2
     out = torch.empty(p, i, dtype=x.dtype, device=x.device)
     if p:
-        bn, warps, stages = tile or pick_tile(UP_TILES, p)
+        bn, warps, stages = _fit(tile or pick_tile(UP_TILES, p), x)
         _moe_up_kernel[(e, triton.cdiv(i, bn))](
             x, tok, w13, ends, out, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0), h, i,
             BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, IEEE=_ieee(x), STAGES=stages, num_warps=warps,
@@ -163,7 +171,7 @@ def moe_down_fast(act: Tensor, w2: Tensor, ends: Tensor, tile: tuple[int, int, i
         raise ValueError(f"moe_down: act {tuple(act.shape)} against w2 {tuple(w2.shape)}: need act [P, I]")
     out = torch.empty(p, h, dtype=act.dtype, device=act.device)
     if p:
-        bn, warps, stages = tile or pick_tile(DOWN_TILES, p)
+        bn, warps, stages = _fit(tile or pick_tile(DOWN_TILES, p), act)
         _moe_down_kernel[(e, triton.cdiv(h, bn))](
             act, w2, ends, out, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), h, i,
             BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, IEEE=_ieee(act), STAGES=stages, num_warps=warps,
