@@ -22,10 +22,11 @@ __all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_referenc
 # step: one sequence, a chunk of >= CUDNN_MIN_QUERIES queries over >= CUDNN_MIN_KEYS keys;
 # Triton (compiled once for all lengths, a varlen batch in one launch) everywhere else. Measured
 # on the H200 (session 11, one MLA layer in 16K chunks, plans included): 512K 2.55 s vs Triton
-# 3.28; 128K 0.201 vs 0.211 s, a gain below cuDNN's first use in a process (a 128K prompt's
-# TTFT 3.88 s with cuDNN on its last chunk vs 2.21 s Triton-only), so the bar is 256K keys.
+# 3.28, 128K 0.201 vs 0.211 s; a whole 1M prompt 48.95 s (60.36 Triton-only). cuDNN's first use
+# in a process costs more than that 128K gain (a fresh process's 128K prompt: TTFT 3.88 s, vs
+# 2.21 s Triton-only in session 4): a one-time cost, paid here by the first long prompt.
 PREFILL_BACKEND: Literal["auto", "triton", "cudnn"] = "auto"
-CUDNN_MIN_KEYS = 262144
+CUDNN_MIN_KEYS = 131072
 CUDNN_MIN_QUERIES = 8192
 
 
