@@ -6,11 +6,15 @@ width divides, else over the TP group and run by EP rank 0 only. The router is r
 rank routes the same replicated tokens (`[T, H]` after the attention all-reduce) to the same ids,
 so every rank knows where every (token, slot) pair goes without asking.
 
-`expert_dispatch="local"` (the default): each rank picks the pairs routed to its own experts from
-the tokens it already holds, runs them, and weights and sums the outputs into a zero `[T, H]`.
-No rows move: with attention replicated over EP (no data-parallel attention), every rank has
-every token, so an all-gather would be free and an all-to-all would only move rows the receiver
-already has.
+`expert_dispatch="local"` (the default): each rank runs the pairs routed to its own experts from
+the tokens it already holds and weights and sums the outputs. No rows move: with attention
+replicated over EP (no data-parallel attention), every rank has every token, so an all-gather
+would be free and an all-to-all would only move rows the receiver already has. Two forms, by the
+step's pair count (`MASKED_MAX_PAIRS`, one rule): up to it (decode, short steps) every pair stays
+in place, a foreign pair is sent to a local expert with weight 0 -- fixed shapes and no host sync,
+so the step can be captured in a CUDA graph, and at these sizes the expert GEMMs are bound by
+reading the local experts' weights, not by the extra rows; above it (prefill) the rank's own
+pairs are compacted first (`nonzero`, a host sync) so it computes only `1/ep` of the rows.
 
 `expert_dispatch="all_to_all"`: each EP rank owns a contiguous `T / ep` chunk of the tokens and
 sends the rows of its chunk's pairs to the experts' ranks (`all_to_all`, split sizes computed
@@ -20,9 +24,10 @@ is kept to measure against "local" (`benchmarks/parallel.py --expert-dispatch`).
 runs on gloo (checked with torch 2.14; present since torch 1.x) and NCCL.
 
 Either way one all-reduce over the world completes the sublayer: it adds the experts' partial
-sums (EP and TP slices) and the sliced shared expert. Both read pair counts on the host (the
-compaction of a rank's pairs), so an EP step cannot be captured in a CUDA graph as is.
-With `ep == 1` every rank has all experts (TP-sliced) and the routed compute is the TP=1 code.
+sums (EP and TP slices) and the sliced shared expert. `all_to_all` reads its split sizes on the
+host, so only "local" EP steps (in their masked form) can be captured in a CUDA graph
+(`worker.decode_graphs_on`). With `ep == 1` every rank has all experts (TP-sliced) and the routed
+compute is the TP=1 code.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ from inference.model.moe import DenseMLP, SparseMoE
 from inference.model.qwen3_next import Qwen3NextSparseMoE
 from inference.parallel.comm import MeshGroups
 
-__all__ = ["ParallelQwen3NextMoE", "ParallelSparseMoE"]
+__all__ = ["MASKED_MAX_PAIRS", "ParallelQwen3NextMoE", "ParallelSparseMoE"]
+
+# A "local" EP step of at most this many (token, slot) pairs keeps them all in place (masked:
+# sync-free, capturable); a larger one compacts its own pairs first. 4,096 covers every decode
+# graph bucket (up to 512 sequences) at top-8 routing.
+MASKED_MAX_PAIRS = 4096
 
 
 class ParallelSparseMoE(SparseMoE):
@@ -95,12 +105,22 @@ class ParallelSparseMoE(SparseMoE):
         return out.index_add_(0, tok, (y.float() * w[:, None]).to(x.dtype))
 
     def _local(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        if ids.numel() <= MASKED_MAX_PAIRS:
+            return self._masked(x, weights, ids)
         k = ids.shape[1]
         flat = ids.reshape(-1)
         pair = ((flat >= self.first_expert) & (flat < self.first_expert + self.per_rank)).nonzero().squeeze(1)
         tok = pair // k
         y = self._run_pairs(x[tok], flat[pair] - self.first_expert)
         return self._combine(x, tok, y, weights.reshape(-1)[pair])
+
+    def _masked(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        """Every pair in place: a foreign pair runs on local expert `pair % per_rank` (spread, so
+        no one expert's group grows by all of them) with weight 0, and adds exactly nothing."""
+        local = ids - self.first_expert
+        mine = (local >= 0) & (local < self.per_rank)
+        spread = torch.arange(ids.numel(), device=ids.device).view_as(ids) % self.per_rank
+        return self.routed(x, torch.where(mine, weights, 0.0), torch.where(mine, local, spread))
 
     def _exchange(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
         ep = self.mesh.ep

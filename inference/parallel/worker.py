@@ -154,15 +154,16 @@ class _Promotions:
 
 def decode_graphs_on(args: WorkerArgs) -> bool:
     """Per-rank CUDA graphs for pure-decode steps: on CUDA when the engine enables them, under TP
-    only. Every rank captures the same (batch, width) buckets at the same step, since all of them
-    run the driver's batches, and the NCCL all-reduces of the forward are captured with it (a
-    capture that fails on one rank only leaves that rank eager: its collectives are the same ones,
-    in the same order). Not under EP: its expert dispatch reads pair counts on the host
-    (`parallel/moe.py`), which a graph cannot replay."""
+    and under EP with the "local" expert dispatch. Every rank captures the same (batch, width)
+    buckets at the same step, since all of them run the driver's batches, and the NCCL
+    all-reduces of the forward are captured with it (a capture that fails on one rank only leaves
+    that rank eager: its collectives are the same ones, in the same order). A "local" EP step of
+    decode size keeps its pairs in place, sync-free (`parallel/moe.py`, `MASKED_MAX_PAIRS`);
+    "all_to_all" reads its split sizes on the host, which a graph cannot replay."""
     return (
         args.device_type == "cuda"
         and args.engine_config.enable_cuda_graphs
-        and args.config.expert_parallel_size == 1
+        and (args.config.expert_parallel_size == 1 or args.config.expert_dispatch == "local")
     )
 
 
@@ -189,7 +190,8 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
         runner = ModelRunner(
             model, args.cache_spec, num_blocks=num_blocks, block_size=cfg.cache.block_size,
             num_slots=cfg.cache.num_state_slots, device=device, dtype=args.dtype, vocab_size=args.vocab_size,
-            cuda_graphs=decode_graphs_on(args),
+            cuda_graphs=decode_graphs_on(args), short_graph_tokens=cfg.short_graph_tokens,
+            short_graph_row_keys=cfg.short_graph_row_keys,
         )  # fmt: skip
         conn.send(("ready", rank))
     except BaseException:

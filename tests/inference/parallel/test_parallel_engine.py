@@ -205,12 +205,17 @@ def test_nccl_ranks_match_tp1_on_gpus(tp: int, ep: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "tp", "ep", "enabled", "on"),
-    [("cuda", 2, 1, True, True), ("cuda", 1, 2, True, False), ("cuda", 2, 2, True, False),
-     ("cuda", 2, 1, False, False), ("cpu", 2, 1, True, False)],
+    ("device", "tp", "ep", "dispatch", "enabled", "on"),
+    [("cuda", 2, 1, "local", True, True), ("cuda", 1, 2, "local", True, True),
+     ("cuda", 2, 2, "local", True, True), ("cuda", 1, 2, "all_to_all", True, False),
+     ("cuda", 2, 1, "all_to_all", True, True), ("cuda", 2, 1, "local", False, False),
+     ("cpu", 2, 1, "local", True, False)],
 )  # fmt: skip
-def test_ranks_capture_decode_graphs_on_cuda_under_tp_only(device, tp, ep, enabled, on) -> None:
-    """EP's dispatch reads pair counts on the host, which a graph cannot replay."""
+def test_ranks_capture_decode_graphs_on_cuda_under_tp_and_local_ep(
+    device, tp, ep, dispatch, enabled, on
+) -> None:
+    """The all-to-all dispatch reads its split sizes on the host, which a graph cannot replay;
+    the "local" one keeps a decode step's pairs in place (`test_ep_dispatch.py`)."""
     from types import SimpleNamespace
 
     from inference.parallel.config import ParallelConfig
@@ -219,23 +224,24 @@ def test_ranks_capture_decode_graphs_on_cuda_under_tp_only(device, tp, ep, enabl
     args = SimpleNamespace(
         device_type=device,
         engine_config=CONFIG.evolve(enable_cuda_graphs=enabled),
-        config=ParallelConfig(tensor_parallel_size=tp, expert_parallel_size=ep),
+        config=ParallelConfig(tensor_parallel_size=tp, expert_parallel_size=ep, expert_dispatch=dispatch),
     )
     assert decode_graphs_on(args) is on
 
 
 @pytest.mark.gpu
-def test_nccl_tp2_decode_graphs_replay_and_give_the_eager_tokens() -> None:
-    """TP=2 in bf16 (decode graphs need the grouped-GEMM MoE): each rank captures and replays its
-    decode graphs, the NCCL all-reduces inside them, and the greedy tokens equal the same ranks'
-    eager steps. Needs 2 CUDA devices (the 2-GPU issue); not run yet."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+@pytest.mark.parametrize(("tp", "ep"), [(2, 1), (1, 2)])
+def test_nccl_decode_graphs_replay_and_give_the_eager_tokens(tp: int, ep: int) -> None:
+    """TP=2 or EP=2 in bf16 (decode graphs need the grouped-GEMM MoE): each rank captures and
+    replays its decode graphs, the NCCL all-reduces inside them, and the greedy tokens equal the
+    same ranks' eager steps. Needs 2 CUDA devices (the 2-GPU issue); not run yet."""
+    if torch.cuda.device_count() < tp * ep:
+        pytest.skip(f"needs {tp * ep} GPUs, this host has {torch.cuda.device_count()}")
 
     def run(graphs: bool) -> tuple[list[list[int]], float]:
         engine = build_engine(
             engine_config=CONFIG.evolve(enable_cuda_graphs=graphs), device="cuda", dtype="bfloat16",
-            tensor_parallel_size=2, fixed_blocks=True,
+            tensor_parallel_size=tp, expert_parallel_size=ep, fixed_blocks=True,
         )  # fmt: skip
         try:
             tokens = [r.output_token_ids for r in engine.generate(ROUND1, GREEDY)]
@@ -246,3 +252,31 @@ def test_nccl_tp2_decode_graphs_replay_and_give_the_eager_tokens() -> None:
     (with_graphs, replays), (eager, eager_replays) = run(True), run(False)
     assert replays > 0 and eager_replays == 0
     assert with_graphs == eager
+
+
+@pytest.mark.gpu
+def test_a_world_of_one_rank_worker_on_a_gpu_replays_graphs_and_gives_the_in_process_tokens() -> None:
+    """What one GPU can show of the rank workers: a world of one (one spawned worker, NCCL, the
+    sharding and loading path) in bf16 with decode and short-step graphs on gives the greedy
+    tokens of the in-process engine, and its rank replays decode graphs."""
+    from inference.config import parse_config
+    from inference.engine.factory import small_model_config
+    from inference.parallel.launch import build_parallel_engine
+    from inference.tokenizer import ByteTokenizer
+
+    ref_engine = build_engine(engine_config=CONFIG, device="cuda", dtype="bfloat16", fixed_blocks=True)
+    ref = [r.output_token_ids for r in ref_engine.generate(ROUND1, GREEDY)]
+    del ref_engine
+    spec = parse_config(small_model_config())
+    engine = build_parallel_engine(
+        spec, ByteTokenizer(), HybridCacheSpec.from_model_spec(spec, torch.bfloat16), CONFIG,
+        tensor_parallel_size=1, expert_parallel_size=1, model_dir=None, device=torch.device("cuda"),
+        dtype=torch.bfloat16, seed=0, fixed_blocks=True,
+    )  # fmt: skip
+    try:
+        tokens = [r.output_token_ids for r in engine.generate(ROUND1, GREEDY)]
+        replays = engine.stats()["decode_graph_replays"]
+    finally:
+        engine.runner.close()
+    assert replays > 0
+    assert tokens == ref
