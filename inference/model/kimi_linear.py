@@ -105,11 +105,11 @@ class KimiLinearForCausalLM(nn.Module):
     def supports_decode_graphs(self, dtype: torch.dtype) -> bool:
         """Whether a pure-decode forward in `dtype` is free of host syncs (CUDA-graph capturable).
 
-        Not with DSA (its decode selection is per sequence on the host) nor when the MoE would
-        take the per-expert loop (it reads expert counts on the host).
+        Not when the MoE would take the per-expert loop (it reads expert counts on the host).
+        DSA is: its indexer scoring and radix top-k are Triton kernels whose launches depend on
+        the shapes alone (`kernels/dsa`, `kernels/topk`), the selection over the graph's
+        block-table width with the keys past each row's length masked.
         """
-        if self.spec.dsa is not None:
-            return False
         return self.spec.moe is None or (dtype == torch.bfloat16 and grouped_mm_available())
 
     def supports_short_step_graphs(self, dtype: torch.dtype) -> bool:

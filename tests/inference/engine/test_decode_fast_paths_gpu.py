@@ -26,8 +26,10 @@ def _prompts(n: int = 6) -> list[list[int]]:
     return [[rng.randrange(256) for _ in range(rng.randrange(5, 60))] for _ in range(n)]
 
 
-def _run(dtype: str, sp: SamplingParams, **cfg) -> tuple[list, object]:
-    eng = build_engine(engine_config=CFG.evolve(**cfg), device="cuda", dtype=dtype, fixed_blocks=True)
+def _run(dtype: str, sp: SamplingParams, config: str | None = None, **cfg) -> tuple[list, object]:
+    eng = build_engine(
+        config=config, engine_config=CFG.evolve(**cfg), device="cuda", dtype=dtype, fixed_blocks=True
+    )
     return eng.generate(_prompts(), sp), eng
 
 
@@ -94,3 +96,17 @@ def test_gpu_short_step_graphs_agree_with_the_dense_eager_prefill():
     ]
     assert all(x.output_token_ids[0] == y.output_token_ids[0] for x, y in zip(short, dense, strict=True))
     assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs), pairs
+
+
+@pytest.mark.gpu
+def test_gpu_dsa_decode_and_short_step_graphs_replay_what_eager_steps_compute():
+    """DSA (the tiny DeepSeek-V3.2, top-16 of 5-60-token prompts: the indexer really selects): the
+    indexer scoring and top-k inside decode and short-step graphs give the eager steps' tokens."""
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    dsa = "inference/configs/tiny_deepseek_v32.json"
+    replayed, eng = _run("bfloat16", sp, dsa, **SHORT)
+    g = eng.runner.graphs
+    assert g is not None and g.num_replays > 0 and g.num_short_replays > 0
+    eager, eng = _run("bfloat16", sp, dsa, **SHORT, enable_cuda_graphs=False)
+    assert eng.runner.graphs is None
+    _same_tokens_close_logprobs(replayed, eager, 1e-2)

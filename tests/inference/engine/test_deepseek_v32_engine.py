@@ -4,6 +4,7 @@ generates on the same random weights (CPU, fp32), batched, chunked and with a pr
 
 import json
 
+import pytest
 import torch
 import transformers
 
@@ -47,20 +48,21 @@ def _tiny_v3() -> dict:
     return dict(cfg, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
 
 
-def test_decode_graph_path_and_prefix_cache_keep_outputs_identical():
+@pytest.mark.parametrize("variant", ["deepseek_v3", "deepseek_v32_dsa"])
+def test_decode_graph_path_and_prefix_cache_keep_outputs_identical(variant: str):
     """The runner's decode-graph path (buckets, padded rows into the scratch block) with the
     forward run eagerly on the padded inputs, and the prefix cache on: the same greedy tokens as
-    each prompt alone, no cache, no padding. DeepSeek-V3 without DSA is the variant that captures."""
+    each prompt alone, no cache, no padding. With DSA the padded rows and the width bucket's
+    extra keys must not change what the indexer selects (top-16 of these prompts: it selects)."""
     from tests.inference.engine.graph_fakes import EagerGraphs
     from tests.inference.engine.test_engine_exactness import BASE, GREEDY, prompts
 
-    ref_eng = build_engine(config=_tiny_v3(), engine_config=BASE)
-    assert not build_engine(config=TINY, engine_config=BASE).runner.model.supports_decode_graphs(
-        torch.bfloat16
-    )
+    config = _tiny_v3() if variant == "deepseek_v3" else TINY
+    ref_eng = build_engine(config=config, engine_config=BASE)
+    assert ref_eng.runner.model.supports_decode_graphs(torch.bfloat16)
     ps = prompts()[:6]
     want = [ref_eng.generate([p], GREEDY)[0].output_token_ids for p in ps]
-    eng = build_engine(config=_tiny_v3(), engine_config=BASE.evolve(enable_prefix_caching=True))
+    eng = build_engine(config=config, engine_config=BASE.evolve(enable_prefix_caching=True))
     runner = eng.runner
     kv = next(iter(runner.cache.kv.values()))
     scratch_block = kv.shape[0] - 1
