@@ -80,10 +80,12 @@ LAYOUTS = {
     "deepseek_v32-tp2": ("dsa", 2, 1, "local"),
     "deepseek_v32-tp4": ("dsa", 4, 1, "local"),
     "deepseek_v32-ep4-a2a": ("dsa", 1, 4, "all_to_all"),  # ranks owning no token in small steps
+    "deepseek_v32-ep2": ("dsa", 1, 2, "local"),  # grouped routing, masked EP steps
     "narrow-shared-tp2xep2": ("narrow", 2, 2, "local"),
     "odd-vocab-tp2": ("odd_vocab", 2, 1, "local"),
     "qwen3_next-tp2": ("qwen3_next", 2, 1, "local"),
     "qwen3_next-tp2xep2-a2a": ("qwen3_next", 2, 2, "all_to_all"),
+    "qwen3_next-ep2": ("qwen3_next", 1, 2, "local"),  # softmax routing, masked EP steps
     "qwen3_next-kv-copies-tp2": ("qwen3_next_kv1", 2, 1, "local"),
 }
 
