@@ -153,8 +153,8 @@ class _Promotions:
 
 
 def decode_graphs_on(args: WorkerArgs) -> bool:
-    """Per-rank CUDA graphs for pure-decode steps: on CUDA when the engine enables them, under TP
-    and under EP with the "local" expert dispatch. Every rank captures the same (batch, width)
+    """Per-rank CUDA graphs for pure-decode steps (and short steps, where the model allows them):
+    on CUDA when the engine enables them, under TP and under EP with the "local" expert dispatch. Every rank captures the same (batch, width)
     buckets at the same step, since all of them run the driver's batches, and the NCCL
     all-reduces of the forward are captured with it (a capture that fails on one rank only leaves
     that rank eager: its collectives are the same ones, in the same order). A "local" EP step of
