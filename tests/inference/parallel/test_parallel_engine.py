@@ -261,8 +261,6 @@ def test_a_world_of_one_rank_worker_on_a_gpu_replays_graphs_and_gives_the_in_pro
     """What one GPU can show of the rank workers: a world of one (one spawned worker, NCCL, the
     sharding and loading path) in bf16 with decode and short-step graphs on gives the greedy
     tokens of the in-process engine, and its rank replays decode graphs."""
-    from inference.config import parse_config
-    from inference.engine.factory import small_model_config
     from inference.parallel.launch import build_parallel_engine
     from inference.tokenizer import ByteTokenizer
 
