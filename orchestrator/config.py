@@ -87,10 +87,14 @@ class IngressSettings(BaseSettings):
         2, ge=1, description="Retry-After of the 503 answered while the database is down"
     )
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="one POST /v1/attachments upload")
-    sse_poll_s: float = Field(0.5, gt=0, description="SSE re-check interval without (or besides) NOTIFY")
-    sse_listen: bool = Field(
-        True, description="on PostgreSQL, wake SSE streams by LISTEN/NOTIFY (else poll every sse_poll_s)"
+    sse_poll_s: float = Field(
+        0.5, gt=0, description="SSE re-check interval without (or besides) the outbox tail"
     )
+    sse_listen: bool = Field(
+        True,
+        description="wake SSE streams from a tail of the outbox (every sse_tail_s; else poll every sse_poll_s)",
+    )
+    sse_tail_s: float = Field(0.05, gt=0, le=5, description="how often the outbox tail looks for new events")
     sse_keepalive_s: float = Field(15.0, gt=0)
     list_limit_max: int = Field(200, ge=1)
     trace_url_template: str | None = Field(

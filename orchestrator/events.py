@@ -1,12 +1,10 @@
-"""An outbox event as the relay publishes it and the SSE feed streams it, and the NOTIFY channel
-that wakes the feed (the trigger of migration 0002 notifies the task id on commit)."""
+"""An outbox event as the relay publishes it and the SSE feed streams it."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-NOTIFY_CHANNEL = "dayzero_events"
 TERMINAL_EVENT_TYPES = frozenset({"task.succeeded", "task.failed", "task.cancelled", "task.timed_out"})
 
 

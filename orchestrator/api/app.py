@@ -226,7 +226,7 @@ def create_app(
     app.state.ingress = ingress
     app.state.engine = engine
     app.state.key_cache = KeyCache(engine)
-    app.state.feed = make_feed(engine, ingress.sse_poll_s, ingress.sse_listen)
+    app.state.feed = make_feed(engine, ingress.sse_poll_s, ingress.sse_listen, ingress.sse_tail_s)
     register_task_states(engine)
     errors.install(app)
     for r in (tasks.router, events.router, attachments.router, health.router, ui.router):

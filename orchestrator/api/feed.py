@@ -1,8 +1,8 @@
 """The live event feed of the SSE endpoint (`GET /v1/tasks/{id}/events`).
 
 The endpoint re-reads the `events` table (the source of truth) and sleeps between reads on a
-`Subscription`: on PostgreSQL woken by `LISTEN dayzero_events` (the trigger in migration 0002
-NOTIFYs the task id on commit), elsewhere — and as a safety net — by polling.
+`Subscription`: woken by the outbox tail (`OutboxTailFeed`: the tasks whose events were
+committed since its last look, every `tail_s`) and, as a safety net, by polling.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
-from orchestrator.events import NOTIFY_CHANNEL
+from orchestrator.db.tables import events_t
+from orchestrator.kafka.outbox_cursor import OutboxCursor
+from orchestrator.tasks.queries import max_event_id, read_events_past
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class Subscription:
 
 
 class EventFeed:
-    """Polling feed (every `poll_s`); the base of the NOTIFY feed."""
+    """Polling feed (every `poll_s`); the base of the outbox tail feed."""
 
     def __init__(self, poll_s: float = 0.5):
         self.poll_s = poll_s
@@ -70,19 +72,31 @@ class EventFeed:
             sub.event.set()
 
 
-class PgNotifyFeed(EventFeed):
-    """LISTEN on a dedicated psycopg connection in a thread; polling stays on as a safety net."""
+class OutboxTailFeed(EventFeed):
+    """Wakes the streams of the tasks whose events were committed since the last look: a thread
+    reads the outbox past its cursor every `tail_s` (ids and task ids only, one indexed range
+    read in one snapshot: `tasks.queries.read_events_past`, the relay's read) and keeps the ids
+    it skipped over as holes (`OutboxCursor`), so an event committed late under a lower id still
+    wakes its stream. Polling every `poll_s` stays on as a safety net (a database outage, or an
+    event in flight when the feed started).
 
-    def __init__(self, database_url: str, poll_s: float = 2.0):
+    It replaces a `NOTIFY` per event (migration 0010 drops that trigger): a transaction that
+    notifies holds the database's notification-queue lock through its commit's WAL flush, so
+    every runner's step commit waited for the others' (4 runners: ~17% fewer steps/s with it)."""
+
+    _BATCH = 5000  # ids per read; a longer backlog is read over the next ticks
+
+    def __init__(self, engine: Engine, tail_s: float = 0.05, poll_s: float = 2.0):
         super().__init__(poll_s)
-        self.url = database_url
+        self.engine = engine
+        self.tail_s = tail_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.connected = threading.Event()
+        self.connected = threading.Event()  # set once the cursor stands at the outbox's end
 
     def start(self) -> None:
         super().start()
-        self._thread = threading.Thread(target=self._listen, name="pg-listen", daemon=True)
+        self._thread = threading.Thread(target=self._tail, name="outbox-tail", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -90,28 +104,37 @@ class PgNotifyFeed(EventFeed):
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _listen(self) -> None:
-        import psycopg
-        from sqlalchemy.engine import make_url
-
-        u = make_url(self.url)
-        dsn = u.set(drivername="postgresql").render_as_string(hide_password=False)
-        while not self._stop.is_set():
+    def _tail(self) -> None:
+        cursor: OutboxCursor | None = None
+        while not self._stop.wait(0 if cursor is None else self.tail_s):
             try:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    self.connected.set()
-                    while not self._stop.is_set():
-                        for n in conn.notifies(timeout=0.5):
-                            if self._loop is not None:
-                                self._loop.call_soon_threadsafe(self._wake, n.payload)
-            except Exception as exc:  # reconnect; polling covers the gap
+                with self.engine.connect() as conn:
+                    if cursor is None:
+                        cursor = OutboxCursor.starting_at(max_event_id(conn) + 1)
+                        self.connected.set()
+                        continue
+                    new, late, xmin, xmax = read_events_past(conn, cursor, _IDS, self._BATCH)
+                cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
+                woken = {r.task_id for r in late} | {r.task_id for r in new}
+                if woken and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._wake_all, woken)
+            except Exception as exc:  # a database outage: polling covers the gap
                 self.connected.clear()
-                log.warning("LISTEN connection lost (%s); reconnecting", exc)
+                cursor = None  # start again at the end: what happened meanwhile is polled
+                log.warning("outbox tail failed (%s); retrying", exc)
                 self._stop.wait(1.0)
 
+    def _wake_all(self, task_ids: set[str]) -> None:  # on the event loop
+        for task_id in task_ids:
+            self._wake(task_id)
 
-def make_feed(engine: Engine, poll_s: float, listen: bool = True) -> EventFeed:
-    if listen and engine.dialect.name == "postgresql":
-        return PgNotifyFeed(engine.url.render_as_string(hide_password=False), poll_s=max(poll_s, 2.0))
+
+_IDS = select(events_t.c.id, events_t.c.task_id).order_by(events_t.c.id)
+
+
+def make_feed(engine: Engine, poll_s: float, live: bool = True, tail_s: float = 0.05) -> EventFeed:
+    """`live`: the outbox tail wakes streams within `tail_s` of a commit (polling every
+    `max(poll_s, 2 s)` besides); otherwise streams poll every `poll_s`."""
+    if live:
+        return OutboxTailFeed(engine, tail_s=tail_s, poll_s=max(poll_s, 2.0))
     return EventFeed(poll_s)

@@ -30,7 +30,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from sqlalchemy import Connection, Engine, func, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.clock import utcnow
@@ -40,6 +40,7 @@ from orchestrator.failpoints import failpoint
 from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
 from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.tasks.queries import read_events_past
 from orchestrator.tracing import context_of, kafka_headers, tracer
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ EVENTS_TOPIC = "dayzero.events"
 RESULTS_TOPIC = "dayzero.results"
 RELAY_LOCK_ID = 0x64617930  # pg advisory lock key of the active relay
 CURSOR_NAME = "default"  # the `relay_cursors` row of the (one active) relay
-_HOLES_PER_READ = 100  # id ranges per look-up of the holes
 
 
 # -- relay ---------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ class Relay:
             self._cursor = OutboxCursor.starting_at(self._saved_low_water)
         cursor = self._cursor
         with self.engine.connect() as conn:
-            new, late, xmin, xmax = _read_past(conn, cursor, self.config.batch_size)
+            new, late, xmin, xmax = read_events_past(conn, cursor, _EVENT_ROW, self.config.batch_size)
         rows = late + new  # in id order: the holes lie below the frontier, the new rows above it
         if rows:
             self._publish(rows)
@@ -242,28 +242,6 @@ _EVENT_ROW = (
     .select_from(events_t.outerjoin(tasks_t, tasks_t.c.id == events_t.c.task_id))
     .order_by(events_t.c.id)
 )
-# The snapshot's bounds as integers: xids below `xmin` have finished, from `xmax` on not started.
-_SNAPSHOT_PG = text(
-    "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
-    "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
-)
-
-
-def _read_past(conn: Connection, cursor: OutboxCursor, limit: int) -> tuple[list[Any], list[Any], int, int]:
-    """The events past the frontier, the holes now filled, and the bounds of the one snapshot
-    all were read in (PostgreSQL: a REPEATABLE READ transaction; SQLite: its one writer never
-    leaves a hole that a later commit fills, so `xmin == xmax`)."""
-    pg = conn.dialect.name == "postgresql"
-    if pg:
-        conn = conn.execution_options(isolation_level="REPEATABLE READ")
-    with conn.begin():
-        xmin, xmax = conn.execute(_SNAPSHOT_PG).one() if pg else (0, 0)
-        new = list(conn.execute(_EVENT_ROW.where(events_t.c.id > cursor.frontier).limit(limit)))
-        late = []
-        for i in range(0, len(cursor.holes), _HOLES_PER_READ):
-            ranges = [events_t.c.id.between(h.lo, h.hi) for h in cursor.holes[i : i + _HOLES_PER_READ]]
-            late += conn.execute(_EVENT_ROW.where(or_(*ranges)))
-    return new, late, xmin, xmax
 
 
 def low_water(conn: Connection) -> int:

@@ -1,4 +1,5 @@
-"""Reads of tasks, steps, attempts, messages, events and attachments: every query in one place.
+"""Reads of tasks, steps, attempts, messages, events (and the outbox past a cursor) and attachments:
+every query in one place.
 
 Functions take an open `Connection` and never write; a tenant, where given, scopes the read
 (another tenant's task is indistinguishable from a missing one).
@@ -9,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, null, select, union_all
+from sqlalchemy import Connection, Row, Select, func, null, or_, select, text, union_all
 
 from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.statemachine import StepStatus, TaskStatus
 from orchestrator.tasks.errors import TaskNotFound
 
@@ -88,6 +90,40 @@ def list_events(conn: Connection, task_id: str, after_seq: int = 0) -> list[Row[
             .order_by(events_t.c.seq)
         )
     )
+
+
+# The snapshot's bounds as integers: xids below `xmin` have finished, from `xmax` on not started.
+_SNAPSHOT_PG = text(
+    "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+    "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+)
+_HOLES_PER_READ = 100  # id ranges per look-up of the holes
+
+
+def read_events_past(
+    conn: Connection, cursor: OutboxCursor, query: Select[Any], limit: int
+) -> tuple[list[Any], list[Any], int, int]:
+    """The outbox read of the relay and of the SSE feed's tail (`query`: a select of `events`
+    columns in id order): the events past the cursor's frontier, the holes now filled, and the
+    bounds of the one snapshot all were read in, for `OutboxCursor.advance` (PostgreSQL: a
+    REPEATABLE READ transaction; SQLite: its one writer never leaves a hole that a later
+    commit fills, so `xmin == xmax`)."""
+    pg = conn.dialect.name == "postgresql"
+    if pg:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+    with conn.begin():
+        xmin, xmax = conn.execute(_SNAPSHOT_PG).one() if pg else (0, 0)
+        new = list(conn.execute(query.where(events_t.c.id > cursor.frontier).limit(limit)))
+        late: list[Any] = []
+        for i in range(0, len(cursor.holes), _HOLES_PER_READ):
+            ranges = [events_t.c.id.between(h.lo, h.hi) for h in cursor.holes[i : i + _HOLES_PER_READ]]
+            late += conn.execute(query.where(or_(*ranges)))
+    return new, late, xmin, xmax
+
+
+def max_event_id(conn: Connection) -> int:
+    """The highest event id committed so far (0 when there is none)."""
+    return int(conn.execute(select(func.coalesce(func.max(events_t.c.id), 0))).scalar_one())
 
 
 def list_attachments(conn: Connection, task_id: str) -> list[Row[Any]]:

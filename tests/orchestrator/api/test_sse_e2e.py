@@ -1,5 +1,6 @@
 """REST end to end over a real socket: submit, a runner works, SSE events observed live by httpx,
-then resumed with Last-Event-ID. SQLite (polling feed) and PostgreSQL (LISTEN/NOTIFY feed)."""
+then resumed with Last-Event-ID, on SQLite and PostgreSQL; the feed that wakes the streams (the
+outbox tail)."""
 
 from __future__ import annotations
 
@@ -70,40 +71,78 @@ def test_rest_submit_then_follow_events_live_and_resume(db, api_settings, make_r
         assert len(final["steps"]) == 7 and all(len(s["attempts"]) == 1 for s in final["steps"])
 
 
-def test_postgres_feed_wakes_on_notify_before_the_poll_interval(pg_url):
+def test_feed_wakes_on_a_committed_event_before_the_poll_interval(db):
     import asyncio
     import time
 
-    from orchestrator.api.feed import PgNotifyFeed
+    from orchestrator.api.feed import OutboxTailFeed
     from orchestrator.config import Budgets
-    from orchestrator.db import migrate
-    from orchestrator.db.engine import make_engine
-    from orchestrator.store import NewTask, create_task
-
-    engine = make_engine(pg_url)
-    migrate.upgrade(engine)
+    from orchestrator.store import NewTask, create_task, request_cancel
 
     async def scenario() -> float:
-        feed = PgNotifyFeed(pg_url, poll_s=30.0)
+        feed = OutboxTailFeed(db, tail_s=0.05, poll_s=30.0)
         feed.start()
         try:
             await asyncio.to_thread(feed.connected.wait, 10)
-            with engine.begin() as conn:
+            with db.begin() as conn:
                 task_id, _ = create_task(conn, NewTask(tenant="t", goal="g"), Budgets())
             with feed.subscribe(task_id) as sub:
                 sub.clear()
                 t0 = time.monotonic()
-                with engine.begin() as conn:  # a new event for that task, committed
-                    from orchestrator.store import request_cancel
-
+                with db.begin() as conn:  # a new event for that task, committed
                     request_cancel(conn, task_id, "t")
                 await sub.wait(30.0)
                 return time.monotonic() - t0
         finally:
             feed.stop()
 
+    assert asyncio.run(scenario()) < 5.0  # woken by the outbox tail, not by the 30 s poll
+
+
+def test_feed_wakes_on_an_event_committed_late_under_a_lower_id(pg_url):
+    """Ids become visible in commit order: an event whose transaction was still open when the tail
+    read past its id (a hole) wakes its stream once it commits."""
+    import asyncio
+    import time
+
+    from orchestrator.api.feed import OutboxTailFeed
+    from orchestrator.config import Budgets
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+    from orchestrator.store import NewTask, create_task, request_cancel
+
+    engine = make_engine(pg_url)
+    migrate.upgrade(engine)
+
+    async def scenario() -> tuple[bool, float]:
+        feed = OutboxTailFeed(engine, tail_s=0.05, poll_s=30.0)
+        feed.start()
+        try:
+            await asyncio.to_thread(feed.connected.wait, 10)
+            with engine.begin() as conn:
+                late_id, _ = create_task(conn, NewTask(tenant="t", goal="late"), Budgets())
+            await asyncio.sleep(0.5)  # the tail has read past its creation
+            with feed.subscribe(late_id) as sub:
+                sub.clear()
+                slow = engine.connect()
+                txn = slow.begin()
+                request_cancel(slow, late_id, "t")  # draws the lower event id, not committed yet
+                with engine.begin() as conn:  # a higher id, committed first: the tail skips the hole
+                    create_task(conn, NewTask(tenant="t", goal="early"), Budgets())
+                await asyncio.sleep(0.5)  # several tail reads see the higher id only
+                woken_early = sub.event.is_set()
+                t0 = time.monotonic()
+                txn.commit()
+                slow.close()
+                await sub.wait(30.0)
+                return woken_early, time.monotonic() - t0
+        finally:
+            feed.stop()
+
     try:
-        assert asyncio.run(scenario()) < 5.0  # woken by NOTIFY, not by the 30 s poll
+        woken_early, waited = asyncio.run(scenario())
+        assert not woken_early  # nothing of that task was committed before
+        assert waited < 5.0  # the hole was filled: woken by the tail, not by the 30 s poll
     finally:
         engine.dispose()
 

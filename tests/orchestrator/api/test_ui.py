@@ -33,7 +33,7 @@ NOTE_SCREENSHOT = os.environ.get("DAYZERO_UI_SCREENSHOT_COPY")  # where to copy 
 
 
 @pytest.fixture
-def db_url(pg_url) -> str:  # PostgreSQL: the LISTEN/NOTIFY feed behind the SSE stream
+def db_url(pg_url) -> str:  # PostgreSQL, with the outbox tail waking the SSE stream
     return pg_url
 
 
