@@ -247,12 +247,14 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
     runner._execute = timed  # type: ignore[method-assign]
     runner.inference.chat = timed_chat  # type: ignore[method-assign]
     wal0, size0 = wal_and_sizes(url)
+    db0 = pg_wal.server_cpu_seconds(url)
     t0, cpu0 = time.perf_counter(), time.process_time()
     with Progress(transient=True) as progress:
         bar = progress.add_task("1 runner", total=n_tasks)
         while timed_run_once():
             progress.update(bar, completed=len(starts))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    db1 = pg_wal.server_cpu_seconds(url)
     wal1, size1 = wal_and_sizes(url)
     rec, fpi = wal_record_bytes(url, wal0, wal1)
     steps, ok = steps_run(url, ids)
@@ -274,6 +276,8 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
         # this process's CPU (runner, tool thread, heartbeat; not the database's) per step: less
         # swayed by a busy shared disk than the latencies
         "runner_cpu_ms_per_step": 1000 * cpu / steps,
+        # the database server's CPU per step (all its processes; None when it runs elsewhere)
+        "db_cpu_ms_per_step": None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps,
         "wal_bytes_per_task_server_wide": (wal1 - wal0) / n_tasks,
         "wal_record_bytes_per_task": rec / n_tasks,  # without full-page images (checkpoint timing)
         "full_page_image_bytes_per_task": fpi / n_tasks,
@@ -281,7 +285,9 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
     }
 
 
-def _worker(url: str, runner_id: str, ready: Any, start: Any, counts: Any, ends: Any, idx: int) -> None:
+def _worker(
+    url: str, runner_id: str, ready: Any, start: Any, counts: Any, ends: Any, cpus: Any, idx: int
+) -> None:
     runner = make_runner(url, runner_id)
     n = 0
     execute = runner._execute
@@ -294,9 +300,11 @@ def _worker(url: str, runner_id: str, ready: Any, start: Any, counts: Any, ends:
     runner._execute = counted  # type: ignore[method-assign]
     ready.release()
     start.wait()
+    cpu0 = time.process_time()
     while runner.run_once():
         pass
     ends[idx] = time.perf_counter()  # before interpreter teardown, which is not runner work
+    cpus[idx] = time.process_time() - cpu0
     counts[idx] = n
 
 
@@ -304,28 +312,40 @@ def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     ids = submit(url, n_tasks)
     ctx = mp.get_context("spawn")
     ready, start = ctx.Semaphore(0), ctx.Event()
-    counts, ends = ctx.Array("i", n_runners), ctx.Array("d", n_runners)
+    counts, ends, cpus = ctx.Array("i", n_runners), ctx.Array("d", n_runners), ctx.Array("d", n_runners)
     procs = [
-        ctx.Process(target=_worker, args=(url, f"bench-{i}", ready, start, counts, ends, i))
+        ctx.Process(target=_worker, args=(url, f"bench-{i}", ready, start, counts, ends, cpus, i))
         for i in range(n_runners)
     ]
     for p in procs:
         p.start()
     for _ in procs:  # every process imported, connected and built its runner
         ready.acquire()
+    db0 = pg_wal.server_cpu_seconds(url)
     t0 = time.perf_counter()
     start.set()
     for p in procs:
         p.join()
+    db1 = pg_wal.server_cpu_seconds(url)  # the runners' backends have exited: reaped, counted
     wall = max(ends) - t0
     steps = sum(counts)  # every step is one `_execute`
     assert steps == steps_run(url, ids)[0]
+    runner_cpu = 1000 * sum(cpus) / steps
+    db_cpu = None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps
     return {
         "runners": n_runners,
         "tasks": len(ids),
         "steps": steps,
         "steps_per_s": steps / wall,
         "wall_s": wall,
+        "runner_cpu_ms_per_step": runner_cpu,
+        "db_cpu_ms_per_step": db_cpu,
+        # what the machine's CPUs allow at this cost per step, had runners and database all of
+        # them and nothing else: the throughput ceiling on this box (the 3,000 target needs the
+        # sum at or below 2 cores / 3,000 = 0.67 ms on 2 cores)
+        "cpu_bound_steps_per_s": None
+        if db_cpu is None
+        else 1000 * (os.cpu_count() or 1) / (runner_cpu + db_cpu),
     }
 
 

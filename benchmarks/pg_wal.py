@@ -68,3 +68,37 @@ def record_bytes_by_relation(conninfo: str, start_lsn: int, end_lsn: int) -> dic
             _params(conn, start_lsn, end_lsn),
         ).fetchall()
     return {name: int(n) for name, n in rows}
+
+
+def server_cpu_seconds(conninfo: str) -> float | None:
+    """CPU seconds the PostgreSQL server has used so far, all its processes together (backends,
+    WAL writer, checkpointer, autovacuum; backends that exited are in the postmaster's reaped
+    children's time), read from /proc: the server must run on this machine (None otherwise).
+    The difference over a phase is the database's side of its cost, which a latency does not show
+    when client and server share the CPUs."""
+    import os
+
+    with _connect(conninfo) as conn:
+        (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        postmaster = int(_proc_stat(backend)[1])  # a backend's parent is the postmaster
+        tick = os.sysconf("SC_CLK_TCK")
+        fields = _proc_stat(postmaster)
+        ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != backend:
+                try:
+                    child = _proc_stat(int(entry))
+                except OSError:
+                    continue  # exited meanwhile
+                if int(child[1]) == postmaster:
+                    ticks += int(child[11]) + int(child[12])
+    except OSError:
+        return None
+    return ticks / tick
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (field 3, the state, is index 0)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
