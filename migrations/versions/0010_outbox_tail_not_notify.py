@@ -3,8 +3,9 @@
 Migration 0002 added a statement-level trigger on `events` that NOTIFYed the task id, to wake
 the SSE feed. A transaction that notifies takes PostgreSQL's notification-queue lock before it
 commits and holds it through the commit's WAL flush, so every step transaction (each writes an
-event) waited for every other runner's commit: 4 runner processes ran ~17% fewer steps/s with
-it (`benchmarks/orchestrator_overhead.py`), and the trigger cost ~0.05 ms per statement.
+event) waited for every other runner's commit: 4 runner processes ran 5-18% fewer steps/s with
+it (`benchmarks/orchestrator_overhead.py`, two sets of interleaved rounds; the more the box is
+loaded, the more), and the database spent 12% more CPU per step.
 The feed now reads the outbox past a cursor a few times a second in the API process instead
 (`orchestrator.api.feed.OutboxTailFeed`), which costs the writers nothing.
 

@@ -82,7 +82,7 @@ class OutboxTailFeed(EventFeed):
 
     It replaces a `NOTIFY` per event (migration 0010 drops that trigger): a transaction that
     notifies holds the database's notification-queue lock through its commit's WAL flush, so
-    every runner's step commit waited for the others' (4 runners: ~17% fewer steps/s with it)."""
+    every runner's step commit waited for the others' (4 runners: 5-18% fewer steps/s with it)."""
 
     _BATCH = 5000  # ids per read; a longer backlog is read over the next ticks
 
