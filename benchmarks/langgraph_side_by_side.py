@@ -100,6 +100,7 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
         for _ in range(2):  # warm-up: connection, prepared statements, graph compile caches
             run_task(graph)
         lsn0, size0 = pg_wal.lsn_and_table_bytes(dsn)
+        db0 = pg_wal.server_cpu_seconds(dsn)
         durations: list[float] = []
         firsts: list[float] = []
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -109,6 +110,7 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
             steps += run_task(graph, durations)
             firsts.append(durations[before])
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        db1 = pg_wal.server_cpu_seconds(dsn)
         lsn1, size1 = pg_wal.lsn_and_table_bytes(dsn)
         rec, _fpi = pg_wal.record_bytes(dsn, lsn0, lsn1)
     later = sorted(set(durations) - set(firsts))
@@ -122,43 +124,53 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
         "first_step_ms_p50": 1000 * statistics.median(firsts),
         "later_steps_ms_p99": 1000 * later[int(0.99 * (len(later) - 1))],
         "runner_cpu_ms_per_step": 1000 * cpu / steps,
+        "db_cpu_ms_per_step": None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps,
         "wal_record_bytes_per_task": rec / n_tasks,
         "table_bytes_per_task": (size1 - size0) / n_tasks,
     }
 
 
-def _worker(dsn: str, n_tasks: int, ready: Any, start: Any, counts: Any, ends: Any, idx: int) -> None:
+def _worker(
+    dsn: str, n_tasks: int, ready: Any, start: Any, counts: Any, ends: Any, cpus: Any, idx: int
+) -> None:
     with PostgresSaver.from_conn_string(dsn) as saver:
         graph = build(saver)
         run_task(graph)  # warm-up, not counted
         ready.release()
         start.wait()
+        cpu0 = time.process_time()
         counts[idx] = sum(run_task(graph) for _ in range(n_tasks))
         ends[idx] = time.perf_counter()
+        cpus[idx] = time.process_time() - cpu0
 
 
 def many_runners(dsn: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     ready, start = ctx.Semaphore(0), ctx.Event()
-    counts, ends = ctx.Array("i", n_runners), ctx.Array("d", n_runners)
+    counts, ends, cpus = ctx.Array("i", n_runners), ctx.Array("d", n_runners), ctx.Array("d", n_runners)
     per = n_tasks // n_runners
     procs = [
-        ctx.Process(target=_worker, args=(dsn, per, ready, start, counts, ends, i)) for i in range(n_runners)
+        ctx.Process(target=_worker, args=(dsn, per, ready, start, counts, ends, cpus, i))
+        for i in range(n_runners)
     ]
     for p in procs:
         p.start()
     for _ in procs:
         ready.acquire()
+    db0 = pg_wal.server_cpu_seconds(dsn)
     t0 = time.perf_counter()
     start.set()
     for p in procs:
         p.join()
+    db1 = pg_wal.server_cpu_seconds(dsn)
     steps = sum(counts)
+    db_cpu = None if db0 is None or db1 is None else db1 - db0
     return {
         "runners": n_runners,
         "tasks": per * n_runners,
         "steps": steps,
         "steps_per_s": steps / (max(ends) - t0),
+        **pg_wal.cpu_per_step(sum(cpus), db_cpu, steps),
     }
 
 

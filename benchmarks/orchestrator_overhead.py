@@ -29,6 +29,10 @@ runner CPU 2.32 -> 1.39 ms per step, 141 -> 309 steps/s (1 runner), 256 -> 343 (
 2026-12-03 (load 0.5-4.4, medians of 10 interleaved rounds, main at adb974c -> migration 0008 and
 UUIDv7 ids): WAL 72.9 -> 65.2 KB per 20-cycle task, latency and steps/s within the spread;
 `--tool echo_inline` (6 rounds): p50 1.05 ms, runner CPU 0.61 ms per step (docs/architecture.md).
+2026-12-04 (load 0.6-2.2, 6 interleaved rounds, e43c526 -> migration 0010, no NOTIFY per event):
+4 runners 1,693 -> 1,777 steps/s, database CPU per step 0.351 -> 0.309 ms (4 runners), step p50
+0.94 -> 0.90 ms, p99 2.42 -> 2.25; 2 cores allow ~2,100 steps/s at 0.95 ms of CPU per step
+(`cpu_bound_steps_per_s`). The database's CPU is read from /proc (a local server only).
 """
 
 from __future__ import annotations
@@ -330,22 +334,14 @@ def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     wall = max(ends) - t0
     steps = sum(counts)  # every step is one `_execute`
     assert steps == steps_run(url, ids)[0]
-    runner_cpu = 1000 * sum(cpus) / steps
-    db_cpu = None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps
+    db_cpu = None if db0 is None or db1 is None else db1 - db0
     return {
         "runners": n_runners,
         "tasks": len(ids),
         "steps": steps,
         "steps_per_s": steps / wall,
         "wall_s": wall,
-        "runner_cpu_ms_per_step": runner_cpu,
-        "db_cpu_ms_per_step": db_cpu,
-        # what the machine's CPUs allow at this cost per step, had runners and database all of
-        # them and nothing else: the throughput ceiling on this box (the 3,000 target needs the
-        # sum at or below 2 cores / 3,000 = 0.67 ms on 2 cores)
-        "cpu_bound_steps_per_s": None
-        if db_cpu is None
-        else 1000 * (os.cpu_count() or 1) / (runner_cpu + db_cpu),
+        **pg_wal.cpu_per_step(sum(cpus), db_cpu, steps),
     }
 
 

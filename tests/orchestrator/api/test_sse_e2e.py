@@ -4,8 +4,11 @@ outbox tail)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
+import time
 
 import httpx
 
@@ -71,19 +74,26 @@ def test_rest_submit_then_follow_events_live_and_resume(db, api_settings, make_r
         assert len(final["steps"]) == 7 and all(len(s["attempts"]) == 1 for s in final["steps"])
 
 
-def test_feed_wakes_on_a_committed_event_before_the_poll_interval(db):
-    import asyncio
-    import time
-
+@contextlib.asynccontextmanager
+async def _tail_feed(engine):
+    """An outbox tail feed that looks every 50 ms and polls only every 30 s, standing at the end."""
     from orchestrator.api.feed import OutboxTailFeed
+
+    feed = OutboxTailFeed(engine, tail_s=0.05, poll_s=30.0)
+    feed.start()
+    try:
+        await asyncio.to_thread(feed.connected.wait, 10)
+        yield feed
+    finally:
+        feed.stop()
+
+
+def test_feed_wakes_on_a_committed_event_before_the_poll_interval(db):
     from orchestrator.config import Budgets
     from orchestrator.store import NewTask, create_task, request_cancel
 
     async def scenario() -> float:
-        feed = OutboxTailFeed(db, tail_s=0.05, poll_s=30.0)
-        feed.start()
-        try:
-            await asyncio.to_thread(feed.connected.wait, 10)
+        async with _tail_feed(db) as feed:
             with db.begin() as conn:
                 task_id, _ = create_task(conn, NewTask(tenant="t", goal="g"), Budgets())
             with feed.subscribe(task_id) as sub:
@@ -93,8 +103,6 @@ def test_feed_wakes_on_a_committed_event_before_the_poll_interval(db):
                     request_cancel(conn, task_id, "t")
                 await sub.wait(30.0)
                 return time.monotonic() - t0
-        finally:
-            feed.stop()
 
     assert asyncio.run(scenario()) < 5.0  # woken by the outbox tail, not by the 30 s poll
 
@@ -102,10 +110,6 @@ def test_feed_wakes_on_a_committed_event_before_the_poll_interval(db):
 def test_feed_wakes_on_an_event_committed_late_under_a_lower_id(pg_url):
     """Ids become visible in commit order: an event whose transaction was still open when the tail
     read past its id (a hole) wakes its stream once it commits."""
-    import asyncio
-    import time
-
-    from orchestrator.api.feed import OutboxTailFeed
     from orchestrator.config import Budgets
     from orchestrator.db import migrate
     from orchestrator.db.engine import make_engine
@@ -115,10 +119,7 @@ def test_feed_wakes_on_an_event_committed_late_under_a_lower_id(pg_url):
     migrate.upgrade(engine)
 
     async def scenario() -> tuple[bool, float]:
-        feed = OutboxTailFeed(engine, tail_s=0.05, poll_s=30.0)
-        feed.start()
-        try:
-            await asyncio.to_thread(feed.connected.wait, 10)
+        async with _tail_feed(engine) as feed:
             with engine.begin() as conn:
                 late_id, _ = create_task(conn, NewTask(tenant="t", goal="late"), Budgets())
             await asyncio.sleep(0.5)  # the tail has read past its creation
@@ -136,8 +137,6 @@ def test_feed_wakes_on_an_event_committed_late_under_a_lower_id(pg_url):
                 slow.close()
                 await sub.wait(30.0)
                 return woken_early, time.monotonic() - t0
-        finally:
-            feed.stop()
 
     try:
         woken_early, waited = asyncio.run(scenario())
