@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The wheels a `run` on the lent H200 needs besides what its image has (torch, triton, numpy):
+# the service packages the inference code imports (pydantic and friends, SQLAlchemy, FastAPI,
+# OpenTelemetry, ...) at this repository's locked versions (requirements/dev.lock), and fla for
+# the KDA kernels' reference paths. Downloaded here (the device reaches no index) for CPython
+# 3.12 on manylinux into .whl/ (git-ignored), ~11 MB; carry `.whl` in the call and start it with
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit
+# Run from the repository root: bash benchmarks/device_wheels.sh
+set -euo pipefail
+LOCK=requirements/dev.lock
+# what the device image lacks (found by importing `inference` there); versions from the lock
+PKGS=(alembic annotated-types fastapi jsonschema jsonschema-specifications mako
+  opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions pydantic pydantic-core
+  pydantic-settings python-dotenv referencing rpds-py sqlalchemy starlette typing-inspection
+  uvicorn)
+# not in the lock: fla for the KDA reference paths; truststore, which the image's huggingface_hub
+# (under transformers, the reference side of benchmarks/long_context.py) imports
+EXTRA=(fla-core==0.6.0 flash-linear-attention==0.6.0 truststore==0.10.5)
+pins=()
+for p in "${PKGS[@]}"; do
+  pin=$(grep -i -E "^${p//-/[-_]}==" "$LOCK" | head -1 || true)
+  [ -n "$pin" ] || { echo "no pin for $p in $LOCK" >&2; exit 1; }
+  pins+=("$pin")
+done
+mkdir -p .whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${pins[@]}" "${EXTRA[@]}"
+ls .whl | wc -l
+du -sh .whl
