@@ -103,12 +103,14 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
         db0 = pg_wal.server_cpu_seconds(dsn)
         durations: list[float] = []
         firsts: list[float] = []
+        lasts: list[float] = []
         t0, cpu0 = time.perf_counter(), time.process_time()
         steps = 0
         for _ in range(n_tasks):
             before = len(durations)
             steps += run_task(graph, durations)
             firsts.append(durations[before])
+            lasts.append(durations[-1])
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         db1 = pg_wal.server_cpu_seconds(dsn)
         lsn1, size1 = pg_wal.lsn_and_table_bytes(dsn)
@@ -123,6 +125,7 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
         "step_ms_p99": 1000 * durations[int(0.99 * (len(durations) - 1))],
         "first_step_ms_p50": 1000 * statistics.median(firsts),
         "later_steps_ms_p99": 1000 * later[int(0.99 * (len(later) - 1))],
+        "last_step_ms_p50": 1000 * statistics.median(lasts),
         "runner_cpu_ms_per_step": 1000 * cpu / steps,
         "db_cpu_ms_per_step": None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps,
         "wal_record_bytes_per_task": rec / n_tasks,

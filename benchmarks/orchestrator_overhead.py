@@ -219,6 +219,7 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
     durations: list[float] = []
     firsts: list[float] = []  # the durations of the tasks' first steps (their start included)
     starts: list[float] = []  # claim + load + first commit, per task
+    lasts: list[float] = []  # the tasks' last steps
     execute, run_once = runner._execute, runner.run_once
     mark = [0.0, True]  # (end of the last timed thing, the next step is a task's first)
     model_cpu = [0.0, 0]  # the scripted model's own CPU (not the orchestrator's), calls
@@ -246,7 +247,11 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
 
     def timed_run_once() -> bool:
         mark[0], mark[1] = time.perf_counter(), True
-        return run_once()
+        before = len(durations)
+        worked = run_once()
+        if len(durations) > before:
+            lasts.append(durations[-1])  # the step that ended the task (and claimed the next)
+        return worked
 
     runner._execute = timed  # type: ignore[method-assign]
     runner.inference.chat = timed_chat  # type: ignore[method-assign]
@@ -276,6 +281,8 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
         # A task's first step is 1 in 41, more than 1%: it is what p99 measures.
         "first_step_ms_p50": 1000 * statistics.median(firsts),
         "later_steps_ms_p99": 1000 * later[int(0.99 * (len(later) - 1))],
+        # the step that ends a task; on PostgreSQL its transaction also claims the next task
+        "last_step_ms_p50": 1000 * statistics.median(lasts),
         "scripted_model_cpu_ms_per_call": 1000 * model_cpu[0] / max(1, model_cpu[1]),
         # this process's CPU (runner, tool thread, heartbeat; not the database's) per step: less
         # swayed by a busy shared disk than the latencies

@@ -30,6 +30,7 @@ FIGURES = [
     ("step p99 (ms)", ("one_runner", "step_ms_p99"), True),
     ("first step p50 (ms)", ("one_runner", "first_step_ms_p50"), True),
     ("later steps p99 (ms)", ("one_runner", "later_steps_ms_p99"), True),
+    ("last step p50 (ms)", ("one_runner", "last_step_ms_p50"), True),
     ("runner CPU per step (ms)", ("one_runner", "runner_cpu_ms_per_step"), True),
     ("database CPU per step (ms)", ("one_runner", "db_cpu_ms_per_step"), True),
     ("steps/s, 1 runner", ("one_runner", "steps_per_s"), False),
