@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, Row, or_, select, update
-from sqlalchemy.exc import DBAPIError
 
 from orchestrator.clock import utcnow
 from orchestrator.db.engine import autocommit_driver
@@ -18,7 +16,6 @@ from orchestrator.db.models import CLAIMABLE_SQL
 from orchestrator.db.tables import tasks_t
 from orchestrator.statemachine import CLAIMABLE_TASK_STATUSES
 from orchestrator.tasks.queries import STATE_SQL_PG, TaskState, message_dict, task_state
-from orchestrator.tasks.writer import Outcome, TaskWrite, checked_literal, outcome_of_error, outcome_of_row
 
 CLAIMABLE = sorted(CLAIMABLE_TASK_STATUSES)
 
@@ -89,16 +86,17 @@ _PREPARED_PG = {
 CLAIM_PLAN_SETTING = "SET LOCAL enable_sort = off"
 # UTC datetimes, as the `UTCDateTime` columns read them on the SQLAlchemy path; no wait for the
 # commit's WAL flush (see `claim_with_state`).
-_CLAIM_PG = "; ".join(
+_CLAIM_TXN_PG = "; ".join(
     (
+        "BEGIN",
+        "SET LOCAL TimeZone = 'UTC'",
+        "SET LOCAL synchronous_commit = off",
         CLAIM_PLAN_SETTING,
         "EXECUTE dayzero_claim(%(owner)s, %(until)s, %(now)s)",
         "SET LOCAL enable_sort = on",  # the reads' own plans (attachments are sorted by time)
         *(f"EXECUTE dayzero_claim_read{i}" for i in range(len(STATE_SQL_PG))),
+        "COMMIT",
     )
-)
-_CLAIM_TXN_PG = "; ".join(
-    ("BEGIN", "SET LOCAL TimeZone = 'UTC'", "SET LOCAL synchronous_commit = off", _CLAIM_PG, "COMMIT")
 )
 # Driver connections known to hold the statements of `_PREPARED_PG`.
 _prepared: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -123,51 +121,32 @@ def _ensure_prepared(dbapi: Any) -> None:
     _prepared.add(dbapi)
 
 
-def _send_claim(dbapi: Any, query: str, params: dict[str, Any] | None) -> list[list[Any]]:
-    """One message holding a whole transaction that claims (`query`, bound client-side with
-    `params`); the row sets it returns, in order. After an error the connection is rolled back
-    (and so left usable) before the error is raised."""
+def _send_claim(dbapi: Any, params: dict[str, Any]) -> list[list[Any]]:
+    """The claim's one message; the row sets of the claim and the three reads."""
     from psycopg import ClientCursor, errors
-    from psycopg.pq import ExecStatus, TransactionStatus
+    from psycopg.pq import ExecStatus
     from psycopg.rows import namedtuple_row
 
     for retry in (False, True):
         _ensure_prepared(dbapi)
         with ClientCursor(dbapi, row_factory=namedtuple_row) as cur:
             try:
-                cur.execute(query, params)
-            except errors.Error as exc:
-                # A failed message leaves its transaction aborted; psycopg deallocates every
-                # prepared statement of a connection (ours included) when it rolls one back.
-                if dbapi.pgconn.transaction_status == TransactionStatus.INERROR:
-                    dbapi.rollback()
-                    _prepared.discard(dbapi)
-                if retry or not isinstance(exc, errors.InvalidSqlStatementName):
+                cur.execute(_CLAIM_TXN_PG, params)
+            except errors.InvalidSqlStatementName:
+                # psycopg deallocates every prepared statement of a connection (ours included)
+                # when it sees a ROLLBACK there: prepare them again, once.
+                dbapi.rollback()
+                _prepared.discard(dbapi)
+                if retry:
                     raise
-                continue  # ours were deallocated by an earlier rollback: prepare them again, once
+                continue
             results = []
             while True:
                 if cur.pgresult is not None and cur.pgresult.status == ExecStatus.TUPLES_OK:
-                    results.append(cur.fetchall())
+                    results.append(cur.fetchall())  # the claim and the three reads
                 if not cur.nextset():
                     return results
     raise AssertionError("unreachable")
-
-
-def _state(
-    claimed: list[Any], messages: list[Any], steps: list[Any], attachments: list[Any]
-) -> TaskState | None:
-    task = claimed[0] if claimed else None
-    if task is None:
-        return None
-    return TaskState(
-        task=task, messages=[message_dict(m) for m in messages], steps=steps, attachments=attachments
-    )
-
-
-def _claim_params(runner_id: str, lease_s: float) -> dict[str, Any]:
-    now = utcnow()
-    return {"owner": runner_id, "until": now + dt.timedelta(seconds=lease_s), "now": now}
 
 
 def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskState | None:
@@ -183,44 +162,16 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
         with conn.begin():
             row = claim_next_task(conn, runner_id, lease_s)
             return None if row is None else task_state(conn, row.id, task=row)
-    params = _claim_params(runner_id, lease_s)
+    now = utcnow()
+    params = {"owner": runner_id, "until": now + dt.timedelta(seconds=lease_s), "now": now}
     # One simple-query message holding the whole transaction, parameters bound client-side:
     # one round trip and little client work (psycopg's pipeline mode costs more here).
     with autocommit_driver(conn, _CLAIM_TXN_PG, params) as dbapi:
-        claimed, messages, steps, attachments = _send_claim(dbapi, _CLAIM_TXN_PG, params)
-    return _state(claimed, messages, steps, attachments)
-
-
-def claim_after(
-    conn: Connection, w: TaskWrite, runner_id: str, lease_s: float, before_commit: Callable[[], None]
-) -> tuple[Outcome | None, TaskState | None]:
-    """Commit `w`, a task's last write, and claim the next task in the same transaction: one
-    message, one round trip and one durable commit instead of two round trips and two commits
-    (PostgreSQL only). Returns the write's outcome (as `TaskWrite.commit` would) and the claimed
-    task's state (None when nothing was claimable or the write did not commit: then neither did
-    the claim). The claim's lease begins now; whoever holds the state drives it at once or
-    gives it back (`release_lease`)."""
-    from psycopg import ClientCursor
-
-    write = checked_literal(conn, w)
-    with ClientCursor(conn.connection.driver_connection) as cur:
-        claim = cur.mogrify(_CLAIM_PG, _claim_params(runner_id, lease_s))
-    # the write's values are bound already: the message goes out without parameters
-    message = "; ".join(("BEGIN", "SET LOCAL TimeZone = 'UTC'", write, claim, "COMMIT"))
-    before_commit()  # nothing is sent yet: dying here leaves the previous committed state
-    try:
-        with autocommit_driver(conn, message, None) as dbapi:
-            wrote, claimed, messages, steps, attachments = _send_claim(dbapi, message, None)
-    except DBAPIError as exc:
-        return outcome_of_error(exc), None
-    return outcome_of_row(wrote[0]), _state(claimed, messages, steps, attachments)
-
-
-def release_lease(conn: Connection, task_id: str, runner_id: str) -> None:
-    """Give back the lease of a task claimed but not worked on (its state is as it was): the next
-    claim, anyone's, takes it at once instead of after the lease expires."""
-    conn.execute(
-        update(tasks_t)
-        .where(tasks_t.c.id == task_id, tasks_t.c.lease_owner == runner_id)
-        .values(lease_owner=None, lease_until=None)
+        results = _send_claim(dbapi, params)
+    claimed, messages, steps, attachments = results
+    task = claimed[0] if claimed else None
+    if task is None:
+        return None
+    return TaskState(
+        task=task, messages=[message_dict(m) for m in messages], steps=steps, attachments=attachments
     )

@@ -15,7 +15,6 @@ can never write.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
@@ -26,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.attachments import local_blob_path
 from orchestrator.clock import utcnow
@@ -36,7 +34,7 @@ from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
 from orchestrator.probes import Backoff, Health, outage_errors
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
 from orchestrator.runner.heartbeat import Heartbeat
-from orchestrator.runner.lease import LeaseLost, claim_with_state, release_lease
+from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
 from orchestrator.runner.preprocess_step import run_preprocess
 from orchestrator.runner.tool_step import run_tool_step
@@ -98,9 +96,6 @@ class Runner:
         self._stop = threading.Event()
         self.conn: Connection | None = None  # the connection driving the current task
         self._held: Connection | None = None  # kept between `run_once` calls (`_connection`)
-        # A task claimed by the previous task's last transaction (`StepTxn.claim_next`): the
-        # next `run_once` drives it; leaving the loop gives it back (`_release_connection`).
-        self._next: TaskState | None = None
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
 
     # -- outer loop --------------------------------------------------------------------------
@@ -154,17 +149,13 @@ class Runner:
         """Claim one task and drive it as far as it goes; False when nothing was claimable.
 
         The claim and the reads of the task's state share one transaction (`claim_with_state`:
-        one round trip on PostgreSQL) and one connection, which then drives the task. On
-        PostgreSQL a task's last transaction has claimed the next one already (`StepTxn`'s
-        `claim_next`), which is then driven without a claim of its own. The
+        one round trip on PostgreSQL) and one connection, which then drives the task. The
         connection is kept from one call to the next (checking one out of the pool pings the
         server: a round trip per task); after any error it is given back, and the next call
         takes a fresh one."""
         conn = self._connection()
         try:
-            state, self._next = self._next, None
-            if state is None:
-                state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
+            state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
             if state is None:
                 return False
             try:
@@ -187,13 +178,6 @@ class Runner:
         held, self._held = self._held, None
         if held is not None:
             held.close()
-        claimed, self._next = self._next, None
-        if claimed is not None:  # give it back: the next claim takes it at once
-            with contextlib.suppress(SQLAlchemyError), self.engine.begin() as conn:
-                release_lease(conn, claimed.task.id, self.config.runner_id)
-
-    def _hold_next(self, state: TaskState | None) -> None:
-        self._next = state
 
     # -- one task ----------------------------------------------------------------------------
     def _load(self, task_id: str) -> TaskView:
@@ -289,9 +273,7 @@ class Runner:
         return run_preprocess(self, task)
 
     def txn(self, task: TaskView) -> StepTxn:
-        # The task's last transaction claims the next task too, unless the runner is stopping.
-        claim_next = None if self._stop.is_set() else self._hold_next
-        return StepTxn(task, self.config.runner_id, self.config.lease_s, claim_next)
+        return StepTxn(task, self.config.runner_id, self.config.lease_s)
 
     def _commit(self, tx: StepTxn | None) -> None:
         if tx is not None:

@@ -12,7 +12,7 @@ If the lease is gone, or a row was not in the expected state, the whole transact
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from orchestrator.clock import utcnow
 from orchestrator.db.tables import attempts_t, messages_t, steps_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import TASKS_FINISHED
-from orchestrator.runner.lease import LeaseLost, claim_after
+from orchestrator.runner.lease import LeaseLost
 from orchestrator.statemachine import (
     TERMINAL_TASK_STATUSES,
     StepEvent,
@@ -32,7 +32,6 @@ from orchestrator.statemachine import (
     next_task_status,
 )
 from orchestrator.tasks.errors import StaleTransition
-from orchestrator.tasks.queries import TaskState
 from orchestrator.tasks.writer import TaskWrite, lease_fence
 from orchestrator.tracing import record_transition
 
@@ -94,19 +93,10 @@ class TaskView:
 class StepTxn:
     """Collects one step's writes; `commit(conn)` applies them atomically or not at all."""
 
-    def __init__(
-        self,
-        task: TaskView,
-        runner_id: str,
-        lease_s: float,
-        claim_next: Callable[[TaskState | None], None] | None = None,
-    ):
-        """`claim_next`: when this transaction ends the task, also claim the next task in it (on
-        PostgreSQL, `lease.claim_after`) and hand its state (or None) to `claim_next`."""
+    def __init__(self, task: TaskView, runner_id: str, lease_s: float):
         self.task = task
         self.runner_id = runner_id
         self.lease_s = lease_s
-        self.claim_next = claim_next
         self._w = TaskWrite(task.id, lease_fence(runner_id), utcnow())
         self.now = self._w.now
         self._events = self._w.events
@@ -276,9 +266,7 @@ class StepTxn:
         the database acts on this transaction before the task's next durable commit).
 
         Raises `LeaseLost` when another runner holds the task now, `StaleTransition` when a row
-        was not in the state this runner expected; either way nothing was written.
-        The transaction that ends the task also claims the next one when `claim_next` is set
-        (PostgreSQL): the claim costs no round trip and no commit of its own."""
+        was not in the state this runner expected; either way nothing was written."""
         t = self.task
         task_values: dict[str, Any] = {
             "updated_at": self.now,
@@ -290,22 +278,13 @@ class StepTxn:
             **self._task_values,
         }
         self._w.task_values = task_values
-        before_commit = lambda: failpoint("before_commit")  # noqa: E731
-        claimed: TaskState | None = None
-        if (
-            self.claim_next is not None
-            and t.status in TERMINAL_TASK_STATUSES
-            and conn.dialect.name == "postgresql"
-        ):
-            outcome, claimed = claim_after(conn, self._w, self.runner_id, self.lease_s, before_commit)
-        else:
-            outcome = self._w.commit(conn, before_commit=before_commit, wait_for_flush=wait_for_flush)
+        outcome = self._w.commit(
+            conn, before_commit=lambda: failpoint("before_commit"), wait_for_flush=wait_for_flush
+        )
         if outcome is None:
             raise LeaseLost(t.id)
         if not outcome.all_hit:
             raise StaleTransition(f"task {t.id}: a row was not in its expected state")
-        if claimed is not None and self.claim_next is not None:
-            self.claim_next(claimed)  # the runner's now: it drives it next, or gives it back
         failpoint("after_commit")
         t.cancel_requested = outcome.cancel_requested
         self._trace_transitions()

@@ -235,12 +235,10 @@ def _render_pg(
         if checked
         else "true"
     )
-    no_flush = "" if wait_for_flush else ", set_config('synchronous_commit', 'off', true) AS no_flush"
-    # named columns: the row is also read as a named tuple (`runner.lease.claim_after`)
+    no_flush = "" if wait_for_flush else ", set_config('synchronous_commit', 'off', true)"
     return (
-        "WITH " + ",\n".join(ctes) + "\nSELECT (SELECT event_seq FROM t) AS event_seq, "
-        "(SELECT cancel_requested FROM t) AS cancel_requested, (SELECT traceparent FROM t) AS traceparent, "
-        f"{hits} AS hits, {len(checks)} AS expected, {check} AS checked{no_flush}"
+        "WITH " + ",\n".join(ctes) + "\nSELECT (SELECT event_seq FROM t), (SELECT cancel_requested FROM t), "
+        f"(SELECT traceparent FROM t), {hits}, {len(checks)}, {check}{no_flush}"
     )
 
 
@@ -291,47 +289,23 @@ def _commit_postgres(
     """The checked statement as a transaction of its own (autocommit), prepared: BEGIN, the
     statement and COMMIT cost one round trip (and the WAL flush). Sent on the driver connection:
     SQLAlchemy's per-statement machinery was ~17% of a step's client time under cProfile."""
+    import psycopg
+
     sql, params = _pg_statement(w, checked=True, wait_for_flush=wait_for_flush)
     before_commit()  # nothing is sent yet: dying here leaves the previous committed state
     try:
         with autocommit_driver(conn, sql, params) as dbapi:
             row = dbapi.execute(sql, params, prepare=True).fetchone()
     except DBAPIError as exc:
-        return outcome_of_error(exc)
+        state = exc.orig.sqlstate if isinstance(exc.orig, psycopg.Error) else None
+        if state == _FENCE_MISSED:
+            return None
+        if state == _ROW_MISSED:
+            return Outcome(0, False, False, None)
+        raise
     assert row is not None
-    return outcome_of_row(row)
-
-
-def checked_literal(conn: Connection, w: TaskWrite) -> str:
-    """The checked statement of `w` with its values bound client-side: SQL text to send as part of
-    a longer transaction (`runner.lease.claim_after`: the task's last write, then the next
-    claim); read its row with `outcome_of_row`, its failure with `outcome_of_error`. Planned by
-    the server at each call (a prepared statement cannot ride in a simple-query message)."""
-    from psycopg import ClientCursor
-
-    sql, params = _pg_statement(w, checked=True)
-    with ClientCursor(conn.connection.driver_connection) as cur:
-        return cur.mogrify(sql, params)
-
-
-def outcome_of_row(row: Any) -> Outcome:
-    """The outcome of a checked statement that ran (its first three columns)."""
     seq, cancel, traceparent = row[:3]
     return Outcome(seq, bool(cancel), True, traceparent)
-
-
-def outcome_of_error(exc: DBAPIError) -> Outcome | None:
-    """The outcome of a checked statement that aborted its transaction on purpose: None when the
-    fence did not hold, `all_hit` False when a keyed row update missed; any other error is
-    raised again."""
-    import psycopg
-
-    state = exc.orig.sqlstate if isinstance(exc.orig, psycopg.Error) else None
-    if state == _FENCE_MISSED:
-        return None
-    if state == _ROW_MISSED:
-        return Outcome(0, False, False, None)
-    raise exc
 
 
 # -- SQLite (and any other database): plain statements ---------------------------------------
