@@ -17,6 +17,7 @@ from sqlalchemy import Engine, select
 
 from orchestrator.db.tables import events_t
 from orchestrator.kafka.outbox_cursor import OutboxCursor
+from orchestrator.probes import Backoff
 from orchestrator.tasks.queries import max_event_id, read_events_past
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class OutboxTailFeed(EventFeed):
 
     def _tail(self) -> None:
         cursor: OutboxCursor | None = None
+        backoff = Backoff()
         while not self._stop.wait(0 if cursor is None else self.tail_s):
             try:
                 with self.engine.connect() as conn:
@@ -118,11 +120,13 @@ class OutboxTailFeed(EventFeed):
                 woken = {r.task_id for r in late} | {r.task_id for r in new}
                 if woken and self._loop is not None:
                     self._loop.call_soon_threadsafe(self._wake_all, woken)
+                backoff.reset()
             except Exception as exc:  # a database outage: polling covers the gap
                 self.connected.clear()
                 cursor = None  # start again at the end: what happened meanwhile is polled
-                log.warning("outbox tail failed (%s); retrying", exc)
-                self._stop.wait(1.0)
+                delay = backoff.next_delay()
+                log.warning("outbox tail failed (%s); retrying in %.1f s", exc, delay)
+                self._stop.wait(delay)
 
     def _wake_all(self, task_ids: set[str]) -> None:  # on the event loop
         for task_id in task_ids:

@@ -113,7 +113,7 @@ async def stream_events(
             with feed.subscribe(task_id) as sub:
                 quiet_since = time.monotonic()
                 while True:
-                    sub.clear()  # before reading: a NOTIFY during the read is not lost
+                    sub.clear()  # before reading: a wake-up during the read is not lost
                     terminal, events = await anyio.to_thread.run_sync(_read, engine, task_id, last)
                     for e in events:
                         yield _frame(e, tenant)

@@ -175,3 +175,29 @@ def test_images_uploaded_and_inline_are_preprocessed_and_the_task_runs(db, api_s
             types = [e["event"] for e in _read_sse(resp)]
         assert types.count("attachment.ready") == 2 and types[-1] == "task.succeeded"
         assert client.get(f"/v1/attachments/{up['id']}", headers=h).json()["status"] == "READY"
+
+
+def test_feed_waits_out_a_database_it_cannot_reach():
+    """No database: the tail backs off and keeps trying (streams fall back to polling); it never
+    dies, and stops when asked."""
+    from orchestrator.db.engine import make_engine
+
+    engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none", pool_pre_ping=False)
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        from orchestrator.api.feed import OutboxTailFeed
+
+        feed = OutboxTailFeed(engine, tail_s=0.05, poll_s=30.0)
+        feed.start()
+        assert feed._thread is not None
+        await asyncio.sleep(1.5)  # a few failed attempts
+        alive, connected = feed._thread.is_alive(), feed.connected.is_set()
+        feed.stop()
+        return alive, connected, feed._thread.is_alive()
+
+    try:
+        alive, connected, alive_after_stop = asyncio.run(scenario())
+        assert alive and not connected  # waiting it out
+        assert not alive_after_stop
+    finally:
+        engine.dispose()
