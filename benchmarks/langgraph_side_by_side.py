@@ -126,8 +126,8 @@ def one_runner(dsn: str, n_tasks: int) -> dict[str, Any]:
         "first_step_ms_p50": 1000 * statistics.median(firsts),
         "later_steps_ms_p99": 1000 * later[int(0.99 * (len(later) - 1))],
         "last_step_ms_p50": 1000 * statistics.median(lasts),
-        "runner_cpu_ms_per_step": 1000 * cpu / steps,
-        "db_cpu_ms_per_step": None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps,
+        # runner, database (all its processes; None when it runs elsewhere), their sum, the ceiling
+        **pg_wal.cpu_per_step(cpu, pg_wal.cpu_between(db0, db1), steps),
         "wal_record_bytes_per_task": rec / n_tasks,
         "table_bytes_per_task": (size1 - size0) / n_tasks,
     }
@@ -167,13 +167,12 @@ def many_runners(dsn: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
         p.join()
     db1 = pg_wal.server_cpu_seconds(dsn)
     steps = sum(counts)
-    db_cpu = None if db0 is None or db1 is None else db1 - db0
     return {
         "runners": n_runners,
         "tasks": per * n_runners,
         "steps": steps,
         "steps_per_s": steps / (max(ends) - t0),
-        **pg_wal.cpu_per_step(sum(cpus), db_cpu, steps),
+        **pg_wal.cpu_per_step(sum(cpus), pg_wal.cpu_between(db0, db1), steps),
     }
 
 

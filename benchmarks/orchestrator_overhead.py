@@ -250,7 +250,7 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
         before = len(durations)
         worked = run_once()
         if len(durations) > before:
-            lasts.append(durations[-1])  # the step that ended the task (and claimed the next)
+            lasts.append(durations[-1])  # the step that ended the task
         return worked
 
     runner._execute = timed  # type: ignore[method-assign]
@@ -281,14 +281,13 @@ def single_runner(url: str, n_tasks: int) -> dict[str, Any]:
         # A task's first step is 1 in 41, more than 1%: it is what p99 measures.
         "first_step_ms_p50": 1000 * statistics.median(firsts),
         "later_steps_ms_p99": 1000 * later[int(0.99 * (len(later) - 1))],
-        # the step that ends a task; on PostgreSQL its transaction also claims the next task
+        # the step that ends a task (its terminal transition)
         "last_step_ms_p50": 1000 * statistics.median(lasts),
         "scripted_model_cpu_ms_per_call": 1000 * model_cpu[0] / max(1, model_cpu[1]),
-        # this process's CPU (runner, tool thread, heartbeat; not the database's) per step: less
-        # swayed by a busy shared disk than the latencies
-        "runner_cpu_ms_per_step": 1000 * cpu / steps,
-        # the database server's CPU per step (all its processes; None when it runs elsewhere)
-        "db_cpu_ms_per_step": None if db0 is None or db1 is None else 1000 * (db1 - db0) / steps,
+        # CPU per step: this process's (runner, tool thread, heartbeat: less swayed by a busy
+        # shared disk than the latencies), the database's (all its processes; None when it runs
+        # elsewhere), their sum, and the 2-core ceiling that sum implies
+        **pg_wal.cpu_per_step(cpu, pg_wal.cpu_between(db0, db1), steps),
         "wal_bytes_per_task_server_wide": (wal1 - wal0) / n_tasks,
         "wal_record_bytes_per_task": rec / n_tasks,  # without full-page images (checkpoint timing)
         "full_page_image_bytes_per_task": fpi / n_tasks,
@@ -341,14 +340,13 @@ def many_runners(url: str, n_runners: int, n_tasks: int) -> dict[str, Any]:
     wall = max(ends) - t0
     steps = sum(counts)  # every step is one `_execute`
     assert steps == steps_run(url, ids)[0]
-    db_cpu = None if db0 is None or db1 is None else db1 - db0
     return {
         "runners": n_runners,
         "tasks": len(ids),
         "steps": steps,
         "steps_per_s": steps / wall,
         "wall_s": wall,
-        **pg_wal.cpu_per_step(sum(cpus), db_cpu, steps),
+        **pg_wal.cpu_per_step(sum(cpus), pg_wal.cpu_between(db0, db1), steps),
     }
 
 

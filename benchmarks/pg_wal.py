@@ -9,6 +9,7 @@ relations (pg_walinspect), commit records included; other databases' writes are 
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Any
 
@@ -76,8 +77,6 @@ def server_cpu_seconds(conninfo: str) -> float | None:
     children's time), read from /proc: the server must run on this machine (None otherwise).
     The difference over a phase is the database's side of its cost, which a latency does not show
     when client and server share the CPUs."""
-    import os
-
     with _connect(conninfo) as conn:
         (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone()
     try:
@@ -98,13 +97,16 @@ def server_cpu_seconds(conninfo: str) -> float | None:
     return ticks / tick
 
 
+def cpu_between(start_s: float | None, end_s: float | None) -> float | None:
+    """The server's CPU seconds between two `server_cpu_seconds` readings (None if either is)."""
+    return None if start_s is None or end_s is None else end_s - start_s
+
+
 def cpu_per_step(runner_cpu_s: float, db_cpu_s: float | None, steps: int) -> dict[str, float | None]:
     """The CPU figures of a phase, per step: the runners' (their processes' CPU), the database's
     (`server_cpu_seconds` over the phase; None when not measured), their sum, and the throughput
     this machine's CPUs allow at that cost had runners and database all of them and nothing else
     (the ceiling on this box: 3,000 steps/s on 2 cores needs the sum at or below 0.67 ms)."""
-    import os
-
     runner = 1000 * runner_cpu_s / steps
     db = None if db_cpu_s is None else 1000 * db_cpu_s / steps
     return {

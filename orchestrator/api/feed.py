@@ -68,9 +68,10 @@ class EventFeed:
                 if not subs:
                     self._subs.pop(task_id, None)
 
-    def _wake(self, task_id: str) -> None:  # on the event loop
-        for sub in list(self._subs.get(task_id, ())):
-            sub.event.set()
+    def _wake(self, task_ids: set[str]) -> None:  # on the event loop
+        for task_id in task_ids:
+            for sub in list(self._subs.get(task_id, ())):
+                sub.event.set()
 
 
 class OutboxTailFeed(EventFeed):
@@ -119,7 +120,7 @@ class OutboxTailFeed(EventFeed):
                 cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
                 woken = {r.task_id for r in late} | {r.task_id for r in new}
                 if woken and self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._wake_all, woken)
+                    self._loop.call_soon_threadsafe(self._wake, woken)
                 backoff.reset()
             except Exception as exc:  # a database outage: polling covers the gap
                 self.connected.clear()
@@ -127,10 +128,6 @@ class OutboxTailFeed(EventFeed):
                 delay = backoff.next_delay()
                 log.warning("outbox tail failed (%s); retrying in %.1f s", exc, delay)
                 self._stop.wait(delay)
-
-    def _wake_all(self, task_ids: set[str]) -> None:  # on the event loop
-        for task_id in task_ids:
-            self._wake(task_id)
 
 
 _IDS = select(events_t.c.id, events_t.c.task_id).order_by(events_t.c.id)
