@@ -71,6 +71,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from inference.kernels.dsa import PREFILL_ROWS  # noqa: E402
 from inference.kernels.dsa.fast import dsa_scores_fast, dsa_topk_paged_fast  # noqa: E402
 from inference.kernels.dsa.reference import SCORE_BUDGET  # noqa: E402
 from inference.kernels.mla_decode.fast import default_num_splits, mla_decode_paged_fast, pick_tile  # noqa: E402
@@ -461,9 +462,22 @@ def dsa() -> dict[str, Any]:
         res[f"speedup_fp8_vs_dense_{flush}_flush"] = round(
             res[f"dense_decode_us_{flush}_flush"] / res[f"dsa_step_fp8_us_{flush}_flush"], 2
         )
-    # prefill-side scoring: an 8K-query chunk over 128K keys of one sequence (scores only, in the
-    # row blocks the indexer uses), bf16 and FP8 tensor cores
-    lq = 8192
+    return res
+
+
+FP8_PEAK_TFLOPS = 1979.0  # H200 SXM dense FP8 tensor-core peak (datasheet); bf16 989.5
+
+
+def dsa_prefill() -> dict[str, Any]:
+    """Prefill indexer: an 8K-query chunk of one sequence over 128K keys (rows at positions
+    120K-128K, in the row blocks the indexer uses): scoring TFLOP/s for bf16 and FP8 keys by rows
+    per key-tile read (1 = the single-row kernel) and tile, then scoring + top-2048 selection."""
+    res: dict[str, Any] = {"fp8_peak_tflops": FP8_PEAK_TFLOPS}
+    ctx, page, hi, d, k, lq = 131072, 64, 64, 128, 2048, 8192
+    _, _, pool, _, tables, _ = _pool(1, ctx, page, False)
+    g = torch.Generator("cuda").manual_seed(1)
+    ipool = torch.randn(pool.shape[0], page, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    keys8, scales8 = _fp8_index_pool(ipool)
     rows_t = torch.zeros(lq, dtype=torch.long, device="cuda")
     piq = torch.randn(lq, hi, d, generator=g, device="cuda", dtype=torch.bfloat16)
     piw = torch.randn(lq, hi, generator=g, device="cuda") * hi**-0.5
@@ -471,21 +485,41 @@ def dsa() -> dict[str, Any]:
     step_rows = SCORE_BUDGET // ctx
     pscores = torch.empty(step_rows, ctx, device="cuda")
     score_flops = 2 * lq * (ctx - lq / 2) * hi * d
+    sweep = []
     for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
+        for group, tile in (
+            (1, None),
+            (2, None),
+            (4, None),
+            (4, (64, 4, 3)),
+            (4, (128, 8, 3)),
+            (2, (128, 8, 3)),
+        ):
 
-        def prefill_scores(pool_i=pool_i, sc=sc):
-            for r0 in range(0, lq, step_rows):
-                dsa_scores_fast(
-                    piq, piw, pool_i, tables, plens, pscores, r0, index_scales=sc, table_rows=rows_t
-                )
+            def prefill_scores(pool_i=pool_i, sc=sc, group=group, tile=tile):
+                for r0 in range(0, lq, step_rows):
+                    dsa_scores_fast(piq, piw, pool_i, tables, plens, pscores, r0, index_scales=sc,
+                                    table_rows=rows_t, score_tile=tile, rows_per_program=group)  # fmt: skip
 
-        t = bench(prefill_scores, reps=3)
-        res[f"prefill_scoring_8k_over_128k_{name}_ms"] = round(1e3 * t, 2)
-        res[f"prefill_scoring_{name}_TFLOPs"] = round(score_flops / t / 1e12, 1)
-        fn = lambda pool_i=pool_i, sc=sc: dsa_topk_paged_fast(  # noqa: E731
-            piq, piw, pool_i, tables, plens, topk=k, table_rows=rows_t, index_scales=sc
-        )
-        res[f"prefill_indexer_topk_8k_over_128k_{name}_ms"] = round(1e3 * bench(fn, reps=3), 2)
+            try:
+                t = bench(prefill_scores, reps=3)
+            except Exception as exc:  # a tile that does not fit
+                sweep.append({"keys": name, "rows": group, "tile": tile, "error": repr(exc)[:200]})
+                continue
+            row = {"keys": name, "rows": group, "tile": tile, "ms": round(1e3 * t, 2),
+                   "TFLOPs": round(score_flops / t / 1e12, 1)}  # fmt: skip
+            if name == "fp8":
+                row["pct_fp8_peak"] = round(100 * score_flops / t / 1e12 / FP8_PEAK_TFLOPS, 1)
+            sweep.append(row)
+            print(f"[dsa_prefill] {row}", flush=True)
+    res["scoring_8k_over_128k"] = sweep
+    for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
+        for group in (1, PREFILL_ROWS):
+            fn = lambda pool_i=pool_i, sc=sc, group=group: dsa_topk_paged_fast(  # noqa: E731
+                piq, piw, pool_i, tables, plens, topk=k, table_rows=rows_t, index_scales=sc,
+                rows_per_program=group,
+            )  # fmt: skip
+            res[f"indexer_topk_8k_over_128k_{name}_rows{group}_ms"] = round(1e3 * bench(fn, reps=3), 2)
     return res
 
 
@@ -609,7 +643,8 @@ def moe_tiles(gbps: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        "--sections", default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,moe"
+        "--sections",
+        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe",
     )
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
@@ -632,6 +667,7 @@ def main() -> None:
         "chunking": lambda: record("prefill_chunking", prefill_chunking),
         "layer_prefill": lambda: record("layer_prefill", layer_prefill),
         "dsa": lambda: record("dsa", dsa),
+        "dsa_prefill": lambda: record("dsa_prefill", dsa_prefill),
         "moe": lambda: record("moe", moe_tiles, gbps),
     }
     for name in want:  # in the order given (a time limit then cuts the last ones)

@@ -153,7 +153,7 @@ class MLAttention(nn.Module):
                 [torch.full((meta.query_lens_cpu[i],), i, dtype=torch.long) for i in prefill]
             ).to(q.device)
             sub = (index[0][q_rows], index[1][q_rows])
-            self._absorbed(q[q_rows], meta, cache, index, sub, pos + 1, seq_of_row, out, q_rows)
+            self._absorbed(q[q_rows], meta, cache, index, sub, pos + 1, seq_of_row, out, q_rows, prefill=True)
             return
         self._prefill_dense(q, meta, cache, prefill, starts, out)
 
@@ -168,9 +168,12 @@ class MLAttention(nn.Module):
         table_rows: Tensor | None,
         out: Tensor,
         rows: Tensor | slice,
+        *,
+        prefill: bool = False,
     ) -> None:
         """Rows attending in latent space: `q` `[N, H, Dqk]`, row `j` sees keys `< lens[j]` of
-        block-table row `table_rows[j]` (or only the DSA-selected ones of those)."""
+        block-table row `table_rows[j]` (or only the DSA-selected ones of those); `prefill`: the
+        rows come in runs per sequence (the indexer then shares key reads between them)."""
         m = self.m
         w = self.kv_b_proj.weight.view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
@@ -178,7 +181,7 @@ class MLAttention(nn.Module):
         if index is not None and index_rows is not None:
             indices = dsa_topk_paged(
                 index_rows[0], index_rows[1], index[2], meta.block_tables, lens,
-                topk=self.indexer.topk, table_rows=table_rows, index_scales=index[3],
+                topk=self.indexer.topk, table_rows=table_rows, index_scales=index[3], prefill=prefill,
             )  # fmt: skip
         q_lat = torch.einsum("nhd,hdr->nhr", q[..., : m.qk_nope_head_dim], w_uk)
         o_lat = mla_decode_paged(

@@ -10,7 +10,11 @@ from torch import Tensor
 from inference.kernels import use_fast
 from inference.kernels.dsa.reference import dsa_topk_paged_reference, selected_count
 
-__all__ = ["dsa_topk_paged", "dsa_topk_paged_reference", "selected_count"]
+__all__ = ["PREFILL_ROWS", "dsa_topk_paged", "dsa_topk_paged_reference", "selected_count"]
+
+# query rows of one sequence scored per key-tile read in prefill (`dsa_scores_fast`: 1, 2 or 4);
+# chosen by the H200 sweep of benchmarks/kernels.py (`dsa_prefill`, 8K queries over 128K keys)
+PREFILL_ROWS = 1
 
 
 def dsa_topk_paged(
@@ -24,8 +28,11 @@ def dsa_topk_paged(
     table_rows: Tensor | None = None,
     index_scales: Tensor | None = None,
     topk_rows: Tensor | None = None,
+    prefill: bool = False,
 ) -> Tensor:
-    """`[T, k]` selected key positions (`-1` = unused); contract in `dsa_topk_paged_reference`."""
+    """`[T, k]` selected key positions (`-1` = unused); contract in `dsa_topk_paged_reference`.
+    `prefill`: the rows are prefill queries, in runs that share a sequence (`table_rows`): the fast
+    path scores `PREFILL_ROWS` of them per key tile read (the result does not change)."""
     if q_index.dim() != 3 or weights.shape != q_index.shape[:2]:
         raise ValueError(f"need q_index [T, Hi, D] and weights [T, Hi], got {q_index.shape}, {weights.shape}")
     if index_pool.dim() != 3 or index_pool.shape[-1] != q_index.shape[-1]:
@@ -48,5 +55,8 @@ def dsa_topk_paged(
     if use_fast(index_pool):
         from inference.kernels.dsa.fast import dsa_topk_paged_fast
 
-        return dsa_topk_paged_fast(q_index, weights, index_pool, block_tables, seq_lens, **kw)
+        group = PREFILL_ROWS if prefill and table_rows is not None else 1
+        return dsa_topk_paged_fast(
+            q_index, weights, index_pool, block_tables, seq_lens, rows_per_program=group, **kw
+        )
     return dsa_topk_paged_reference(q_index, weights, index_pool, block_tables, seq_lens, **kw)

@@ -121,6 +121,83 @@ def test_dense_key_wrapper_marks_short_rows_invalid():
     assert idx.shape == (12, 5) and valid.sum(1).tolist() == [1, 2, 3, 4] + [5] * 8
 
 
+def _prefill_rows(lens, chunk):
+    """Prefill rows: the last `chunk[i]` positions of sequence i, in runs per sequence (as the model's
+    DSA prefill passes them): `(seq_lens [T], table_rows [T])`."""
+    seq_lens = torch.cat([torch.arange(n - c, n) + 1 for n, c in zip(lens, chunk, strict=True)])
+    rows = torch.cat([torch.full((c,), i) for i, c in enumerate(chunk)])
+    return seq_lens.to(torch.int32), rows
+
+
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
+def test_multi_row_prefill_scores_equal_the_single_row_kernel(fast, device, group, fp8):
+    """The prefill scorer (one key-tile read for `group` rows) gives the single-row kernel's scores
+    bit for bit, also in groups that straddle two sequences (3 + 5 + 2 rows: groups of 4 and 2
+    cross each boundary) and in a last, partial group."""
+    lens, chunk = [37, 70, 20], [3, 5, 2]
+    _, _, pool, tables, _ = _case(lens, 16, 4, 32, torch.float32, device, seed=group)
+    seq_lens, rows = _prefill_rows(lens, chunk)
+    seq_lens, rows = seq_lens.to(device), rows.to(device)
+    g = torch.Generator(device).manual_seed(9)
+    q = torch.randn(len(rows), 4, 32, generator=g, device=device)
+    w = torch.randn(len(rows), 4, generator=g, device=device)
+    keys, scales = _fp8_in_block(pool) if fp8 else (pool, None)
+    s = tables.shape[1] * 16
+    one, many = (torch.full((len(rows), s), 7.0, device=device) for _ in range(2))
+    kw = dict(index_scales=scales, table_rows=rows)
+    fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, one, 0, **kw)
+    fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, many, 0, rows_per_program=group, **kw)
+    visible = torch.arange(s, device=device)[None, :] < seq_lens[:, None]
+    assert torch.equal(one[visible], many[visible]), "multi-row scores differ from the single-row kernel"
+    if fp8:  # the interpreter's e4m3 rounding of the queries is not torch's (the single-row
+        # kernel's scores, equal to these, are held to the fp8 reference on the H200)
+        return
+    want = dsa_scores_reference(q, w, keys, tables[rows], seq_lens, scales)
+    assert_rel(many[visible], want[visible], 1e-5, f"multi-row prefill scores (rows {group})")
+    got = fast.dsa.dsa_topk_paged_fast(
+        q, w, keys, tables, seq_lens, topk=6, table_rows=rows, rows_per_program=group
+    )
+    assert torch.equal(got, dsa_topk_paged_reference(q, w, keys, tables, seq_lens, topk=6, table_rows=rows))
+
+
+def test_multi_row_rejects_other_group_sizes(fast, device):
+    q, w, pool, tables, lens = _case([5], 16, 4, 16, torch.float32, device)
+    out = torch.empty(1, tables.shape[1] * 16, device=device)
+    with pytest.raises(ValueError, match="rows_per_program"):
+        fast.dsa.dsa_scores_fast(q, w, pool, tables, lens, out, 0, table_rows=lens * 0, rows_per_program=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(("lens", "chunk"), [([131072], [4096]), ([70000, 3000, 9000], [1023, 3000, 1])],
+                         ids=["128k-chunk4k", "ragged-3-seqs"])  # fmt: skip
+def test_gpu_multi_row_prefill_scores(fast, fp8, lens, chunk):
+    """H200: the 4-row prefill scorer against the single-row kernel and the fp32 reference on a
+    sample of rows."""
+    dev = torch.device("cuda")
+    _, _, pool, tables, _ = _case(lens, 64, 64, 128, torch.bfloat16, dev, seed=len(lens))
+    seq_lens, rows = (t.to(dev) for t in _prefill_rows(lens, chunk))
+    g = torch.Generator(dev).manual_seed(4)
+    q = torch.randn(len(rows), 64, 128, generator=g, device=dev).to(torch.bfloat16)
+    w = torch.randn(len(rows), 64, generator=g, device=dev) * 64**-0.5
+    keys, scales = _fp8_in_block(pool) if fp8 else (pool, None)
+    s = tables.shape[1] * 64
+    one, many = (torch.empty(len(rows), s, device=dev) for _ in range(2))
+    kw = dict(index_scales=scales, table_rows=rows)
+    fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, one, 0, **kw)
+    fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, many, 0, rows_per_program=4, **kw)
+    visible = torch.arange(s, device=dev)[None, :] < seq_lens[:, None]
+    # the same dot per row and key tile; the compiler may order the MMA's accumulation differently
+    assert_rel(
+        many[visible], one[visible], 1e-4, f"gpu multi-row prefill scores {lens} vs the single-row kernel"
+    )
+    sample = torch.linspace(0, len(rows) - 1, 16, device=dev).long()
+    want = dsa_scores_reference(q[sample], w[sample], keys, tables[rows[sample]], seq_lens[sample], scales)
+    vis = visible[sample]
+    assert_rel(many[sample][vis], want[vis], 2e-2, f"gpu multi-row prefill scores {'fp8' if fp8 else 'bf16'}")
+
+
 def test_dispatch_rejects_bad_input():
     q, w, pool, tables, lens = _case([5], 16, 4, 16, torch.float32, "cpu")
     with pytest.raises(ValueError, match="topk"):
