@@ -35,6 +35,7 @@ _LEVELS = ((24, 8), (16, 8), (8, 8), (0, 8))  # (shift, bits) from the top digit
 # keys one program handles per loop iteration, and programs per SM the chunking aims at
 _BLOCK = 64 if _INTERPRET else 1024
 _PROGRAMS_PER_SM = 4
+_FIND_CHUNKS = 4 if _INTERPRET else 16  # chunk histograms the per-row find step reads per load
 
 
 @functools.cache
@@ -86,9 +87,11 @@ def _hist_kernel(
 def _find_kernel(
     hist_ptr, state_ptr, gt_ptr, ties_ptr, lens_ptr, krows_ptr, row0, max_keys, width, chunks,
     LEVEL: tl.constexpr, SHIFT: tl.constexpr, LAST: tl.constexpr, NB: tl.constexpr, HAS_K: tl.constexpr,
+    CB: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     bins = tl.arange(0, NB)
+    offs_c = tl.arange(0, CB)
     if LEVEL == 0:
         n = tl.minimum(tl.load(lens_ptr + row0 + r).to(tl.int64), max_keys)
         k = width.to(tl.int64)
@@ -100,9 +103,14 @@ def _find_kernel(
         prefix = tl.load(state_ptr + 2 * r)
         want = tl.load(state_ptr + 2 * r + 1)
     base = hist_ptr + (r * chunks).to(tl.int64) * NB
+    # `CB` chunks' histograms per load: one row alone over a long context has hundreds of chunks,
+    # and a loop of one dependent load per chunk was most of a batch-1 DSA decode step at 1M
     total = tl.zeros([NB], tl.int32)
-    for c in range(chunks):
-        total += tl.load(base + c * NB + bins)
+    for c0 in range(0, chunks, CB):
+        cm = (c0 + offs_c) < chunks
+        total += tl.sum(
+            tl.load(base + (c0 + offs_c)[:, None] * NB + bins[None, :], mask=cm[:, None], other=0), 0
+        )
     above = tl.sum(total, 0) - tl.cumsum(total, 0)  # matching keys with a larger digit
     # the digit of the want-th largest matching key (bin 0 always qualifies: its sum is all keys)
     d = tl.max(tl.where(above + total >= want, bins, -1), 0)
@@ -110,14 +118,16 @@ def _find_kernel(
     tl.store(state_ptr + 2 * r, prefix | (d.to(tl.int64) << SHIFT))
     tl.store(state_ptr + 2 * r + 1, want)
     # per chunk: keys decided above the threshold at this level (and at the last, the ties)
-    for c in range(chunks):
-        hc = tl.load(base + c * NB + bins)
-        g = tl.sum(tl.where(bins > d, hc, 0), 0)
+    for c0 in range(0, chunks, CB):
+        cs = c0 + offs_c
+        cm = cs < chunks
+        hc = tl.load(base + cs[:, None] * NB + bins[None, :], mask=cm[:, None], other=0)
+        g = tl.sum(tl.where(bins[None, :] > d, hc, 0), 1)
         if LEVEL > 0:
-            g += tl.load(gt_ptr + r * chunks + c)
-        tl.store(gt_ptr + r * chunks + c, g)
+            g += tl.load(gt_ptr + r * chunks + cs, mask=cm, other=0)
+        tl.store(gt_ptr + r * chunks + cs, g, mask=cm)
         if LAST:
-            tl.store(ties_ptr + r * chunks + c, tl.sum(tl.where(bins == d, hc, 0), 0))
+            tl.store(ties_ptr + r * chunks + cs, tl.sum(tl.where(bins[None, :] == d, hc, 0), 1), mask=cm)
 
 
 @triton.jit
@@ -196,7 +206,7 @@ def select_rows(scores: Tensor, lens: Tensor, out: Tensor, row0: int, k_rows: Te
         _find_kernel[(rows,)](
             hist, state, gt, ties, lens, krows, row0, keys, width, chunks,
             LEVEL=level, SHIFT=shift, LAST=level == len(_LEVELS) - 1, NB=NBINS,
-            HAS_K=k_rows is not None, num_warps=warps,
+            HAS_K=k_rows is not None, CB=_FIND_CHUNKS, num_warps=warps,
         )  # fmt: skip
     _gather_kernel[(rows, chunks)](
         scores, lens, state, gt, ties, out, row0, keys, width, chunk, scores.stride(0), out.stride(0),

@@ -69,6 +69,18 @@ def test_kernel_equals_reference(ties, keys, width, device):
         )
 
 
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_one_long_row_with_many_chunks(ties, device):
+    """One row (batch-1 decode over a long context): many more chunks than the find step reads per
+    load, the last load partial (15 chunks of 320 keys in the interpreter)."""
+    s = _scores(1, 4500, ties, device, seed=3)
+    lens = torch.tensor([4480], dtype=torch.int32, device=device)
+    got = _fast()(s, lens, 50)
+    _record(
+        f"topk {device.type} one row 4500 keys k=50 ties={ties}", got, topk_positions_reference(s, lens, 50)
+    )
+
+
 def test_dispatch_rejects_bad_input():
     s = torch.zeros(2, 10)
     with pytest.raises(ValueError, match="width"):
