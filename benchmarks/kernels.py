@@ -514,7 +514,7 @@ def dsa_prefill() -> dict[str, Any]:
             print(f"[dsa_prefill] {row}", flush=True)
     res["scoring_8k_over_128k"] = sweep
     for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
-        for group in (1, PREFILL_ROWS):
+        for group in (1, PREFILL_ROWS[name]):
             fn = lambda pool_i=pool_i, sc=sc, group=group: dsa_topk_paged_fast(  # noqa: E731
                 piq, piw, pool_i, tables, plens, topk=k, table_rows=rows_t, index_scales=sc,
                 rows_per_program=group,

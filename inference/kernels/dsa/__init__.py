@@ -12,9 +12,10 @@ from inference.kernels.dsa.reference import dsa_topk_paged_reference, selected_c
 
 __all__ = ["PREFILL_ROWS", "dsa_topk_paged", "dsa_topk_paged_reference", "selected_count"]
 
-# query rows of one sequence scored per key-tile read in prefill (`dsa_scores_fast`: 1, 2 or 4);
-# chosen by the H200 sweep of benchmarks/kernels.py (`dsa_prefill`, 8K queries over 128K keys)
-PREFILL_ROWS = 1
+# query rows of one sequence scored per key-tile read in prefill (`dsa_scores_fast`: 1, 2 or 4),
+# by key dtype. H200 sweep of benchmarks/kernels.py (`dsa_prefill`, 8K queries over 128K keys,
+# scoring alone, 1 / 2 / 4 rows): bf16 keys 60.2 / 40.2 / 49.7 ms, FP8 keys 30.6 / 27.9 / 22.7 ms
+PREFILL_ROWS = {"bf16": 2, "fp8": 4}
 
 
 def dsa_topk_paged(
@@ -32,7 +33,7 @@ def dsa_topk_paged(
 ) -> Tensor:
     """`[T, k]` selected key positions (`-1` = unused); contract in `dsa_topk_paged_reference`.
     `prefill`: the rows are prefill queries, in runs that share a sequence (`table_rows`): the fast
-    path scores `PREFILL_ROWS` of them per key tile read (the result does not change)."""
+    path scores `PREFILL_ROWS[dtype]` of them per key-tile read (the result does not change)."""
     if q_index.dim() != 3 or weights.shape != q_index.shape[:2]:
         raise ValueError(f"need q_index [T, Hi, D] and weights [T, Hi], got {q_index.shape}, {weights.shape}")
     if index_pool.dim() != 3 or index_pool.shape[-1] != q_index.shape[-1]:
@@ -55,7 +56,7 @@ def dsa_topk_paged(
     if use_fast(index_pool):
         from inference.kernels.dsa.fast import dsa_topk_paged_fast
 
-        group = PREFILL_ROWS if prefill and table_rows is not None else 1
+        group = PREFILL_ROWS["fp8" if index_scales is not None else "bf16"] if prefill else 1
         return dsa_topk_paged_fast(
             q_index, weights, index_pool, block_tables, seq_lens, rows_per_program=group, **kw
         )
