@@ -158,6 +158,9 @@ class Relay:
         with self.engine.connect() as conn:
             new, late, xmin, xmax = read_events_past(conn, cursor, _EVENT_ROW, self.config.batch_size)
         rows = late + new  # in id order: the holes lie below the frontier, the new rows above it
+        # Rows migrated from the old step and message tables carry no event (migration 0011):
+        # the cursor passes them, nothing is sent.
+        rows = [r for r in rows if r.type is not None]
         if rows:
             self._publish(rows)
         cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
@@ -265,7 +268,9 @@ def save_low_water(conn: Connection, mark: int) -> None:
 def unpublished_count(conn: Connection) -> int:
     """Events at or above the saved mark: what a relay starting now would (re)publish."""
     return conn.execute(
-        select(func.count()).select_from(events_t).where(events_t.c.id >= low_water(conn))
+        select(func.count())
+        .select_from(events_t)
+        .where(events_t.c.id >= low_water(conn), events_t.c.type.is_not(None))
     ).scalar_one()
 
 
