@@ -208,7 +208,7 @@ def _render_pg(
     n_events: int,
     checked: bool,
     wait_for_flush: bool = True,
-    extra_cols: tuple[str, ...] = (),
+    extras: tuple[tuple[str, ...], ...] = (),
 ) -> str:
     """SQL text for one transaction shape (cached: a few dozen shapes cover every step).
 
@@ -234,10 +234,15 @@ def _render_pg(
             checks.append(f"(SELECT count(*) FROM w{i})")
     if n_events:
         payload_cast = _pg_json_casts(events_t)["payload"]
-        # Every row lists every extra column (NULL where it has none): one shape per column set.
+        # `extras[j]`: the extra columns row j has a value for; every row lists every extra column
+        # of the statement, a literal NULL where it has none (fewer parameters to bind and plan).
+        extra_cols = sorted({c for cols in extras for c in cols})
+        has = [extras[j] if j < len(extras) else () for j in range(n_events)]
         rows = ", ".join(
             f"(%(e{j}_off)s::int, %(e{j}_type)s::varchar, %(e{j}_payload)s::{payload_cast}"
-            + "".join(f", %(e{j}_{c})s::{_pg_type(events_t, c)}" for c in extra_cols)
+            + "".join(
+                f", {f'%(e{j}_{c})s' if c in has[j] else 'NULL'}::{_pg_type(events_t, c)}" for c in extra_cols
+            )
             + ")"
             for j in range(n_events)
         )
@@ -282,24 +287,21 @@ def _pg_statement(w: TaskWrite, *, checked: bool, wait_for_flush: bool = True) -
                 params[f"k{i}_{c}"] = rw.where[c]
         shapes.append((rw.table.name, cols, where))
     n = len(w.events)
-    extra_cols = tuple(sorted({c for cols in w.extras.values() for c in cols}))
+    extras = []
     for j, (typ, payload) in enumerate(w.events):
         params[f"e{j}_off"] = j - n + 1
         params[f"e{j}_type"] = typ
         params[f"e{j}_payload"] = _dumps(payload)
-        extra = w.extras.get(j, {})
-        for c in extra_cols:
-            params[f"e{j}_{c}"] = _extra_value(c, extra.get(c))
+        # None is SQL NULL here (no message content, no usage, ...): it reads back as None, as
+        # JSON `null` would, in fewer bytes.
+        present = tuple(c for c, v in w.extras.get(j, {}).items() if v is not None)
+        for c in present:
+            params[f"e{j}_{c}"] = _db_value(events_t, c, w.extras[j][c])
+        extras.append(present)
     sql = _render_pg(
-        w.fence.column, tuple(w.task_values), tuple(shapes), n, checked, wait_for_flush, extra_cols
+        w.fence.column, tuple(w.task_values), tuple(shapes), n, checked, wait_for_flush, tuple(extras)
     )
     return sql, params
-
-
-def _extra_value(column: str, value: Any) -> Any:
-    # None is SQL NULL here (no message content, no usage, ...): it reads back as None as JSON
-    # `null` would, in fewer bytes.
-    return None if value is None else _db_value(events_t, column, value)
 
 
 def _apply_postgres(conn: Connection, w: TaskWrite) -> Outcome | None:
