@@ -32,7 +32,10 @@ UUIDv7 ids): WAL 72.9 -> 65.2 KB per 20-cycle task, latency and steps/s within t
 2026-12-04 (load 0.6-2.2, 6 interleaved rounds, e43c526 -> migration 0010, no NOTIFY per event):
 4 runners 1,693 -> 1,777 steps/s, database CPU per step 0.351 -> 0.309 ms (4 runners), step p50
 0.94 -> 0.90 ms, p99 2.42 -> 2.25; 2 cores allow ~2,100 steps/s at 0.95 ms of CPU per step
-(`cpu_bound_steps_per_s`). The database's CPU is read from /proc (a local server only).
+(`cpu_bound_steps_per_s`). 2026-12-05 (load 0.7-2.1, 5 + 4 interleaved rounds, 16d600e -> migration
+0011, one history row per step): WAL 60.6 -> 37.8 KB per 20-cycle task (medians; target 40), database
+CPU per step 0.213 -> 0.177 ms (1 runner), 4 runners 1,843 -> 1,944 steps/s, step p50 0.685 -> 0.626 ms.
+The database's CPU is read from /proc (a local server only).
 """
 
 from __future__ import annotations

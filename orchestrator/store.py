@@ -1,7 +1,7 @@
 """The task store's import surface for scripts and tests: names only, no logic (the code lives
 in `orchestrator.tasks` and `orchestrator.db.tables`)."""
 
-from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, tasks_t
 from orchestrator.tasks.control import delete_task, request_cancel
 from orchestrator.tasks.create import NewTask, create_task, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict, StaleTransition, TaskNotFound
@@ -34,7 +34,6 @@ __all__ = [
     "message_dict",
     "messages_t",
     "request_cancel",
-    "steps_t",
     "tasks_t",
     "transition_task",
 ]

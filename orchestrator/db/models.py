@@ -1,17 +1,26 @@
 """SQLAlchemy 2.0 models: the schema of record. Alembic migrations must match it exactly.
 
 Write-path notes (they keep WAL per step small):
-- The per-step tables (`steps`, `step_attempts`, `messages`) carry no foreign keys: each FK check
+- A step writes ONE row besides its task row: its `events` row is the task's history (migration
+  0011). It is the outbox event and, on the event that finishes a step (`step.succeeded` /
+  `step.failed`), also that step's outcome (`step_index`, `step_status`, the successful
+  attempt's columns) and the transcript message the step appended (`role`, `content`, ...).
+  One heap row and two index entries per step instead of three rows and four entries.
+- The step in progress lives on the task row (`open_*`, `next_step`): steps run strictly in
+  order, so the open steps are `open_step .. next_step - 1`, the first at `open_status` /
+  `open_attempt`, the others (tool calls of the same model turn) PENDING. A tool step's name,
+  call id and arguments are those of its model turn's tool call (`tasks.history` derives them).
+- The per-step tables (`step_attempts`, `messages`) carry no foreign keys: each FK check
   locks the parent row and logs that lock, on every insert. Only the runner, holding the task's
   lease, writes them; deleting a task deletes them explicitly (`tasks.control.delete_task`).
-- `tasks` rows stay narrow; the goal and the transcript live in `messages`, appended, never rewritten.
-- A step's successful attempt lives on its step row; `step_attempts` holds failed/lost tries only.
-- Steps, attempts and messages use natural composite keys `(task_id, step_index[, attempt])`,
-  so no surrogate key index is written per row.
+- `tasks` rows stay narrow; the goal lives in `messages` (written at creation), the rest of
+  the transcript on the history rows, appended, never rewritten.
+- `step_attempts` holds failed/lost tries only (the successful one is on the history row).
 - `events` is the transactional outbox: one row per state change, written in the same
   transaction as the change (always after that transaction's write to the task row: the relay's
   cursor relies on it, see `orchestrator.kafka.relay`). Nothing is written back to a row once it
-  is published: the relay keeps its position in `relay_cursors`.
+  is published: the relay keeps its position in `relay_cursors`. Rows migrated from the old
+  `steps`/`messages` tables carry no event (`type` NULL, `seq` < 0): readers of events skip them.
 """
 
 from __future__ import annotations
@@ -75,6 +84,16 @@ class Task(Base):
     event_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    # The open step (migration 0011): what changes at every step first (next to the block
+    # above), what changes only with a retry, a resumption or the task's end after it.
+    open_started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    open_step: Mapped[int | None] = mapped_column(Integer)
+    next_step: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    # RUNNING | PENDING | RETRY_WAIT, or FAILED: the open steps were abandoned with the task.
+    open_status: Mapped[str | None] = mapped_column(String(16))
+    open_attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    open_runner_id: Mapped[str | None] = mapped_column(String(64))  # who started the attempt
+    open_next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_tasks_tenant_idempotency_key"),
@@ -91,39 +110,10 @@ class Task(Base):
     )
 
 
-class Step(Base):
-    """A model turn or one tool call. `step_index` is dense per task, in execution order."""
-
-    __tablename__ = "steps"
-
-    task_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(8), nullable=False)  # "model" | "tool"
-    tool_name: Mapped[str | None] = mapped_column(String(128))
-    tool_call_id: Mapped[str | None] = mapped_column(String(128))
-    arguments: Mapped[str | None] = mapped_column(Text)
-    attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    # The current attempt: when and by whom it was started. A failed or lost attempt gets its
-    # own `step_attempts` row when it ends; the attempt that succeeds is kept here instead (no
-    # row of its own): `runner_id` is then the runner that finished it, `resumed` and `usage`
-    # are that attempt's (`tasks.queries.list_attempts` shows it as an attempt like the others).
-    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    runner_id: Mapped[str | None] = mapped_column(String(64))
-    resumed: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
-    # Last, in this order: what the UPDATE that ends the step writes, so that its HOT update logs
-    # only these (migration 0008). `usage` is json text (written once, read whole: see types).
-    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
-    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    status: Mapped[str] = mapped_column(String(16), nullable=False)
-
-
 class StepAttempt(Base):
     """One failed or lost try of a step (append-only). The idempotency key a tool sees is
-    `task_id:step_index:attempt`; the attempt in flight, and the one that succeeded, are
-    described by the step row (one row write less per step)."""
+    `task_id:step_index:attempt`; the attempt in flight is described by the task row (`open_*`),
+    the one that succeeded by the step's history row (`Event`)."""
 
     __tablename__ = "step_attempts"
 
@@ -141,7 +131,8 @@ class StepAttempt(Base):
 
 
 class Message(Base):
-    """The transcript, in OpenAI chat format, appended in order (`seq` dense per task)."""
+    """The task's initial transcript (its goal), in OpenAI chat format, written at creation
+    (`seq` dense per task); what the steps append is on their history rows (`Event`)."""
 
     __tablename__ = "messages"
 
@@ -180,16 +171,33 @@ class Attachment(Base):
 
 
 class Event(Base):
-    """Transactional outbox: every state change, in order per task (`seq`)."""
+    """The task's history: the transactional outbox (every state change, in order per task:
+    `seq`), with the outcome of the step an event finishes and the message it appended."""
 
     __tablename__ = "events"
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(36), nullable=False)
     seq: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    type: Mapped[str] = mapped_column(String(64), nullable=False)
+    type: Mapped[str | None] = mapped_column(String(64))  # NULL: a migrated row, no event
     payload: Mapped[dict[str, Any] | None] = mapped_column(JSONText)  # json, not jsonb: see types
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    # The step this row finishes (its finish time is `created_at`) and its last attempt; the
+    # successful attempt's `runner_id`, `resumed`, `usage`, `started_at`; a failure's `error`.
+    # (In this order: the fixed-width columns first, so that the row needs no alignment padding.)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    step_index: Mapped[int | None] = mapped_column(Integer)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    resumed: Mapped[int | None] = mapped_column(Integer)
+    step_status: Mapped[str | None] = mapped_column(String(16))
+    runner_id: Mapped[str | None] = mapped_column(String(64))
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # The transcript message the step appended (NULL `role`: none).
+    role: Mapped[str | None] = mapped_column(String(16))
+    content: Mapped[Any] = mapped_column(JSONType, nullable=True)  # str, or content parts
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    tool_call_id: Mapped[str | None] = mapped_column(String(128))
 
     # AUTOINCREMENT: SQLite never hands an id out twice (the relay's cursor needs that).
     __table_args__ = (

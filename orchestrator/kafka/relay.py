@@ -149,7 +149,7 @@ class Relay:
 
     def publish_batch(self) -> int:
         """Publish up to `batch_size` events past the cursor, and any skipped over before that
-        have appeared since; returns how many."""
+        have appeared since; returns how many rows it moved past (0: nothing new)."""
         if self._cursor is None:
             with self.engine.connect() as conn:
                 self._saved_low_water = low_water(conn)
@@ -157,7 +157,10 @@ class Relay:
         cursor = self._cursor
         with self.engine.connect() as conn:
             new, late, xmin, xmax = read_events_past(conn, cursor, _EVENT_ROW, self.config.batch_size)
-        rows = late + new  # in id order: the holes lie below the frontier, the new rows above it
+        read = late + new  # in id order: the holes lie below the frontier, the new rows above it
+        # Rows migrated from the old step and message tables carry no event (migration 0011):
+        # the cursor passes them, nothing is sent.
+        rows = [r for r in read if r.type is not None]
         if rows:
             self._publish(rows)
         cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
@@ -166,7 +169,7 @@ class Relay:
                 save_low_water(conn, cursor.low_water)
             self._saved_low_water = cursor.low_water
         RELAY_LAG.set(len(rows))
-        return len(rows)
+        return len(read)
 
     def _publish(self, rows: list[Any]) -> None:
         """Send `rows` in order and wait for every ack (raises if any send failed)."""
@@ -265,7 +268,9 @@ def save_low_water(conn: Connection, mark: int) -> None:
 def unpublished_count(conn: Connection) -> int:
     """Events at or above the saved mark: what a relay starting now would (re)publish."""
     return conn.execute(
-        select(func.count()).select_from(events_t).where(events_t.c.id >= low_water(conn))
+        select(func.count())
+        .select_from(events_t)
+        .where(events_t.c.id >= low_water(conn), events_t.c.type.is_not(None))
     ).scalar_one()
 
 

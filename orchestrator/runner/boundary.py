@@ -12,6 +12,7 @@ from orchestrator.metrics import STEP_RETRIES
 from orchestrator.retry import Decision
 from orchestrator.runner.txn import StepTxn, StepView
 from orchestrator.statemachine import StepEvent, StepStatus
+from orchestrator.tasks.history import ABANDONED
 
 
 def schedule_retry(tx: StepTxn, step: StepView, decision: Decision, err: dict[str, Any]) -> None:
@@ -27,7 +28,8 @@ def schedule_retry(tx: StepTxn, step: StepView, decision: Decision, err: dict[st
 
 
 def abandon_open_steps(tx: StepTxn) -> None:
-    err = {"kind": "abandoned", "message": "the task ended before this step finished"}
+    """The task ends now: its open steps fail (on the task row: `tasks.history` shows them)."""
+    err = dict(ABANDONED)
     for s in sorted(tx.task.steps.values(), key=lambda s: s.index):
         if s.status == StepStatus.RUNNING:
             tx.finish_attempt(s, "LOST", error=err)

@@ -10,31 +10,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from orchestrator.clock import utcnow
 from orchestrator.db.engine import DB_UNAVAILABLE
-from orchestrator.db.tables import steps_t, tasks_t
 from orchestrator.statemachine import StepStatus
+from orchestrator.tasks.queries import step_state
 from workers.fence import Refusal
 
 
 def attempt_refusal(conn: Any, payload: Mapping[str, Any]) -> Refusal | None:
-    row = conn.execute(
-        select(steps_t.c.status, steps_t.c.attempt_count, tasks_t.c.lease_owner, tasks_t.c.lease_until)
-        .select_from(steps_t.join(tasks_t, tasks_t.c.id == steps_t.c.task_id))
-        .where(steps_t.c.task_id == payload["task_id"], steps_t.c.step_index == int(payload["step_index"]))
-    ).first()
-    if row is None:
+    state = step_state(conn, payload["task_id"], int(payload["step_index"]))
+    if state is None:
         return Refusal("no such step: not run")
-    if row.status != StepStatus.RUNNING or row.attempt_count != int(payload["attempt"]):
+    task, status, attempt = state
+    if status != StepStatus.RUNNING or attempt != int(payload["attempt"]):
         return Refusal(
-            f"step is {row.status} at attempt {row.attempt_count}, this job is attempt {payload['attempt']}: "
+            f"step is {status} at attempt {attempt}, this job is attempt {payload['attempt']}: "
             "not run (a late duplicate)"
         )
     sender = payload.get("runner_id")
     if sender is not None and (
-        row.lease_owner != sender or row.lease_until is None or row.lease_until <= utcnow()
+        task.lease_owner != sender or task.lease_until is None or task.lease_until <= utcnow()
     ):
         return Refusal(
             "the runner that sent this job no longer holds the task's lease: not run (a late duplicate)"

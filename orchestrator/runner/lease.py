@@ -15,7 +15,7 @@ from orchestrator.db.engine import autocommit_driver
 from orchestrator.db.models import CLAIMABLE_SQL
 from orchestrator.db.tables import tasks_t
 from orchestrator.statemachine import CLAIMABLE_TASK_STATUSES
-from orchestrator.tasks.queries import STATE_SQL_PG, TaskState, message_dict, task_state
+from orchestrator.tasks.queries import STATE_SQL_PG, TaskState, state_of, task_state
 
 CLAIMABLE = sorted(CLAIMABLE_TASK_STATUSES)
 
@@ -76,7 +76,7 @@ _CLAIMED_PG = "current_setting('dayzero.claimed_task', true)"
 _PREPARED_PG = {
     "dayzero_claim": f"PREPARE dayzero_claim(text, timestamptz, timestamptz) AS {_CLAIM_PG}",
     **{
-        f"dayzero_claim_read{i}": f"PREPARE dayzero_claim_read{i} AS {sql.format(task=_CLAIMED_PG)}"
+        f"dayzero_claim_state{i}": f"PREPARE dayzero_claim_state{i} AS {sql.format(task=_CLAIMED_PG)}"
         for i, sql in enumerate(STATE_SQL_PG)
     },
 }
@@ -94,7 +94,7 @@ _CLAIM_TXN_PG = "; ".join(
         CLAIM_PLAN_SETTING,
         "EXECUTE dayzero_claim(%(owner)s, %(until)s, %(now)s)",
         "SET LOCAL enable_sort = on",  # the reads' own plans (attachments are sorted by time)
-        *(f"EXECUTE dayzero_claim_read{i}" for i in range(len(STATE_SQL_PG))),
+        *(f"EXECUTE dayzero_claim_state{i}" for i in range(len(STATE_SQL_PG))),
         "COMMIT",
     )
 )
@@ -122,7 +122,7 @@ def _ensure_prepared(dbapi: Any) -> None:
 
 
 def _send_claim(dbapi: Any, params: dict[str, Any]) -> list[list[Any]]:
-    """The claim's one message; the row sets of the claim and the three reads."""
+    """The claim's one message; the row sets of the claim and the reads."""
     from psycopg import ClientCursor, errors
     from psycopg.pq import ExecStatus
     from psycopg.rows import namedtuple_row
@@ -143,7 +143,7 @@ def _send_claim(dbapi: Any, params: dict[str, Any]) -> list[list[Any]]:
             results = []
             while True:
                 if cur.pgresult is not None and cur.pgresult.status == ExecStatus.TUPLES_OK:
-                    results.append(cur.fetchall())  # the claim and the three reads
+                    results.append(cur.fetchall())  # the claim and the reads
                 if not cur.nextset():
                     return results
     raise AssertionError("unreachable")
@@ -153,7 +153,7 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
     """`claim_next_task`, then `task_state` of the claimed task, as one transaction of its own on
     `conn` (which must not be in a transaction); None when nothing was claimable.
 
-    On PostgreSQL BEGIN, the claim, the three reads and COMMIT go in one message (one round
+    On PostgreSQL BEGIN, the claim, the reads and COMMIT go in one message (one round
     trip), and the commit does not wait for its WAL flush:
     nothing depends on the claim before the task's next commit, which is durable and flushes the
     WAL up to it (a claim lost in a server crash is a lease never held). Elsewhere the statements
@@ -168,10 +168,8 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
     # one round trip and little client work (psycopg's pipeline mode costs more here).
     with autocommit_driver(conn, _CLAIM_TXN_PG, params) as dbapi:
         results = _send_claim(dbapi, params)
-    claimed, messages, steps, attachments = results
+    claimed, transcript, attachments = results
     task = claimed[0] if claimed else None
     if task is None:
         return None
-    return TaskState(
-        task=task, messages=[message_dict(m) for m in messages], steps=steps, attachments=attachments
-    )
+    return state_of(task, transcript, attachments)

@@ -1,7 +1,7 @@
 """The runner loop: claim a task, then execute its steps one transaction each.
 
-Crash safety. The transaction that finishes step k also starts step k+1 (its step row is
-written RUNNING, at its attempt number, before anything executes). A runner killed at any instant leaves either the
+Crash safety. The transaction that finishes step k also starts step k+1 (the task row records
+it RUNNING, at its attempt number, before anything executes). A runner killed at any instant leaves either the
 previous committed state or the next one; when its lease expires another runner claims the task
 and finds the open step:
 - RUNNING, started by someone else: the attempt is *in doubt* (it may have run). Model steps and
@@ -201,6 +201,7 @@ class Runner:
             }
             for a in state.attachments
         ]
+        # The open steps (derived from the task row and the transcript: `tasks.history`).
         steps = {
             r.step_index: StepView(
                 index=r.step_index,
@@ -215,7 +216,6 @@ class Runner:
                 runner_id=r.runner_id,
             )
             for r in rows
-            if r.status not in (StepStatus.SUCCEEDED, StepStatus.FAILED) or r is rows[-1]
         }
         return TaskView(
             id=t.id,
@@ -231,7 +231,7 @@ class Runner:
             completion_tokens=t.completion_tokens,
             transcript=transcript,
             steps=steps,
-            next_step_index=(rows[-1].step_index + 1) if rows else 0,
+            next_step_index=t.next_step,
             traceparent=t.traceparent,
             attachments=atts,
             cancel_requested=t.cancel_requested,

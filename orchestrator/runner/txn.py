@@ -7,6 +7,12 @@ is its own transaction (one round trip); on SQLite the same statements inside `B
 If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
 (`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
 `cancel_requested`, which the runner honours at the next step boundary.
+
+Steps have no rows of their own (migration 0011, `tasks.history`): the task row carries the open
+step (`open_*`, `next_step`, written from the view at every commit), and a finished step's
+outcome and the message it appended ride on the history row of the event that finishes it
+(`step.succeeded` / `step.failed`). Only the lease holder writes a task's steps, so the lease
+fence is what keeps them consistent.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Table
 
 from orchestrator.clock import utcnow
-from orchestrator.db.tables import attempts_t, messages_t, steps_t
+from orchestrator.db.tables import attempts_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import TASKS_FINISHED
 from orchestrator.runner.lease import LeaseLost
@@ -68,7 +74,7 @@ class TaskView:
     cached_tokens: int
     completion_tokens: int
     transcript: list[dict[str, Any]]
-    steps: dict[int, StepView]  # every step not yet finished, plus the last one
+    steps: dict[int, StepView]  # the open steps at the claim, and every step started since
     next_step_index: int
     traceparent: str | None = None
     attachments: list[dict[str, Any]] = field(default_factory=list)
@@ -101,6 +107,9 @@ class StepTxn:
         self.now = self._w.now
         self._events = self._w.events
         self._task_values: dict[str, Any] = {}
+        # step index -> the history-row columns of its outcome and of the message it appended
+        self._finished: dict[int, dict[str, Any]] = {}
+        self._abandoned: list[StepView] = []
         # (entity, from, to, step index or None): traced once the commit succeeded
         self._transitions: list[tuple[str, str, str, int | None]] = []
 
@@ -127,41 +136,37 @@ class StepTxn:
 
     # -- steps, attempts, messages -----------------------------------------------------------
     def add_step(self, step: StepView, *, start: bool = False) -> None:
-        """Insert a new step; with `start`, directly RUNNING with attempt 1 (one row version)."""
+        """A new step (recorded on the task row at commit); with `start`, directly RUNNING with
+        attempt 1."""
         if start:
             new = next_step_status(step.status, StepEvent.START).value
             self._transitions.append(("step", step.status, new, step.index))
             step.status = new
             self._mark_started(step)
             self._started_event(step)
-        row = {
-            "task_id": self.task.id,
-            "step_index": step.index,
-            "kind": step.kind,
-            "status": step.status,
-            "tool_name": step.tool_name,
-            "tool_call_id": step.tool_call_id,
-            "arguments": step.arguments,
-            "attempt_count": step.attempt_count,
-            "started_at": step.started_at,
-            "runner_id": step.runner_id,
-            "created_at": self.now,
-        }
-        self._w.insert(steps_t, row)
         self.task.steps[step.index] = step
         self.task.next_step_index = max(self.task.next_step_index, step.index + 1)
 
     def step_transition(self, step: StepView, event: StepEvent, **values: Any) -> None:
         new = next_step_status(step.status, event)
         self._transitions.append(("step", step.status, new.value, step.index))
-        if new in (StepStatus.SUCCEEDED, StepStatus.FAILED):
-            values.setdefault("finished_at", self.now)
-        where = {"task_id": self.task.id, "step_index": step.index, "status": step.status}
-        self._w.update_row(steps_t, where, status=new.value, **values)
         step.status = new.value
         for k in ("attempt_count", "next_attempt_at", "started_at", "runner_id"):
             if k in values:
                 setattr(step, k, values[k])
+        if event == StepEvent.ABANDON:
+            self._abandoned.append(step)  # the task ends with it: recorded on the task row
+        elif new in (StepStatus.SUCCEEDED, StepStatus.FAILED):
+            self._finished.setdefault(step.index, {}).update(
+                step_index=step.index,
+                step_status=new.value,
+                attempt=step.attempt_count,
+                runner_id=step.runner_id,
+                resumed=values.get("resumed", 0),
+                started_at=step.started_at,
+                usage=values.get("usage"),
+                error=values.get("error"),
+            )
 
     def _started_event(self, step: StepView) -> None:
         """One event per state change, but a step that finishes and the next one that starts in the
@@ -244,20 +249,51 @@ class StepTxn:
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
     def append_transcript(self, messages: Sequence[dict[str, Any]], step_index: int) -> None:
-        first = len(self.task.transcript)
-        for i, m in enumerate(messages):
-            row = {
-                "task_id": self.task.id,
-                "seq": first + i,
-                "role": m["role"],
-                "content": m.get("content"),
-                "tool_calls": m.get("tool_calls"),
-                "tool_call_id": m.get("tool_call_id"),
-                "step_index": step_index,
-                "created_at": self.now,
-            }
-            self._w.insert(messages_t, row)
+        """The message a finishing step appends (one per step: it rides on the step's history row)."""
+        if len(messages) != 1:
+            raise ValueError(f"a step appends one message, got {len(messages)}")
+        (m,) = messages
+        self._finished.setdefault(step_index, {}).update(
+            role=m["role"],
+            content=m.get("content"),
+            tool_calls=m.get("tool_calls"),
+            tool_call_id=m.get("tool_call_id"),
+        )
         self.task.transcript.extend(messages)
+
+    def _attach_finished(self) -> None:
+        """Put each finished step's outcome and message on the history row of its finish event."""
+        for index, columns in self._finished.items():
+            for j, (typ, payload) in enumerate(self._events):
+                if typ in ("step.succeeded", "step.failed") and payload.get("step") == index:
+                    self._w.attach(j, columns)
+                    break
+            else:
+                raise AssertionError(f"step {index} finished without its step.succeeded/failed event")
+
+    def _open_step_values(self) -> dict[str, Any]:
+        """The task row's open-step columns, from the view (abandoned steps: the first of them)."""
+        t = self.task
+        step = min(self._abandoned, key=lambda s: s.index) if self._abandoned else t.open_step()
+        if step is None:
+            return {
+                "open_step": None,
+                "open_status": None,
+                "open_attempt": 0,
+                "open_started_at": None,
+                "open_runner_id": None,
+                "open_next_attempt_at": None,
+                "next_step": t.next_step_index,
+            }
+        return {
+            "open_started_at": step.started_at,
+            "open_step": step.index,
+            "next_step": t.next_step_index,
+            "open_status": StepStatus.FAILED.value if self._abandoned else step.status,
+            "open_attempt": step.attempt_count,
+            "open_runner_id": step.runner_id,
+            "open_next_attempt_at": step.next_attempt_at,
+        }
 
     # -- commit ------------------------------------------------------------------------------
     def commit(self, conn: Connection, *, wait_for_flush: bool = True) -> None:
@@ -275,9 +311,11 @@ class StepTxn:
             "cached_tokens": t.cached_tokens,
             "completion_tokens": t.completion_tokens,
             "lease_until": self.now + dt.timedelta(seconds=self.lease_s),
+            **self._open_step_values(),
             **self._task_values,
         }
         self._w.task_values = task_values
+        self._attach_finished()
         outcome = self._w.commit(
             conn, before_commit=lambda: failpoint("before_commit"), wait_for_flush=wait_for_flush
         )

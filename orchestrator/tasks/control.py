@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, select, update
 
 from orchestrator.clock import utcnow
-from orchestrator.db.tables import attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.db.tables import attempts_t, events_t, messages_t, tasks_t
 from orchestrator.statemachine import TERMINAL_TASK_STATUSES, IllegalTransition, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import TaskNotFound
 from orchestrator.tasks.queries import get_task
@@ -40,6 +40,6 @@ def delete_task(conn: Connection, task_id: str, tenant: str | None = None) -> No
     task = get_task(conn, task_id, tenant)
     if TaskStatus(task.status) not in TERMINAL_TASK_STATUSES:
         raise IllegalTransition("task", task.status, "delete")
-    for table in (attempts_t, steps_t, messages_t, events_t):
+    for table in (attempts_t, messages_t, events_t):
         conn.execute(table.delete().where(table.c.task_id == task_id))
     conn.execute(tasks_t.delete().where(tasks_t.c.id == task_id))

@@ -1,5 +1,6 @@
 """Reads of tasks, steps, attempts, messages, events (and the outbox past a cursor) and attachments:
-every query in one place.
+every query in one place. Steps have no table of their own: they are derived from the task's
+history rows and its task row (`tasks.history`).
 
 Functions take an open `Connection` and never write; a tenant, where given, scopes the read
 (another tenant's task is indistinguishable from a missing one).
@@ -12,10 +13,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, Select, func, null, or_, select, text, union_all
 
-from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, tasks_t
 from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.statemachine import StepStatus, TaskStatus
 from orchestrator.tasks.errors import TaskNotFound
+from orchestrator.tasks.history import StepRow, derive_steps, open_steps
 
 UNFINISHED = (TaskStatus.PREPROCESSING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING)
 
@@ -30,16 +32,65 @@ def get_task(conn: Connection, task_id: str, tenant: str | None = None) -> Row[A
     return row
 
 
-def list_steps(conn: Connection, task_id: str) -> list[Row[Any]]:
-    return list(
-        conn.execute(select(steps_t).where(steps_t.c.task_id == task_id).order_by(steps_t.c.step_index))
+# The columns of a history row that describe a step (its outcome, its model turn's tool calls).
+_STEP_COLS = (
+    events_t.c.step_index,
+    events_t.c.step_status,
+    events_t.c.attempt,
+    events_t.c.runner_id,
+    events_t.c.resumed,
+    events_t.c.usage,
+    events_t.c.error,
+    events_t.c.started_at,
+    events_t.c.created_at,
+    events_t.c.role,
+    events_t.c.tool_calls,
+)
+
+
+def list_steps(conn: Connection, task_id: str) -> list[StepRow]:
+    """Every step of the task in order, as `tasks.history.StepRow` (the old `steps` rows)."""
+    task = conn.execute(select(tasks_t).where(tasks_t.c.id == task_id)).first()
+    if task is None:
+        return []
+    history = conn.execute(
+        select(*_STEP_COLS)
+        .where(
+            events_t.c.task_id == task_id,
+            or_(events_t.c.step_status.is_not(None), events_t.c.role == "assistant"),
+        )
+        .order_by(events_t.c.seq)
     )
+    a = attempts_t.c
+    first_starts = dict(
+        conn.execute(select(a.step_index, a.started_at).where(a.task_id == task_id, a.attempt == 1)).all()
+    )
+    return derive_steps(task, history, first_starts)
+
+
+def step_state(conn: Connection, task_id: str, step_index: int) -> tuple[Any, str, int] | None:
+    """(the task row, the step's status, its attempt count), or None when there is no such step."""
+    task = conn.execute(select(tasks_t).where(tasks_t.c.id == task_id)).first()
+    if task is None or not 0 <= step_index < task.next_step:
+        return None
+    if task.open_step is not None and step_index >= task.open_step:
+        first = step_index == task.open_step
+        status = task.open_status if first or task.open_status == StepStatus.FAILED else StepStatus.PENDING
+        return task, str(status), task.open_attempt if first else 0
+    done = conn.execute(
+        select(events_t.c.step_status, events_t.c.attempt).where(
+            events_t.c.task_id == task_id,
+            events_t.c.step_index == step_index,
+            events_t.c.step_status.is_not(None),
+        )
+    ).first()
+    return None if done is None else (task, done.step_status, done.attempt or 0)
 
 
 def list_attempts(conn: Connection, task_id: str) -> list[Row[Any]]:
     """Every finished attempt, in order: the failed/lost ones from `step_attempts`, and each
-    succeeded step's successful attempt, which is kept on its step row (`models.Step`)."""
-    a, s = attempts_t.c, steps_t.c
+    succeeded step's successful attempt, which is kept on its history row (`models.Event`)."""
+    a, e = attempts_t.c, events_t.c
     failed = select(
         a.task_id,
         a.step_index,
@@ -53,24 +104,39 @@ def list_attempts(conn: Connection, task_id: str) -> list[Row[Any]]:
         a.finished_at,
     ).where(a.task_id == task_id)
     succeeded = select(
-        s.task_id,
-        s.step_index,
-        s.attempt_count,
-        s.status,
-        s.runner_id,
-        s.resumed,
+        e.task_id,
+        e.step_index,
+        e.attempt,
+        e.step_status,
+        e.runner_id,
+        e.resumed,
         null().label("error"),
-        s.usage,
-        s.started_at,
-        s.finished_at,
-    ).where(s.task_id == task_id, s.status == StepStatus.SUCCEEDED.value)
+        e.usage,
+        e.started_at,
+        e.created_at,
+    ).where(e.task_id == task_id, e.step_status == StepStatus.SUCCEEDED.value)
     q = union_all(failed, succeeded).subquery()
     return list(conn.execute(select(q).order_by(q.c.step_index, q.c.attempt)))
 
 
 def list_messages(conn: Connection, task_id: str) -> list[dict[str, Any]]:
-    rows = conn.execute(select(messages_t).where(messages_t.c.task_id == task_id).order_by(messages_t.c.seq))
-    return [message_dict(r) for r in rows]
+    """The transcript: the goal (`messages`), then what the steps appended (their history rows)."""
+    return [message_dict(r) for r in _transcript(conn, task_id)]
+
+
+def _transcript(conn: Connection, task_id: str) -> list[Any]:
+    m, e = messages_t.c, events_t.c
+    first = conn.execute(
+        select(m.role, m.content, m.tool_calls, m.tool_call_id, m.step_index)
+        .where(m.task_id == task_id)
+        .order_by(m.seq)
+    )
+    later = conn.execute(
+        select(e.role, e.content, e.tool_calls, e.tool_call_id, e.step_index)
+        .where(e.task_id == task_id, e.role.is_not(None))
+        .order_by(e.seq)
+    )
+    return [*first, *later]
 
 
 def message_dict(r: Any) -> dict[str, Any]:
@@ -83,6 +149,8 @@ def message_dict(r: Any) -> dict[str, Any]:
 
 
 def list_events(conn: Connection, task_id: str, after_seq: int = 0) -> list[Row[Any]]:
+    """The task's events after `after_seq` (>= 0: the rows migrated without an event have
+    negative seqs)."""
     return list(
         conn.execute(
             select(events_t)
@@ -147,24 +215,33 @@ class TaskState:
 
     task: Any  # the tasks row
     messages: list[dict[str, Any]]
-    steps: list[Any]  # step rows in order
+    steps: list[StepRow]  # the open steps, in order
     attachments: list[Any]
 
 
 def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
     """The task's state; `task` is its row when the caller has it already (the claim returns it)."""
+    task = task if task is not None else get_task(conn, task_id)
+    return state_of(task, _transcript(conn, task_id), list_attachments(conn, task_id))
+
+
+def state_of(task: Any, transcript: list[Any], attachments: list[Any]) -> TaskState:
+    """`TaskState` from the task row, its transcript rows (with `step_index`) and attachments."""
     return TaskState(
-        task=task if task is not None else get_task(conn, task_id),
-        messages=list_messages(conn, task_id),
-        steps=list_steps(conn, task_id),
-        attachments=list_attachments(conn, task_id),
+        task=task,
+        messages=[message_dict(m) for m in transcript],
+        steps=open_steps(task, transcript),
+        attachments=attachments,
     )
 
 
 # The same reads as `task_state`, as SQL text for PostgreSQL's one-message claim
 # (`runner.lease.claim_with_state`): `{task}` is an expression that yields the task's id.
 STATE_SQL_PG = (
-    "SELECT * FROM messages WHERE task_id = ({task}) ORDER BY seq",
-    "SELECT * FROM steps WHERE task_id = ({task}) ORDER BY step_index",
+    "SELECT role, content, tool_calls, tool_call_id, step_index FROM ("
+    "SELECT 0 AS part, seq, role, content, tool_calls, tool_call_id, step_index FROM messages "
+    "WHERE task_id = ({task}) UNION ALL "
+    "SELECT 1, seq, role, content, tool_calls, tool_call_id, step_index FROM events "
+    "WHERE task_id = ({task}) AND role IS NOT NULL) m ORDER BY part, seq",
     "SELECT * FROM attachments WHERE task_id = ({task}) ORDER BY created_at",
 )

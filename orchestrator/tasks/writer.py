@@ -5,8 +5,10 @@ transactions (`runner.txn.StepTxn`, fenced on the runner's lease), and the trans
 whoever holds no lease (`transition_task`: cancellation, fenced on the expected status). A
 transaction is a short list of row writes (`RowWrite`: an INSERT, or an UPDATE keyed on its
 primary key that must hit exactly one row), one fenced UPDATE of the task row, and the outbox
-events numbered from the task's `event_seq`. `apply()` runs inside the caller's transaction and
-never commits; `commit()` (the runner's steps) is a transaction of its own.
+events numbered from the task's `event_seq`; an event's history row may carry more columns
+(`attach`: the outcome of the step it finishes and the message that step appended). `apply()`
+runs inside the caller's transaction and never commits; `commit()` (the runner's steps) is a
+transaction of its own.
 
 PostgreSQL: the whole list becomes ONE statement of data-modifying CTEs, rendered as SQL text
 once per *shape* (which tables, which columns) and cached, so the hot path neither builds nor
@@ -33,13 +35,13 @@ from sqlalchemy.exc import DBAPIError
 
 from orchestrator.clock import utcnow
 from orchestrator.db.engine import autocommit_driver
-from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, steps_t, tasks_t
+from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, tasks_t
 from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskEvent, TaskStatus, next_task_status
 from orchestrator.tasks.errors import StaleTransition
 from orchestrator.tracing import record_transition
 
 # The tables a transaction may write besides `tasks` (their SQL names render the statement).
-_TABLES: dict[str, Table] = {t.name: t for t in (steps_t, attempts_t, messages_t, attachments_t)}
+_TABLES: dict[str, Table] = {t.name: t for t in (attempts_t, messages_t, attachments_t)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +83,16 @@ class TaskWrite:
         self.fence = fence
         self.now = now or utcnow()
         self.events: list[tuple[str, dict[str, Any]]] = []
+        self.extras: dict[int, Mapping[str, Any]] = {}  # event position -> more history columns
         self.task_values: dict[str, Any] = {}
         self.writes: list[RowWrite] = []
 
     def event(self, typ: str, payload: dict[str, Any]) -> None:
         self.events.append((typ, payload))
+
+    def attach(self, position: int, columns: Mapping[str, Any]) -> None:
+        """More columns of the history row of the event at `position` (`models.Event`)."""
+        self.extras[position] = columns
 
     def set_task(self, **values: Any) -> None:
         self.task_values.update(values)
@@ -182,6 +189,12 @@ def _pg_json_casts(table: Table) -> dict[str, str]:
     }
 
 
+@functools.cache
+def _pg_type(table: Table, column: str) -> str:
+    """The column's PostgreSQL type, as a cast for a bare parameter."""
+    return str(table.c[column].type.compile(dialect=postgresql.dialect()))
+
+
 def _placeholder(table: Table, column: str, name: str) -> str:
     cast = _pg_json_casts(table).get(column)
     return f"%({name})s::{cast}" if cast else f"%({name})s"
@@ -195,6 +208,7 @@ def _render_pg(
     n_events: int,
     checked: bool,
     wait_for_flush: bool = True,
+    extras: tuple[tuple[str, ...], ...] = (),
 ) -> str:
     """SQL text for one transaction shape (cached: a few dozen shapes cover every step).
 
@@ -220,14 +234,24 @@ def _render_pg(
             checks.append(f"(SELECT count(*) FROM w{i})")
     if n_events:
         payload_cast = _pg_json_casts(events_t)["payload"]
+        # `extras[j]`: the extra columns row j has a value for; every row lists every extra column
+        # of the statement, a literal NULL where it has none (fewer parameters to bind and plan).
+        extra_cols = sorted({c for cols in extras for c in cols})
+        has = [extras[j] if j < len(extras) else () for j in range(n_events)]
         rows = ", ".join(
-            f"(%(e{j}_off)s::int, %(e{j}_type)s::varchar, %(e{j}_payload)s::{payload_cast})"
+            f"(%(e{j}_off)s::int, %(e{j}_type)s::varchar, %(e{j}_payload)s::{payload_cast}"
+            + "".join(
+                f", {f'%(e{j}_{c})s' if c in has[j] else 'NULL'}::{_pg_type(events_t, c)}" for c in extra_cols
+            )
+            + ")"
             for j in range(n_events)
         )
+        names = "".join(f", {c}" for c in extra_cols)
+        values = "".join(f", v.{c}" for c in extra_cols)
         ctes.append(
-            "ev AS (INSERT INTO events (task_id, seq, type, payload, created_at) "
-            "SELECT %(t_id)s, t.event_seq + v.off, v.type, v.payload, %(e_now)s "
-            f"FROM t CROSS JOIN (VALUES {rows}) AS v(off, type, payload))"
+            f"ev AS (INSERT INTO events (task_id, seq, type, payload, created_at{names}) "
+            f"SELECT %(t_id)s, t.event_seq + v.off, v.type, v.payload, %(e_now)s{values} "
+            f"FROM t CROSS JOIN (VALUES {rows}) AS v(off, type, payload{names}))"
         )
     hits = " + ".join(checks) if checks else "0"
     check = (
@@ -263,11 +287,20 @@ def _pg_statement(w: TaskWrite, *, checked: bool, wait_for_flush: bool = True) -
                 params[f"k{i}_{c}"] = rw.where[c]
         shapes.append((rw.table.name, cols, where))
     n = len(w.events)
+    extras = []
     for j, (typ, payload) in enumerate(w.events):
         params[f"e{j}_off"] = j - n + 1
         params[f"e{j}_type"] = typ
         params[f"e{j}_payload"] = _dumps(payload)
-    sql = _render_pg(w.fence.column, tuple(w.task_values), tuple(shapes), n, checked, wait_for_flush)
+        # None is SQL NULL here (no message content, no usage, ...): it reads back as None, as
+        # JSON `null` would, in fewer bytes.
+        present = tuple(c for c, v in w.extras.get(j, {}).items() if v is not None)
+        for c in present:
+            params[f"e{j}_{c}"] = _db_value(events_t, c, w.extras[j][c])
+        extras.append(present)
+    sql = _render_pg(
+        w.fence.column, tuple(w.task_values), tuple(shapes), n, checked, wait_for_flush, tuple(extras)
+    )
     return sql, params
 
 
@@ -325,13 +358,13 @@ def _apply_sequential(conn: Connection, w: TaskWrite) -> Outcome | None:
         else:
             cond = [rw.table.c[c] == v for c, v in rw.where.items()]
             all_hit &= conn.execute(update(rw.table).where(*cond).values(**rw.values)).rowcount == 1
-    if w.events:
-        first = row.event_seq - len(w.events) + 1
+    first = row.event_seq - len(w.events) + 1
+    for i, (typ, p) in enumerate(w.events):
+        # One INSERT per row: NULL, not JSON `null`, for the extra columns a row does not carry.
+        extra = {c: v for c, v in w.extras.get(i, {}).items() if v is not None}
         conn.execute(
-            insert(events_t),
-            [
-                {"task_id": w.task_id, "seq": first + i, "type": typ, "payload": p, "created_at": w.now}
-                for i, (typ, p) in enumerate(w.events)
-            ],
+            insert(events_t).values(
+                task_id=w.task_id, seq=first + i, type=typ, payload=p, created_at=w.now, **extra
+            )
         )
     return Outcome(row.event_seq, bool(row.cancel_requested), all_hit, row.traceparent)

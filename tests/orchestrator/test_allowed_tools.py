@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import select
-
-from orchestrator.store import get_task, list_attempts, messages_t
+from orchestrator.store import get_task, list_attempts, list_messages
 from tests.orchestrator.conftest import submit
 
 
@@ -18,12 +16,7 @@ def test_a_tool_the_task_did_not_allow_is_refused_and_the_model_reads_why(db, ma
     with db.connect() as conn:
         task = get_task(conn, tid)
         attempts = [a for a in list_attempts(conn, tid) if a.error]
-        tool_msgs = [
-            json.loads(m.content)
-            for m in conn.execute(
-                select(messages_t).where(messages_t.c.task_id == tid, messages_t.c.role == "tool")
-            )
-        ]
+        tool_msgs = [json.loads(m["content"]) for m in list_messages(conn, tid) if m["role"] == "tool"]
     assert task.status == "SUCCEEDED"  # the model got the refusals as tool results and answered
     assert len(attempts) == 2 and {a.error["code"] for a in attempts} == {"tool_not_allowed"}
     assert [m["code"] for m in tool_msgs] == ["tool_not_allowed", "tool_not_allowed"]

@@ -152,3 +152,23 @@ def test_an_event_id_is_never_handed_out_twice(db):
     relay.producer = p
     relay.run_until_drained()
     assert _seqs(p) == [(new, 1), (new, 2)]
+
+
+def test_rows_without_an_event_are_passed_over(db):
+    """History rows that migration 0011 made from old step and message rows (`type` NULL) are not
+    sent, count as published, and a batch of nothing else does not end the drain."""
+    old = submit(db, {"cycles": 1})
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO events (task_id, seq, created_at, role, content) VALUES (:t, -1, CURRENT_TIMESTAMP, 'tool', '1')"
+            ),
+            {"t": old},
+        )
+        assert unpublished_count(conn) == 2  # the task's two events, not the migrated row
+    new = submit(db, {"cycles": 1})
+    p = FakeProducer()
+    Relay(db, p, RelayConfig(batch_size=1)).run_until_drained()
+    assert _seqs(p) == [(old, 1), (old, 2), (new, 1), (new, 2)]
+    with db.connect() as conn:
+        assert unpublished_count(conn) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine, func, select
 
-from orchestrator.db.tables import events_t, messages_t, steps_t, tasks_t
+from orchestrator.db.tables import attempts_t, events_t, messages_t, tasks_t
 from orchestrator.runner.lease import claim_with_state
 from orchestrator.tasks.writer import TaskWrite, lease_fence
 from tests.orchestrator.conftest import submit
@@ -17,22 +17,21 @@ def _counts(db: Engine, task_id: str) -> tuple[int, int, int, int]:
         return (
             *(
                 conn.execute(select(func.count()).select_from(t).where(t.c.task_id == task_id)).scalar_one()
-                for t in (steps_t, messages_t, events_t)
+                for t in (attempts_t, messages_t, events_t)
             ),
             conn.execute(select(tasks_t.c.event_seq).where(tasks_t.c.id == task_id)).scalar_one(),
         )
 
 
-def _step_row(task_id: str, now) -> dict:
+def _attempt_row(task_id: str, now) -> dict:
     return {
         "task_id": task_id,
         "step_index": 0,
-        "kind": "model",
-        "status": "RUNNING",
-        "attempt_count": 1,
-        "started_at": now,
+        "attempt": 1,
+        "status": "FAILED",
         "runner_id": "r1",
-        "created_at": now,
+        "started_at": now,
+        "finished_at": now,
     }
 
 
@@ -55,7 +54,7 @@ def test_commit_writes_everything_or_nothing(db):
 
         # The fence does not hold (another runner's id): nothing is written, not even the insert.
         w = TaskWrite(task_id, lease_fence("someone-else"))
-        w.insert(steps_t, _step_row(task_id, w.now))
+        w.insert(attempts_t, _attempt_row(task_id, w.now))
         w.event("step.started", {"step": 0})
         assert w.commit(conn) is None
         assert _counts(db, task_id) == before
@@ -63,8 +62,8 @@ def test_commit_writes_everything_or_nothing(db):
 
         # A keyed UPDATE that misses its row: not all hit, and the insert beside it is undone too.
         w = TaskWrite(task_id, lease_fence("r1"))
-        w.insert(steps_t, _step_row(task_id, w.now))
-        w.update_row(steps_t, {"task_id": task_id, "step_index": 7, "status": "RUNNING"}, status="SUCCEEDED")
+        w.insert(attempts_t, _attempt_row(task_id, w.now))
+        w.update_row(attempts_t, {"task_id": task_id, "step_index": 7, "attempt": 1}, status="LOST")
         w.event("step.started", {"step": 0})
         outcome = w.commit(conn)
         assert outcome is not None and not outcome.all_hit
@@ -73,14 +72,32 @@ def test_commit_writes_everything_or_nothing(db):
 
         # Both hold: everything is written and the event numbered from the task's event_seq.
         w = TaskWrite(task_id, lease_fence("r1"))
-        w.insert(steps_t, _step_row(task_id, w.now))
+        w.insert(attempts_t, _attempt_row(task_id, w.now))
         w.event("step.started", {"step": 0})
         w.event("step.note", {"step": 0})
+        # The second event's history row also carries a step's outcome and message; None is NULL.
+        extra = {"step_index": 0, "step_status": "SUCCEEDED", "attempt": 2, "started_at": w.now}
+        w.attach(1, {**extra, "usage": {"prompt_tokens": 3}, "role": "tool", "content": "ok", "error": None})
         outcome = w.commit(conn)
         assert outcome is not None and outcome.all_hit and not outcome.cancel_requested
         assert outcome.event_seq == before[3] + 2
         assert _counts(db, task_id) == (before[0] + 1, before[1], before[2] + 2, before[3] + 2)
         _assert_connection_reusable(conn)
+    e = events_t.c
+    with db.connect() as conn:
+        rows = conn.execute(
+            select(e.type, e.step_index, e.step_status, e.attempt, e.started_at, e.usage, e.role, e.content)
+            .where(e.task_id == task_id, e.seq > before[3])
+            .order_by(e.seq)
+        ).all()
+        null_error = conn.execute(
+            select(func.count()).where(e.task_id == task_id, e.error.is_(None), e.content.is_not(None))
+        ).scalar_one()
+    assert [tuple(r) for r in rows] == [
+        ("step.started", None, None, None, None, None, None, None),
+        ("step.note", 0, "SUCCEEDED", 2, w.now, {"prompt_tokens": 3}, "tool", "ok"),
+    ]
+    assert null_error == 1  # SQL NULL, not JSON null
 
 
 def test_claim_with_nothing_claimable_returns_none(db):
@@ -97,9 +114,9 @@ def test_before_commit_runs_only_when_the_write_would_commit(db, failure):
     with db.connect() as conn:
         claim_with_state(conn, "r1", 30)
         w = TaskWrite(task_id, lease_fence("r1" if failure == "row" else "other"))
-        w.insert(steps_t, _step_row(task_id, w.now))
+        w.insert(attempts_t, _attempt_row(task_id, w.now))
         if failure == "row":
-            w.update_row(steps_t, {"task_id": task_id, "step_index": 9}, status="FAILED")
+            w.update_row(attempts_t, {"task_id": task_id, "step_index": 9, "attempt": 1}, status="LOST")
         before = _counts(db, task_id)
         w.commit(conn, before_commit=lambda: calls.append(_counts(db, task_id)))
     # PostgreSQL sends statement and commit together, so the hook runs before either; SQLite

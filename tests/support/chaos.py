@@ -42,10 +42,10 @@ import httpx
 from sqlalchemy import Engine, func, select
 
 from orchestrator.auth import create_api_key
-from orchestrator.db.models import Event, Step, Task
+from orchestrator.db.models import Event, Task
 from orchestrator.kafka.relay import unpublished_count
 from orchestrator.kafka.topics import ensure_topics
-from orchestrator.store import list_messages
+from orchestrator.store import list_messages, list_steps
 from tests.support.db_outage import cut_connections, database_down
 from tests.support.kafka_broker import consume_all, free_port
 
@@ -387,9 +387,7 @@ def verify(
         duplicated += [
             f"task {t.id} for unknown key {t.idempotency_key}" for t in tasks if t.idempotency_key not in keys
         ]
-        steps = collections.defaultdict(list)
-        for s in conn.execute(select(Step.__table__).where(Step.task_id.in_([t.id for t in tasks]))):
-            steps[s.task_id].append(s)
+        steps = {t.id: list_steps(conn, t.id) for t in tasks}
         for t in tasks:
             if t.status not in ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"):
                 stuck.append(f"task {t.id} {t.status}")
@@ -416,10 +414,10 @@ def verify(
                     duplicated.append(
                         f"task {t.id} step {s.step_index}: side effect under attempts {sorted(attempts)}"
                     )
-        in_flight_steps = conn.execute(
-            select(func.count())
-            .select_from(Step)
-            .where(Step.status.in_(["RUNNING", "PENDING", "RETRY_WAIT"]))
+        in_flight_steps = conn.execute(  # the open steps, on their task rows
+            select(func.coalesce(func.sum(Task.next_step - Task.open_step), 0)).where(
+                Task.open_status.in_(["RUNNING", "PENDING", "RETRY_WAIT"])
+            )
         ).scalar_one()
         unpublished = unpublished_count(conn)
         n_events = conn.execute(select(func.count()).select_from(Event)).scalar_one()

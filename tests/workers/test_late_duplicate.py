@@ -101,24 +101,26 @@ def test_fence_refuses_stale_attempts_and_lets_current_ones_run(db_url):
 
     from orchestrator.clock import utcnow
     from orchestrator.runner.fence import DbAttemptFence
-    from orchestrator.store import steps_t, tasks_t
+    from orchestrator.store import events_t, tasks_t
     from workers.fence import check_deadline
 
     db = make_engine(db_url)
     migrate.upgrade(db)
     tid = submit(db, {"cycles": 0})
     with db.begin() as conn:
-        from orchestrator.db.models import Step
-
-        conn.execute(
-            Step.__table__.insert().values(
-                task_id=tid, step_index=0, kind="tool", status="RUNNING", attempt_count=2, created_at=utcnow()
-            )
-        )
+        # Step 0, a tool step, RUNNING at attempt 2 (the open step lives on the task row).
         conn.execute(
             update(tasks_t)
             .where(tasks_t.c.id == tid)
-            .values(lease_owner="r1", lease_until=utcnow().replace(year=2100))
+            .values(
+                open_step=0,
+                next_step=1,
+                open_status="RUNNING",
+                open_attempt=2,
+                open_started_at=utcnow(),
+                lease_owner="r1",
+                lease_until=utcnow().replace(year=2100),
+            )
         )
     fence = DbAttemptFence(db)
     job = {"task_id": tid, "step_index": 0, "attempt": 2, "runner_id": "r1"}
@@ -126,9 +128,20 @@ def test_fence_refuses_stale_attempts_and_lets_current_ones_run(db_url):
     assert "attempt 2" in fence({**job, "attempt": 1}).reason
     assert "lease" in fence({**job, "runner_id": "r2"}).reason
     assert "no such step" in fence({**job, "step_index": 5}).reason
-    with db.begin() as conn:
-        conn.execute(update(steps_t).where(steps_t.c.task_id == tid).values(status="SUCCEEDED"))
-    assert fence(job) is not None
+    with db.begin() as conn:  # the step succeeded: its history row, and no open step
+        conn.execute(update(tasks_t).where(tasks_t.c.id == tid).values(open_step=None, open_status=None))
+        conn.execute(
+            events_t.insert().values(
+                task_id=tid,
+                seq=99,
+                type="step.succeeded",
+                created_at=utcnow(),
+                step_index=0,
+                step_status="SUCCEEDED",
+                attempt=2,
+            )
+        )
+    assert "SUCCEEDED at attempt 2" in fence(job).reason
     assert check_deadline({"not_after": time.time() - 1}) is not None
     assert check_deadline({"not_after": time.time() + 60}) is None
     db.dispose()
