@@ -5,8 +5,11 @@ Scores: one program scores a run of `BLOCK_N`-key tiles of one query row for all
 key loads pipelined), applies ReLU and the per-head weights and sums the heads in registers:
 only the `[rows, S]` head-summed scores of the visible keys reach HBM (never `[rows, Hi, S]`),
 and rows go in blocks of at most `SCORE_BUDGET` scores, so a long prefill never holds its full
-`[L, S]` score matrix. FP8 keys (`index_scales` given): the queries are quantised per head to
-e4m3 in the program and the dot runs on the fp8 tensor cores; since every scale is positive,
+`[L, S]` score matrix. Prefill rows (`rows_per_program` 2 or 4) go to a kernel that reads each
+key tile once for that many rows of one sequence (the single-row kernel is bound by re-reading
+the keys per row, not by the tensor cores). FP8 keys (`index_scales` given): the queries are
+quantised per head to e4m3 in the program and the dot runs on the fp8 tensor cores; since every
+scale is positive,
 `relu(s_q s_k x) = s_q s_k relu(x)`, so the query scale folds into the head weights and the key
 scale multiplies the head sum once per key. The selection is `inference.kernels.topk.fast`.
 """
@@ -45,68 +48,6 @@ def _sm_count(index: int) -> int:
 
 
 @triton.jit
-def _score_kernel(
-    q_ptr, w_ptr, pool_ptr, ks_ptr, bt_ptr, lens_ptr, trow_ptr, out_ptr, row0, max_keys,
-    keys_per_prog, scale, s_qt, s_qh, s_wt, s_pb, s_kb, s_bt, s_ot,
-    HI: tl.constexpr, HI_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_TROW: tl.constexpr, FP8: tl.constexpr,
-    IEEE: tl.constexpr, STAGES: tl.constexpr,
-):  # fmt: skip
-    local = tl.program_id(0)
-    t = row0 + local
-    seq_len = tl.load(lens_ptr + t).to(tl.int32)
-    if HAS_TROW:
-        trow = tl.load(trow_ptr + t).to(tl.int64)
-    else:
-        trow = t.to(tl.int64)
-    lo = tl.program_id(1) * keys_per_prog
-    hi = tl.minimum(lo + keys_per_prog, max_keys)
-    vis = tl.minimum(hi, seq_len)  # keys past the row's length: neither scored nor read by the top-k
-    offs_h = tl.arange(0, HI_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    hmask = offs_h < HI
-    dmask = offs_d < D
-    q = tl.load(
-        q_ptr + t.to(tl.int64) * s_qt + offs_h[:, None] * s_qh + offs_d[None, :],
-        mask=hmask[:, None] & dmask[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
-    w = tl.load(w_ptr + t.to(tl.int64) * s_wt + offs_h, mask=hmask, other=0.0).to(tl.float32) * scale
-    if FP8:
-        amax = tl.max(tl.abs(q), 1)
-        q_scale = tl.where(amax > 0.0, amax / _FP8_MAX, 1.0)
-        q = (q / q_scale[:, None]).to(tl.float8e4nv)
-        w = w * q_scale
-        if IEEE:  # the interpreter: fp32 dots of the fp8 values
-            q = q.to(tl.float32)
-    elif IEEE:
-        q = q.to(tl.float32)
-    else:
-        q = q.to(tl.bfloat16)
-    orow = out_ptr + local.to(tl.int64) * s_ot
-    for start in tl.range(lo, vis, BLOCK_N, num_stages=STAGES):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        valid = offs_n < vis
-        blk = tl.load(bt_ptr + trow * s_bt + offs_n // PAGE, mask=valid, other=0).to(tl.int64)
-        slot = offs_n % PAGE
-        k = tl.load(
-            pool_ptr + blk[:, None] * s_pb + slot[:, None] * D + offs_d[None, :],
-            mask=valid[:, None] & dmask[None, :], other=0.0,
-        )  # fmt: skip
-        # keys on the MMA's M side and heads on N: the head sum then reduces inside each thread
-        # (plus a few lane shuffles) instead of across warps through shared memory
-        if IEEE:
-            s = tl.dot(k.to(tl.float32), tl.trans(q), input_precision="ieee")
-        elif FP8:
-            s = tl.dot(k, tl.trans(q))
-        else:
-            s = tl.dot(k.to(tl.bfloat16), tl.trans(q))
-        score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
-        if FP8:
-            score = score * tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
-        tl.store(orow + offs_n, tl.where(valid, score, float("-inf")), mask=offs_n < hi)
-
-
-@triton.jit
 def _row_q(q_ptr, w_ptr, t, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8: tl.constexpr,
            IEEE: tl.constexpr):  # fmt: skip
     """One query row's indexer queries `[HI_PAD, D_PAD]` in the dot's dtype and its head weights
@@ -141,6 +82,53 @@ def _row_tile(k, q, w, FP8: tl.constexpr, IEEE: tl.constexpr):
     else:
         s = tl.dot(k.to(tl.bfloat16), tl.trans(q))
     return tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
+
+
+@triton.jit
+def _key_tile(pool_ptr, bt_ptr, trow, s_bt, s_pb, offs_n, valid, offs_d, dmask, PAGE: tl.constexpr,
+              D: tl.constexpr):  # fmt: skip
+    """Keys `offs_n` of block-table row `trow`: the tile `[BLOCK_N, D_PAD]` and each key's block / slot."""
+    blk = tl.load(bt_ptr + trow * s_bt + offs_n // PAGE, mask=valid, other=0).to(tl.int64)
+    slot = offs_n % PAGE
+    k = tl.load(
+        pool_ptr + blk[:, None] * s_pb + slot[:, None] * D + offs_d[None, :],
+        mask=valid[:, None] & dmask[None, :], other=0.0,
+    )  # fmt: skip
+    return k, blk, slot
+
+
+@triton.jit
+def _score_kernel(
+    q_ptr, w_ptr, pool_ptr, ks_ptr, bt_ptr, lens_ptr, trow_ptr, out_ptr, row0, max_keys,
+    keys_per_prog, scale, s_qt, s_qh, s_wt, s_pb, s_kb, s_bt, s_ot,
+    HI: tl.constexpr, HI_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_TROW: tl.constexpr, FP8: tl.constexpr,
+    IEEE: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    local = tl.program_id(0)
+    t = row0 + local
+    seq_len = tl.load(lens_ptr + t).to(tl.int32)
+    if HAS_TROW:
+        trow = tl.load(trow_ptr + t).to(tl.int64)
+    else:
+        trow = t.to(tl.int64)
+    lo = tl.program_id(1) * keys_per_prog
+    hi = tl.minimum(lo + keys_per_prog, max_keys)
+    vis = tl.minimum(hi, seq_len)  # keys past the row's length: neither scored nor read by the top-k
+    offs_h = tl.arange(0, HI_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    hmask = offs_h < HI
+    dmask = offs_d < D
+    q, w = _row_q(q_ptr, w_ptr, t, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8, IEEE)
+    orow = out_ptr + local.to(tl.int64) * s_ot
+    for start in tl.range(lo, vis, BLOCK_N, num_stages=STAGES):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        valid = offs_n < vis
+        k, blk, slot = _key_tile(pool_ptr, bt_ptr, trow, s_bt, s_pb, offs_n, valid, offs_d, dmask, PAGE, D)
+        score = _row_tile(k, q, w, FP8, IEEE)
+        if FP8:
+            score = score * tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
+        tl.store(orow + offs_n, tl.where(valid, score, float("-inf")), mask=offs_n < hi)
 
 
 @triton.jit
@@ -205,12 +193,9 @@ def _score_rows_kernel(
         for start in tl.range(lo, vis, BLOCK_N, num_stages=STAGES):
             offs_n = start + tl.arange(0, BLOCK_N)
             valid = offs_n < vis
-            blk = tl.load(bt_ptr + trow * s_bt + offs_n // PAGE, mask=valid, other=0).to(tl.int64)
-            slot = offs_n % PAGE
-            k = tl.load(
-                pool_ptr + blk[:, None] * s_pb + slot[:, None] * D + offs_d[None, :],
-                mask=valid[:, None] & dmask[None, :], other=0.0,
-            )  # fmt: skip
+            k, blk, slot = _key_tile(
+                pool_ptr, bt_ptr, trow, s_bt, s_pb, offs_n, valid, offs_d, dmask, PAGE, D
+            )
             ks = 1.0
             if FP8:
                 ks = tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
