@@ -19,6 +19,7 @@ latent tile is pipelined but single-buffered (~94 KB of shared memory at any num
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -38,6 +39,11 @@ def main() -> None:
     from triton.compiler import ASTSource
 
     import inference.kernels.dsa.fast as dsa
+
+    try:
+        from inference.kernels.dsa import PREFILL_ROWS as dsa_rows
+    except ImportError:  # an older tree (compared against)
+        dsa_rows = {}
     import inference.kernels.mla_decode.fast as dec
 
     target = GPUTarget("cuda", 90, 32)
@@ -63,8 +69,16 @@ def main() -> None:
             if "registers" in ln or "spill" in ln
         )
         ttg = k.asm["ttgir"]
+        # the instructions without debug info (line directives, the labels of inlined helpers'
+        # ranges, the DWARF sections): equal digests = the same program (a refactor's check)
+        ptx = k.asm["ptx"].split("\n\t.section\t.debug")[0]
+        body = "\n".join(
+            ln for ln in ptx.splitlines() if not ln.lstrip().startswith((".loc", ".file", "//", "$L__tmp"))
+        )
+        digest = hashlib.sha1(body.encode()).hexdigest()[:12]
         print(
             f"{name}: smem {k.metadata.shared} B, cp.async ops {ttg.count('async_copy_global_to_local')} | {info}"
+            f" | ptx {digest}"
         )
 
     ints = [
@@ -123,6 +137,17 @@ def main() -> None:
             f"dsa score {pool}", dsa._score_kernel, sig, const, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr", "s_qt", "s_pb"},
             num_warps=w,
         )  # fmt: skip
+        if hasattr(dsa, "_score_rows_kernel"):  # the prefill scorer, at the rows the model uses
+            rows = dsa_rows["fp8" if fp8 else "bf16"]
+            rsig = {**sig, "n_rows": "i32"}
+            rsig = {k: rsig[k] for k in ("q_ptr", "w_ptr", "pool_ptr", "ks_ptr", "bt_ptr", "lens_ptr", "trow_ptr",
+                                         "out_ptr", "row0", "n_rows", "max_keys", "keys_per_prog", "scale", "s_qt",
+                                         "s_qh", "s_wt", "s_pb", "s_kb", "s_bt", "s_ot")}  # fmt: skip
+            rconst = {k: v for k, v in const.items() if k != "HAS_TROW"} | {"R": rows}
+            compile_one(
+                f"dsa prefill score {pool} x{rows} rows", dsa._score_rows_kernel, rsig, rconst,
+                {"q_ptr", "w_ptr", "pool_ptr", "out_ptr", "s_qt", "s_pb"}, num_warps=w,
+            )  # fmt: skip
     ints = ["row0", "max_keys", "chunk", "s_st"]
     sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "hist_ptr": "*i32"} | dict.fromkeys(
         ints, "i32"
@@ -134,6 +159,8 @@ def main() -> None:
            "krows_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "width", "chunks"], "i32")  # fmt: skip
     for level, (shift, _bits) in enumerate(topk._LEVELS):
         const = dict(LEVEL=level, SHIFT=shift, LAST=level == len(topk._LEVELS) - 1, NB=topk.NBINS, HAS_K=True)
+        if hasattr(topk, "_FIND_CHUNKS"):
+            const["CB"] = topk._FIND_CHUNKS
         compile_one(f"topk find {level}", topk._find_kernel, sig, const, {"hist_ptr"}, num_warps=4)
     sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32",
            "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width", "chunk", "s_st", "s_ot"], "i32")  # fmt: skip
