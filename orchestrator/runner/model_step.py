@@ -64,7 +64,7 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
     task.prompt_tokens += usage.prompt_tokens
     task.cached_tokens += usage.cached_tokens
     task.completion_tokens += usage.completion_tokens
-    tx.append_transcript([turn.message()], step.index)
+    tx.append_message(turn.message(), step.index)
     # Usage is kept on the step row (its successful attempt); the event carries the token total only.
     tokens = usage.prompt_tokens + usage.completion_tokens
     tx.event(

@@ -121,7 +121,7 @@ def record_tool_outcome(
         content = err  # the model reads the error as the tool's result
     task.step_count += 1
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
-    tx.append_transcript([{"role": "tool", "tool_call_id": step.tool_call_id, "content": text}], step.index)
+    tx.append_message({"role": "tool", "tool_call_id": step.tool_call_id, "content": text}, step.index)
     if task.cancel_requested or tx.now >= task.deadline_at:
         return  # the next loop turn ends the task at this boundary
     nxt = task.open_step()

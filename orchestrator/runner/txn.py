@@ -18,7 +18,7 @@ fence is what keeps them consistent.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,18 +248,15 @@ class StepTxn:
         self._w.insert(attempts_t, row)
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
-    def append_transcript(self, messages: Sequence[dict[str, Any]], step_index: int) -> None:
+    def append_message(self, m: dict[str, Any], step_index: int) -> None:
         """The message a finishing step appends (one per step: it rides on the step's history row)."""
-        if len(messages) != 1:
-            raise ValueError(f"a step appends one message, got {len(messages)}")
-        (m,) = messages
         self._finished.setdefault(step_index, {}).update(
             role=m["role"],
             content=m.get("content"),
             tool_calls=m.get("tool_calls"),
             tool_call_id=m.get("tool_call_id"),
         )
-        self.task.transcript.extend(messages)
+        self.task.transcript.append(m)
 
     def _attach_finished(self) -> None:
         """Put each finished step's outcome and message on the history row of its finish event."""

@@ -129,14 +129,23 @@ def _first_start(task: Any, s: int, h: Any, first_starts: Mapping[int, dt.dateti
     return None
 
 
+def open_step_state(task: Any, s: int) -> tuple[str, int]:
+    """(status, attempt count) of open step `s` (`open_step <= s < next_step`): the first at
+    `open_status` / `open_attempt`, the others PENDING, all FAILED once abandoned with the task."""
+    first = s == task.open_step
+    if task.open_status == StepStatus.FAILED:
+        status = StepStatus.FAILED.value
+    else:
+        status = task.open_status if first else StepStatus.PENDING.value
+    return str(status), task.open_attempt if first else 0
+
+
 def _open_row(
     task: Any, s: int, call: tuple[Any, Mapping[str, Any]] | None, created: dt.datetime | None
 ) -> StepRow:
     first = s == task.open_step
     abandoned = task.open_status == StepStatus.FAILED
-    status = task.open_status if first else StepStatus.PENDING.value
-    if abandoned:
-        status = StepStatus.FAILED.value
+    status, attempts = open_step_state(task, s)
     name, call_id, args = _call_fields(call[1] if call else None)
     return StepRow(
         task_id=task.id,
@@ -146,7 +155,7 @@ def _open_row(
         tool_name=name,
         tool_call_id=call_id,
         arguments=args,
-        attempt_count=task.open_attempt if first else 0,
+        attempt_count=attempts,
         next_attempt_at=task.open_next_attempt_at if first else None,
         started_at=task.open_started_at if first else None,
         runner_id=task.open_runner_id if first else None,

@@ -17,7 +17,7 @@ from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages
 from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.statemachine import StepStatus, TaskStatus
 from orchestrator.tasks.errors import TaskNotFound
-from orchestrator.tasks.history import StepRow, derive_steps, open_steps
+from orchestrator.tasks.history import StepRow, derive_steps, open_step_state, open_steps
 
 UNFINISHED = (TaskStatus.PREPROCESSING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING)
 
@@ -74,9 +74,7 @@ def step_state(conn: Connection, task_id: str, step_index: int) -> tuple[Any, st
     if task is None or not 0 <= step_index < task.next_step:
         return None
     if task.open_step is not None and step_index >= task.open_step:
-        first = step_index == task.open_step
-        status = task.open_status if first or task.open_status == StepStatus.FAILED else StepStatus.PENDING
-        return task, str(status), task.open_attempt if first else 0
+        return task, *open_step_state(task, step_index)
     done = conn.execute(
         select(events_t.c.step_status, events_t.c.attempt).where(
             events_t.c.task_id == task_id,

@@ -244,9 +244,9 @@ def dsa_scores_fast(
     block_n, warps, stages = score_tile or _tile(index_pool)
     if _INTERPRET:
         block_n = 16
-    group = rows_per_program if table_rows is not None else 1
-    if group not in (1, 2, 4):
+    if rows_per_program not in (1, 2, 4):
         raise ValueError(f"rows_per_program must be 1, 2 or 4, got {rows_per_program}")
+    group = rows_per_program if table_rows is not None else 1
     # tiles per program: about `_PROGRAMS_PER_SM` programs per SM in all (shape-only: graph-safe)
     sms = _sm_count(q_index.device.index or 0) if q_index.is_cuda else 4
     tiles = triton.cdiv(max_keys, block_n)
