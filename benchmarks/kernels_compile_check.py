@@ -30,7 +30,13 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--torch-site", default=None, help="site-packages with torch (appended to sys.path)")
+    ap.add_argument("--prefill-tiles", default="", help="more DSA prefill scorer variants: "
+                    "'rows:block_n:warps:stages,...' (e.g. 4:64:4:3)")  # fmt: skip
     args = ap.parse_args()
+    extra_prefill = [
+        (int(v[0]), tuple(int(x) for x in v[1:]))
+        for v in (v.split(":") for v in args.prefill_tiles.split(",") if v)
+    ]
     if args.torch_site:
         sys.path.append(args.torch_site)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,9 +59,13 @@ def main() -> None:
     def compile_one(name, fn, sig, const, div16, **opts):
         sig = {**sig, **dict.fromkeys(const, "constexpr")}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if a in div16}
-        k = triton.compile(
-            ASTSource(fn, signature=sig, constexprs=const, attrs=attrs), target=target, options=opts
-        )
+        try:
+            k = triton.compile(
+                ASTSource(fn, signature=sig, constexprs=const, attrs=attrs), target=target, options=opts
+            )
+        except Exception as exc:  # a variant that does not compile (a sweep goes on)
+            print(f"{name}: does not compile: {str(exc).strip().splitlines()[0][:200]}")
+            return
         with tempfile.TemporaryDirectory() as d:
             Path(d, "k.ptx").write_text(k.asm["ptx"])
             r = subprocess.run(
@@ -138,16 +148,22 @@ def main() -> None:
             num_warps=w,
         )  # fmt: skip
         if hasattr(dsa, "_score_rows_kernel"):  # the prefill scorer, at the rows the model uses
-            rows = dsa_rows["fp8" if fp8 else "bf16"]
             rsig = {**sig, "n_rows": "i32"}
             rsig = {k: rsig[k] for k in ("q_ptr", "w_ptr", "pool_ptr", "ks_ptr", "bt_ptr", "lens_ptr", "trow_ptr",
                                          "out_ptr", "row0", "n_rows", "max_keys", "keys_per_prog", "scale", "s_qt",
                                          "s_qh", "s_wt", "s_pb", "s_kb", "s_bt", "s_ot")}  # fmt: skip
-            rconst = {k: v for k, v in const.items() if k != "HAS_TROW"} | {"R": rows}
-            compile_one(
-                f"dsa prefill score {pool} x{rows} rows", dsa._score_rows_kernel, rsig, rconst,
-                {"q_ptr", "w_ptr", "pool_ptr", "out_ptr", "s_qt", "s_pb"}, num_warps=w,
-            )  # fmt: skip
+            kind = "fp8" if fp8 else "bf16"
+            tiles = getattr(dsa, "PREFILL_TILE", {})
+            variants = [(r, t) for (k, r), t in tiles.items() if k == kind] or [(dsa_rows[kind], (bn, w, st))]
+            for rows, tile in variants + [(r, t) for r, t in extra_prefill if (r, t) not in variants]:
+                rbn, rw, rst, maxnreg = (*tile, None)[:4]
+                rconst = {k: v for k, v in const.items() if k != "HAS_TROW"} | {"R": rows, "BLOCK_N": rbn,
+                                                                                "STAGES": rst}  # fmt: skip
+                compile_one(
+                    f"dsa prefill score {pool} x{rows} rows {tile}", dsa._score_rows_kernel, rsig,
+                    rconst, {"q_ptr", "w_ptr", "pool_ptr", "out_ptr", "s_qt", "s_pb"}, num_warps=rw,
+                    maxnreg=maxnreg,
+                )  # fmt: skip
     ints = ["row0", "max_keys", "chunk", "s_st"]
     sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "hist_ptr": "*i32"} | dict.fromkeys(
         ints, "i32"
