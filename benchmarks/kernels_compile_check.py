@@ -14,6 +14,12 @@ It caught, before a GPU call, a frontend error Triton 3.8's interpreter accepts 
 constexpr reassigned in a `static_range` loop). Findings (2026-12-01): the decode kernel's
 latent tile is pipelined but single-buffered (~94 KB of shared memory at any num_stages: three
 72 KB bf16 tiles do not fit), and 4-warp tiles sit at 241-255 registers (spills with indices).
+Each kernel with tensor-core instructions also gets its MMA loop from the disassembly (nvdisasm):
+instructions, spills and barriers inside it. Findings (2026-12-07): the 4-row FP8 DSA prefill
+scorer's 1.8 KB of spills are all in its query-quantising prologue (none in the key loop: 1,057
+instructions per 128-key tile for 4 rows, ~8.3 warp instructions per key and row); the FP8 dense
+decode tile (64, 4, 2) spills inside its loop (5 stores, 15 loads per iteration).
+`--prefill-tiles rows:block_n:warps:stages[:maxnreg],...` compiles more DSA prefill variants.
 """
 
 from __future__ import annotations
@@ -21,10 +27,29 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+
+def mma_loop(sass: list[str]) -> str:
+    """The innermost loop around the first tensor-core instruction of a disassembled kernel: its
+    SASS instruction count, spill stores/loads and barriers inside it (ptxas's spill total also
+    counts a prologue that runs once per program; what a tile costs is the loop's)."""
+    mma = next((i for i, ln in enumerate(sass) if "GMMA" in ln or " HMMA" in ln), None)
+    if mma is None:
+        return ""
+    labels = {m[1]: i for i, ln in enumerate(sass) if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    for i in range(mma + 1, len(sass)):  # the first backward branch past the MMA closes its loop
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", sass[i])
+        if m and labels.get(m[1], len(sass)) < mma:
+            body = sass[labels[m[1]] : i + 1]
+            n = sum(bool(re.search(r"/\*[0-9a-f]+\*/", ln)) for ln in body)
+            mmas, stl, ldl, bars = (sum(op in ln for ln in body) for op in ("MMA.", "STL", "LDL", "BAR.SYNC"))
+            return f" | MMA loop: {n} instructions, {mmas} MMA, {stl} spill stores, {ldl} spill loads, {bars} barriers"
+    return ""
 
 
 def main() -> None:
@@ -54,6 +79,7 @@ def main() -> None:
 
     target = GPUTarget("cuda", 90, 32)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    nvdisasm = os.path.join(os.path.dirname(ptxas), "nvdisasm")
     print(f"triton {triton.__version__}")
 
     def compile_one(name, fn, sig, const, div16, **opts):
@@ -73,6 +99,9 @@ def main() -> None:
                 capture_output=True,
                 text=True,
             )
+            sass = subprocess.run(
+                [nvdisasm, "-c", f"{d}/k.cubin"], capture_output=True, text=True
+            ).stdout.splitlines()
         info = "; ".join(
             ln.split("info    :")[-1].strip()
             for ln in r.stderr.splitlines()
@@ -88,7 +117,7 @@ def main() -> None:
         digest = hashlib.sha1(body.encode()).hexdigest()[:12]
         print(
             f"{name}: smem {k.metadata.shared} B, cp.async ops {ttg.count('async_copy_global_to_local')} | {info}"
-            f" | ptx {digest}"
+            f" | ptx {digest}{mma_loop(sass)}"
         )
 
     ints = [
