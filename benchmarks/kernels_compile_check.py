@@ -56,12 +56,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--torch-site", default=None, help="site-packages with torch (appended to sys.path)")
     ap.add_argument("--prefill-tiles", default="", help="more DSA prefill scorer variants: "
-                    "'rows:block_n:warps:stages,...' (e.g. 4:64:4:3)")  # fmt: skip
+                    "'rows:block_n:warps:stages[:maxnreg],...' (e.g. 4:64:4:3)")  # fmt: skip
     args = ap.parse_args()
-    extra_prefill = [
-        (int(v[0]), tuple(int(x) for x in v[1:]))
-        for v in (v.split(":") for v in args.prefill_tiles.split(",") if v)
-    ]
+    fields = [[int(x) for x in spec.split(":")] for spec in args.prefill_tiles.split(",") if spec]
+    extra_prefill = [(f[0], tuple(f[1:])) for f in fields]
     if args.torch_site:
         sys.path.append(args.torch_site)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -181,10 +179,9 @@ def main() -> None:
             rsig = {k: rsig[k] for k in ("q_ptr", "w_ptr", "pool_ptr", "ks_ptr", "bt_ptr", "lens_ptr", "trow_ptr",
                                          "out_ptr", "row0", "n_rows", "max_keys", "keys_per_prog", "scale", "s_qt",
                                          "s_qh", "s_wt", "s_pb", "s_kb", "s_bt", "s_ot")}  # fmt: skip
-            kind = "fp8" if fp8 else "bf16"
-            tiles = getattr(dsa, "PREFILL_TILE", {})
-            variants = [(r, t) for (k, r), t in tiles.items() if k == kind] or [(dsa_rows[kind], (bn, w, st))]
-            for rows, tile in variants + [(r, t) for r, t in extra_prefill if (r, t) not in variants]:
+            # the model's rows at the scorer's tile, then the asked-for variants
+            variants = [(dsa_rows["fp8" if fp8 else "bf16"], (bn, w, st))]
+            for rows, tile in variants + [v for v in extra_prefill if v not in variants]:
                 rbn, rw, rst, maxnreg = (*tile, None)[:4]
                 rconst = {k: v for k, v in const.items() if k != "HAS_TROW"} | {"R": rows, "BLOCK_N": rbn,
                                                                                 "STAGES": rst}  # fmt: skip
