@@ -392,10 +392,10 @@ class _LogitRecorder:
     def __init__(self, inner) -> None:
         self.inner, self.rows = inner, {}
 
-    def __call__(self, logits, params, req_ids):
+    def __call__(self, logits, params, req_ids, allowed=None):
         for rid, row in zip(req_ids, logits.float().cpu(), strict=True):
             self.rows.setdefault(rid, []).append(row)
-        return self.inner(logits, params, req_ids)
+        return self.inner(logits, params, req_ids, allowed)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -416,7 +416,7 @@ def fp8_accuracy(device, max_tokens: int) -> dict[str, Any]:
     latent cache in bf16 vs FP8 (e4m3, one scale per row); logit errors over the steps before the
     first divergence (same context on both sides) and greedy agreement. A bf16-vs-fp32 KV row
     (same weights) gives the noise floor."""
-    from inference.chat import ChatTemplate
+    from inference.chat import engine_frontend
     from inference.demo_model.spec import DEMO_DIR
     from inference.engine.factory import build_engine
 
@@ -428,7 +428,7 @@ def fp8_accuracy(device, max_tokens: int) -> dict[str, Any]:
     ):
         cfg = EngineConfig.of(num_blocks=512, max_model_len=4096, kv_cache_dtype=kv, enable_cuda_graphs=False)
         eng = build_engine(model_dir=DEMO_DIR, engine_config=cfg, device=device, dtype=dtype)
-        tmpl = ChatTemplate(eng.tokenizer)
+        tmpl = engine_frontend(eng).renderer
         prompts = [tmpl.render([{"role": "user", "content": p}]).token_ids for p in ACCURACY_PROMPTS]
         rec = _LogitRecorder(eng.runner.sampler)
         eng.runner.sampler = rec

@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from inference.chat import ChatOptions, engine_frontend
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine, EngineConfig
 from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIError, OpenAIServing, mm_inputs, new_request_id
 from inference.server.telemetry import record_request
-from inference.toolparse import get_tool_parser
 
 DEFAULT_MODEL_NAME = "dayzero-demo"
 RANDOM_MODEL_NAME = "dayzero-small-random"
@@ -59,15 +59,15 @@ class EmbeddedEngineClient:
         engine: Engine,
         *,
         model_name: str = DEFAULT_MODEL_NAME,
-        tool_parser: str = "kimi",
+        chat: ChatOptions | None = None,
         default_max_tokens: int = 256,
         blob_url: str | None = None,
     ) -> None:
-        self.engine = AsyncEngine(engine).start()
         self.images = make_image_handler(engine, ImageSources(blob_url=blob_url))
+        frontend = engine_frontend(engine, chat)
+        self.engine = AsyncEngine(engine).start()
         self.serving = OpenAIServing(
-            engine.tokenizer,
-            get_tool_parser(tool_parser),
+            frontend,
             model_name,
             engine.config.scheduler.max_model_len,
             image_handler=self.images,

@@ -5,9 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEMO_DIR", "EVAL_SEED", "TRAIN_SEED", "demo_config", "dsa_variant"]
+__all__ = [
+    "DEMO_DIR",
+    "DEMO_NAME",
+    "EVAL_SEED",
+    "TRAIN_SEED",
+    "demo_config",
+    "dsa_variant",
+    "write_chat_files",
+]
 
 DEMO_DIR = Path(__file__).resolve().parent / "weights"
+DEMO_NAME = "dayzero-demo"  # the served name (config.json's `_name_or_path`)
+CHAT_TEMPLATE = DEMO_DIR / "chat_template.jinja"
 # Corpus seed ranges: training sample i is seed TRAIN_SEED + i; the held-out set is far away.
 TRAIN_SEED = 1_000_000
 EVAL_SEED = 9_000_000_000
@@ -56,6 +66,7 @@ def demo_config(vocab_size: int, image_token_id: int) -> dict[str, Any]:
         },
     }
     return {
+        "_name_or_path": DEMO_NAME,
         "model_type": "kimi_k25",
         "text_config": text,
         "vision_config": {
@@ -85,3 +96,25 @@ def dsa_variant(config: dict[str, Any], topk: int = 2048) -> dict[str, Any]:
     """
     text = dict(config["text_config"], index_topk=topk, index_n_heads=2, index_head_dim=32)
     return dict(config, text_config=text)
+
+
+def write_chat_files(out: Path, special_ids: dict[str, int]) -> None:
+    """The files a released checkpoint carries beside its tokenizer: the chat template, the named
+    special tokens (`tokenizer_config.json`) and the stop ids (`generation_config.json`)."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / CHAT_TEMPLATE.name).resolve() != CHAT_TEMPLATE.resolve():
+        (out / CHAT_TEMPLATE.name).write_text(CHAT_TEMPLATE.read_text())
+    tokenizer_config = {
+        "bos_token": "[BOS]",
+        "eos_token": "[EOS]",
+        "pad_token": "[PAD]",
+        "model_max_length": 32768,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    generation = {
+        "bos_token_id": special_ids["[BOS]"],
+        "eos_token_id": [special_ids["<|im_end|>"], special_ids["[EOS]"]],
+    }
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

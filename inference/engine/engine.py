@@ -6,6 +6,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 from inference.engine.stops import TextStops
+from inference.structured.runtime import GrammarRuntime
 from inference.tokenizer import Tokenizer
 
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model dtype; fp8: MLA latents as e4m3 + scales
@@ -108,6 +110,8 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         self.memory_plan: Any = None  # the factory's MemoryPlan (how the pools were sized)
+        self.model_dir: Path | None = None  # the checkpoint folder (None: random weights)
+        self.image_token_id: int | None = None  # where image embeddings enter (vision models)
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -130,6 +134,7 @@ class Engine:
         if (tiers := self.scheduler.cache.tiers) is not None:
             self.runner.attach_tiers(tiers.capacity, config.cache.tiers.disk_url)
         self._text: dict[str, TextStops] = {}
+        self.grammars: GrammarRuntime | None = None  # built with the first constrained request
         self._ids = itertools.count()
         # the requests of the step being run -> the position their work in it reaches
         self._in_step: dict[str, int] = {}
@@ -167,6 +172,10 @@ class Engine:
             mm_inputs=mm_inputs,
             message_ends=tuple(message_ends),
         )
+        if req.sampling.grammar is not None:
+            if self.grammars is None:
+                self.grammars = GrammarRuntime(self.tokenizer)
+            self.grammars.add(rid, req.sampling.grammar, req.sampling.max_tokens)
         self.scheduler.add(req)
         self._text[rid] = TextStops(self.tokenizer, req)
         return rid
@@ -251,7 +260,12 @@ class Engine:
             self.scheduler.solo = None
         reqs = dict(self.scheduler.requests)
         t0 = time.monotonic()
-        sampled, logprobs = self.runner.execute(sched_out, reqs)
+        masks = None
+        if self.grammars is not None:  # computed beside the forward; the runner waits at sampling
+            masks = self.grammars.start([s.req_id for s in sched_out.scheduled if s.sample])
+        sampled, logprobs = (
+            self.runner.execute(sched_out, reqs, masks) if masks else self.runner.execute(sched_out, reqs)
+        )
         if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
             # nothing runnable before a promotion lands: wait for it rather than spin
             self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))
@@ -262,6 +276,9 @@ class Engine:
                 r.timing.record(t0, t1, len(s.token_ids), prefill, s.req_id in sampled)
         before = {rid: reqs[rid].num_output_tokens for rid in sampled}
         finished = {r.request_id: r for r in self.scheduler.update(sched_out, sampled, logprobs)}
+        complete = set()  # requests whose grammar allows nothing more
+        if self.grammars is not None:
+            complete = {rid for rid, tok in sampled.items() if self.grammars.consume(rid, tok)}
         self.num_steps += 1
         self.num_prompt_tokens_computed += sum(len(s.token_ids) for s in sched_out.scheduled if not s.sample)
         self.num_generated_tokens += len(sampled)
@@ -278,6 +295,10 @@ class Engine:
                 self.scheduler.finish(
                     rid, RequestStatus.FINISHED_STOPPED, stop_reason=self._text[rid].stopped
                 )
+                is_done = True
+            elif rid in complete and not is_done:  # the grammar is complete: the answer is whole
+                text += self._text[rid].push([], final=True)
+                self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED)
                 is_done = True
             lps = (
                 req.logprobs[len(req.logprobs) - len(new_ids) :] if req.sampling.logprobs is not None else []
@@ -319,6 +340,8 @@ class Engine:
 
     def _cleanup(self, rid: str) -> None:
         self._text.pop(rid, None)
+        if self.grammars is not None:
+            self.grammars.drop(rid)
         self.runner.drop(rid)
 
     def generate(

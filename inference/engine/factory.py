@@ -14,7 +14,7 @@ from inference.cache.tiers import TierConfig
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.memory_plan import MemoryPlan, check_pools, plan_memory
 from inference.engine.request import SamplingParams
-from inference.tokenizer import ByteTokenizer, load_tokenizer
+from inference.tokenizer import ByteTokenizer, Tokenizer, TokenizerFilesError, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +237,7 @@ def build_engine(
             if parallel
             else build_model(spec, load_format="dummy", dtype=dtype, device=device, seed=seed)
         )
-    if tokenizer.vocab_size > spec.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids, the model only {spec.vocab_size}")
+    check_tokenizer(tokenizer, spec, model_dir)
     engine_config = engine_config or EngineConfig()
     cache_spec = HybridCacheSpec.from_model_spec(
         spec, dtype, latent_fp8=engine_config.kv_cache_dtype == "fp8"
@@ -246,12 +245,13 @@ def build_engine(
     if parallel:
         from inference.parallel.launch import build_parallel_engine
 
-        return build_parallel_engine(
+        engine = build_parallel_engine(
             spec, tokenizer, cache_spec, engine_config,
             tensor_parallel_size=tensor_parallel_size, expert_parallel_size=expert_parallel_size,
             expert_dispatch=expert_dispatch, mem_fraction=mem_fraction, fixed_blocks=fixed_blocks,
             model_dir=model_dir, device=device, dtype=dtype, seed=seed,
         )  # fmt: skip
+        return _with_checkpoint(engine, model_dir, spec)
     ecfg, plan = plan_pools(
         model,
         tokenizer,
@@ -265,4 +265,29 @@ def build_engine(
     log.info("memory plan: %s", plan.describe())
     engine = Engine(model, tokenizer, ecfg, cache_spec=cache_spec, device=device, dtype=dtype)
     engine.memory_plan = plan
+    return _with_checkpoint(engine, model_dir, spec)
+
+
+def _with_checkpoint(engine: Engine, model_dir: str | Path | None, spec: Any) -> Engine:
+    """What serving reads of the checkpoint an engine was built from (its files, its image token)."""
+    engine.model_dir = None if model_dir is None else Path(model_dir)
+    engine.image_token_id = spec.image_token_id if spec.vision is not None else None
     return engine
+
+
+def check_tokenizer(tokenizer: Tokenizer, spec: Any, model_dir: str | Path | None) -> None:
+    """Refuse a tokenizer the model cannot serve, saying which file disagrees and why."""
+    where = f"{model_dir}/config.json" if model_dir is not None else "the config"
+    if tokenizer.vocab_size > spec.vocab_size:
+        raise TokenizerFilesError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but {where} gives the embedding only "
+            f"{spec.vocab_size} rows: the tokenizer files belong to another model"
+        )
+    if spec.vision is not None and not (
+        0 <= spec.image_token_id < tokenizer.vocab_size and tokenizer.is_special(spec.image_token_id)
+    ):
+        raise TokenizerFilesError(
+            f"{where} says images enter as token {spec.image_token_id} (image_token_id), which is not a "
+            f"special token of the tokenizer ({tokenizer.vocab_size} ids): the chat template places the "
+            "tokenizer's image token where image embeddings go, so the two must come from the same checkpoint"
+        )

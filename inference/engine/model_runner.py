@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -210,9 +211,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, out: SchedulerOutput, requests: Mapping[str, Request]
+        self, out: SchedulerOutput, requests: Mapping[str, Request], token_masks: Any = None
     ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        """Run one scheduled step; returns sampled token ids (and logprobs where asked) by request."""
+        """Run one scheduled step; returns sampled token ids (and logprobs where asked) by request.
+        `token_masks`: grammar bitmasks by request id, or a future of them (computed while the
+        forward runs; waited for only here, at sampling)."""
         for rid in out.preempted:
             self.tables.pop(rid, None)
         if out.tier_ops is not None:  # first: it reads blocks and slots this step may overwrite
@@ -238,9 +241,11 @@ class ModelRunner:
             self.forward_time += time.perf_counter() - t0
             return {}, {}
         params = [requests[r].sampling for r in sampled_reqs]
+        allowed = token_masks.result() if hasattr(token_masks, "result") else token_masks
         graph_vocab = None if self.graphs is None else self.graphs.vocab_size
         if (
-            greedy is not None
+            not allowed
+            and greedy is not None
             and graph_vocab == self.vocab_size
             and all(p.greedy and p.logprobs is None for p in params)
         ):
@@ -250,7 +255,7 @@ class ModelRunner:
         else:
             if self.vocab_size is not None and logits.shape[-1] > self.vocab_size:
                 logits = logits[:, : self.vocab_size]
-            tokens, lps = self.sampler(logits, params, sampled_reqs)
+            tokens, lps = self.sampler(logits, params, sampled_reqs, allowed)
         self.forward_time += time.perf_counter() - t0
         sampled = dict(zip(sampled_reqs, tokens, strict=True))
         logprobs = {r: lp for r, lp in zip(sampled_reqs, lps, strict=True) if lp is not None}

@@ -51,6 +51,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: plus the top k
     skip_special_tokens: bool = True
+    grammar: str | None = None  # llguidance Lark grammar the output must follow (structured output)
 
     def __post_init__(self) -> None:
         # Every field is range-checked here, at admission: a value the sampler or the seeded
@@ -74,6 +75,8 @@ class SamplingParams:
             raise ValueError("seed must be an integer in [-2^63, 2^64 - 1]")  # what a torch.Generator takes
         if len(self.stop_token_ids) > 64 or not all(_is_int(t, 0, MAX_INT32) for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be at most 64 integers in [0, {MAX_INT32}]")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
+            raise ValueError("grammar must be a non-empty string")
         if any(not isinstance(s, str) or not s for s in self.stop) or len(self.stop) > 16:
             raise ValueError("stop must be at most 16 non-empty strings")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from inference.engine.request import SamplingParams, TokenLogprob
@@ -29,12 +30,20 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(
-        self, logits: torch.Tensor, params: Sequence[SamplingParams], req_ids: Sequence[str]
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        req_ids: Sequence[str],
+        allowed: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """logits [M, V] (any float dtype) -> M token ids and, where asked, their logprobs."""
+        """logits [M, V] (any float dtype) -> M token ids and, where asked, their logprobs.
+        `allowed`: per request id, an int32 bitmask of the tokens its grammar allows (logprobs are
+        then those of the constrained distribution)."""
         if logits.dim() != 2 or logits.shape[0] != len(params):
             raise ValueError(f"logits must be [M, V] with M = {len(params)}, got {tuple(logits.shape)}")
         logits = logits.float()
+        if allowed:
+            logits = apply_token_masks(logits, req_ids, allowed)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
@@ -84,3 +93,22 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
         return logits.softmax(dim=-1)
+
+
+def apply_token_masks(
+    logits: torch.Tensor, req_ids: Sequence[str], allowed: Mapping[str, np.ndarray]
+) -> torch.Tensor:
+    """-inf where a row's bitmask disallows a token (rows without a mask untouched). The bits are
+    unpacked on the logits' device: the host sends 1/32 of a boolean mask."""
+    rows = [i for i, r in enumerate(req_ids) if r in allowed]
+    if not rows:
+        return logits
+    words = torch.from_numpy(np.stack([allowed[req_ids[i]] for i in rows])).to(logits.device)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    bits = ((words.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, : logits.shape[1]]
+    if bits.shape[1] < logits.shape[1]:  # ids past the grammar's vocabulary are never allowed
+        bits = torch.nn.functional.pad(bits, (0, logits.shape[1] - bits.shape[1]))
+    idx = torch.tensor(rows, device=logits.device)
+    logits = logits.clone()
+    logits[idx] = logits[idx].masked_fill(bits == 0, float("-inf"))
+    return logits

@@ -307,7 +307,7 @@ class ParallelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, out: SchedulerOutput, requests: Mapping[str, Request]
+        self, out: SchedulerOutput, requests: Mapping[str, Request], token_masks: Any = None
     ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
         """Run one scheduled step on every rank; rank 0's sampled tokens (and logprobs)."""
         new = {}
@@ -321,7 +321,8 @@ class ParallelRunner:
                 )
                 self._known.add(s.req_id)
         drops, self._drops = self._drops, []
-        self._broadcast(("step", out, new, drops))
+        masks = token_masks.result() if hasattr(token_masks, "result") else token_masks
+        self._broadcast(("step", out, new, drops, masks or None))
         if out.tier_ops is not None:
             self._in_flight += [t.id for t in out.tier_ops.transfers]
         self._step += 1

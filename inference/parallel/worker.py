@@ -266,7 +266,7 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
             kind = msg[0]
             if kind == "step":
                 step += 1
-                _, out, new_requests, drops = msg
+                _, out, new_requests, drops, token_masks = msg
                 for rid in drops:
                     runner.drop(rid)
                     requests.pop(rid, None)
@@ -274,7 +274,7 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     requests[rid] = _Req(sp, mm)
                 t0 = time.perf_counter()
                 try:
-                    sampled, logprobs = runner.execute(out, requests)
+                    sampled, logprobs = runner.execute(out, requests, token_masks)
                 except Exception:
                     # the engine recomputes the step's requests from their start (or fails the
                     # one that ran alone): the tables this step extended must not outlive it

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI) over the async engine.
 
-Routes: POST /v1/chat/completions, POST /v1/completions (both with SSE streaming), GET /v1/models,
-GET /health, GET /metrics (Prometheus). Every error is an OpenAI-style `{"error": {...}}` body;
+Routes: POST /v1/chat/completions, POST /v1/completions (both with SSE streaming), POST /tokenize
+and /detokenize (vLLM's shapes), GET /v1/models, GET /health, GET /metrics (Prometheus). Every error is an OpenAI-style `{"error": {...}}` body;
 a bad request never stops the server and never affects another request. A client that goes
 away aborts its request, streaming or not. `guard.Guard` checks the API key and the body size
 before any route runs; the route checks the JSON's nesting before parsing it.
@@ -24,9 +24,10 @@ from inference.engine.async_engine import AsyncEngine, EngineDeadError
 from inference.server import openapi
 from inference.server.guard import Guard, ServerLimits
 from inference.server.protocol import (
-    ChatStreamFilter,
     OpenAIError,
     OpenAIServing,
+    finish_reason,
+    message_of,
     mm_inputs,
     new_request_id,
     usage,
@@ -147,25 +148,21 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
 
         async def events() -> AsyncIterator[str]:
             rid, created = first.request_id, int(time.time())
-            filt = ChatStreamFilter(p)
+            stream = serving.stream_parser(p)
             yield serving.chat_chunk(rid, created, {"role": "assistant", "content": ""})
             o = first
             while True:
-                delta = filt.push(o.new_text)
+                delta = stream.push(o.new_text)
                 if delta:
-                    yield serving.chat_chunk(rid, created, {"content": delta})
+                    yield serving.chat_chunk(rid, created, delta)
                 if o.finished:
                     break
                 o = await gen.__anext__()
-            msg, errors = serving.chat_message(filt.text, p)
-            final: dict[str, Any] = {}
-            if msg.get("tool_calls"):
-                final["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
-            if errors:  # the raw text stays visible: send what the stream has not shown yet
-                raw = msg["content"] or ""
-                final["content"] = raw[len(filt.sent) :] if raw.startswith(filt.sent) else raw
-            finish = "tool_calls" if msg.get("tool_calls") else (o.finish_reason or "stop")
-            yield serving.chat_chunk(rid, created, final, finish)
+            final, parsed = stream.finish()
+            msg, errors = message_of(parsed)
+            if errors:  # what was wrong with the model's tool calls (never its raw markup)
+                final["dayzero_tool_call_errors"] = errors
+            yield serving.chat_chunk(rid, created, final, finish_reason(msg, o))
             if p.include_usage:
                 yield serving.chat_chunk(rid, created, None, usage_=usage(o))
             _finished(request, "/v1/chat/completions", o)
@@ -197,6 +194,15 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(_closing(gen, events()), media_type="text/event-stream")
+
+    @app.post("/tokenize", openapi_extra=openapi.operation(openapi.TOKENIZE_REQUEST))
+    async def tokenize(request: Request):
+        body = await _body(request)
+        return await asyncio.to_thread(serving.tokenize, body)  # a long chat renders off the loop
+
+    @app.post("/detokenize", openapi_extra=openapi.operation(openapi.DETOKENIZE_REQUEST))
+    async def detokenize(request: Request):
+        return serving.detokenize(await _body(request))
 
     @app.get("/v1/models")
     async def models():

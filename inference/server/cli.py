@@ -13,22 +13,50 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     infer = sub.add_parser("infer", help="inference engine commands")
     isub = infer.add_subparsers(dest="infer_command", required=True, metavar="COMMAND")
     s = isub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    src = s.add_mutually_exclusive_group()
+    src = s.add_mutually_exclusive_group(required=True)
     src.add_argument(
-        "--model", metavar="DIR", help="model folder: config.json + safetensors (+ tokenizer.json)"
+        "--model",
+        metavar="DIR",
+        help="checkpoint folder as released: config.json, safetensors (+ manifest), tokenizer.json or "
+        "tiktoken.model + tokenizer_config.json, chat template",
     )
-    src.add_argument("--dummy", metavar="CONFIG", help="config.json to build with seeded random weights")
+    src.add_argument(
+        "--dummy",
+        metavar="CONFIG",
+        nargs="?",
+        const="",
+        help="seeded RANDOM weights for a config.json (none given: the small vision-language test model); "
+        "byte tokenizer, answers are meaningless",
+    )
     s.add_argument("--host", default=os.environ.get("DAYZERO_INFERENCE_HOST", "127.0.0.1"))
     port = os.environ.get("DAYZERO_INFERENCE_PORT")
     s.add_argument("--port", type=int, default=int(port) if port else None, required=port is None,
                    help="TCP port (or DAYZERO_INFERENCE_PORT)")  # fmt: skip
     s.add_argument(
-        "--served-model-name", default=None, help="the `model` clients send (default: folder name)"
+        "--served-model-name",
+        default=None,
+        help="the `model` clients send (default: the checkpoint config's `_name_or_path`, else its folder name)",
     )
     s.add_argument("--device", default="auto", help="cuda, cpu or auto")
     s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     s.add_argument("--seed", type=int, default=0, help="seed of --dummy weights")
-    s.add_argument("--tool-parser", default="kimi")
+    s.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=None,
+        help="a jinja chat template overriding the checkpoint's",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        help="tool-call format: auto (from the checkpoint), kimi_k2, deepseek_v31, hermes, qwen3_xml, none "
+        "(default: %(default)s)",
+    )
+    s.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        help="reasoning format: auto (from the checkpoint), think (<think>...</think>), none (default: %(default)s)",
+    )
     s.add_argument("--max-model-len", type=int, default=32768)
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -124,11 +152,29 @@ def engine_config(args: argparse.Namespace):
     )
 
 
-def _serve(args: argparse.Namespace) -> int:
+def served_model_name(args: argparse.Namespace) -> str:
+    """`--served-model-name`, else the checkpoint config's `_name_or_path`, else its folder's name."""
+    import json
     from pathlib import Path
+
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model is None:
+        return Path(args.dummy).stem if args.dummy else "dayzero-small-random"
+    config = Path(args.model) / "config.json"
+    try:
+        name = json.loads(config.read_text()).get("_name_or_path")
+    except (OSError, ValueError):
+        name = None
+    return str(name).rstrip("/").rsplit("/", 1)[-1] if name else Path(args.model).resolve().name
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
 
     import torch
 
+    from inference.chat import ChatOptions
     from inference.engine.factory import build_engine
     from inference.server.guard import ServerLimits
     from inference.server.images import ImageSources
@@ -137,9 +183,14 @@ def _serve(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     cfg = engine_config(args)
+    log = logging.getLogger("dayzero.infer")
+    if args.model is None:
+        log.warning(
+            "serving RANDOM weights (--dummy %s): answers are meaningless", args.dummy or "small test model"
+        )
     engine = build_engine(
         model_dir=args.model,
-        config=args.dummy,
+        config=args.dummy or None,
         engine_config=cfg,
         device=device,
         dtype=dtype,
@@ -150,11 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
         expert_parallel_size=args.expert_parallel_size,
         expert_dispatch=args.expert_dispatch,
     )
-    name = args.served_model_name or (
-        Path(args.model or args.dummy).resolve().name
-        if (args.model or args.dummy)
-        else "dayzero-small-random"
-    )
+    name = served_model_name(args)
     limits = ServerLimits(api_key=args.api_key, max_body_bytes=args.max_request_bytes)
     images = ImageSources(
         blob_url=args.blob_url or None,
@@ -167,7 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         model_name=name,
-        tool_parser=args.tool_parser,
+        chat=ChatOptions(args.chat_template, args.tool_call_parser, args.reasoning_parser),
         limits=limits,
         images=images,
     )

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+PROTECTED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for inline base64 images
 DEFAULT_MAX_JSON_DEPTH = 32
 
@@ -52,7 +53,7 @@ async def _send_error(send: Any, status: int, message: str, type_: str, code: st
 
 
 class Guard:
-    """Pure ASGI middleware: API key on /v1/*, then the body size limit."""
+    """Pure ASGI middleware: API key on /v1/* and the tokenizer routes, then the body size limit."""
 
     def __init__(self, app: Any, limits: ServerLimits) -> None:
         self.app, self.limits = app, limits
@@ -62,7 +63,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         lim = self.limits
-        if lim.api_key is not None and scope["path"].startswith("/v1/"):
+        if lim.api_key is not None and scope["path"].startswith(PROTECTED_PATHS):
             auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
             if not key_matches(auth, lim.api_key):
                 await _send_error(

@@ -69,6 +69,7 @@ _MESSAGE = {
             "oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _CONTENT_PART}]
         },
         "name": {"type": "string"},
+        "reasoning_content": {"type": ["string", "null"]},
         "tool_call_id": {"type": "string"},
         "tool_calls": {
             "type": "array",
@@ -98,9 +99,10 @@ _TOOL = {
             "type": "object",
             "required": ["name"],
             "properties": {
-                "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
                 "description": {"type": "string"},
                 "parameters": {"type": "object"},
+                "strict": {"type": ["boolean", "null"]},
             },
         },
     },
@@ -131,6 +133,23 @@ CHAT_REQUEST = {
                 },
             ]
         },
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
+        "response_format": {
+            "type": ["object", "null"],
+            "required": ["type"],
+            "properties": {
+                "type": {"enum": ["text", "json_object", "json_schema"]},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "schema": {"type": "object"},
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                },
+            },
+        },
+        "chat_template_kwargs": {"type": ["object", "null"]},
         "logprobs": {"type": ["boolean", "null"]},
         "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
@@ -149,6 +168,47 @@ COMPLETION_REQUEST = {
             ]
         },
         "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+    },
+}
+
+
+TOKENIZE_REQUEST = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["prompt"],
+            "properties": {
+                "model": {"type": ["string", "null"]},
+                "prompt": {"type": "string"},
+                "add_special_tokens": {"type": "boolean"},
+                "return_token_strs": {"type": ["boolean", "null"]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["messages"],
+            "properties": {
+                "model": {"type": ["string", "null"]},
+                "messages": CHAT_REQUEST["properties"]["messages"],
+                "tools": CHAT_REQUEST["properties"]["tools"],
+                "add_generation_prompt": {"type": "boolean"},
+                "chat_template_kwargs": {"type": ["object", "null"]},
+                "return_token_strs": {"type": ["boolean", "null"]},
+            },
+        },
+    ]
+}
+
+DETOKENIZE_REQUEST = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {
+        "model": {"type": ["string", "null"]},
+        "tokens": {
+            "type": "array",
+            "maxItems": 1 << 22,
+            "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+        },
     },
 }
 

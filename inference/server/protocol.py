@@ -11,18 +11,18 @@ import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jsonschema
 
-from inference.chat import ChatTemplate
+from inference.chat import ChatFrontend, RenderedPrompt
 from inference.engine.engine import RequestOutput
 from inference.engine.request import SamplingParams, TokenLogprob
+from inference.parsers import OutputContext, ParsedMessage, StreamParser, ToolSpec
 from inference.server import openapi
 from inference.server.images import ImageEncoder
-from inference.tokenizer import Tokenizer
-from inference.toolparse import SECTION_BEGIN, ToolParser
+from inference.structured import GrammarError, build_grammar
 
 
 class OpenAIError(Exception):
@@ -104,9 +104,7 @@ class PreparedChat:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
-    tool_names: set[str] | None
-    parse_tools: bool
-    forced_prefix: str
+    output: OutputContext
     mm_spans: list = field(default_factory=list)
     mm_payloads: list = field(default_factory=list)
     message_ends: list[int] = field(default_factory=list)
@@ -125,6 +123,21 @@ def mm_inputs(p: PreparedChat) -> Any:
 
 
 _CHAT_SCHEMA = jsonschema.Draft202012Validator(openapi.CHAT_REQUEST)
+_TOKENIZE_SCHEMA = jsonschema.Draft202012Validator(openapi.TOKENIZE_REQUEST)
+_DETOKENIZE_SCHEMA = jsonschema.Draft202012Validator(openapi.DETOKENIZE_REQUEST)
+
+
+def _validate(body: Any, schema: jsonschema.Draft202012Validator) -> Mapping[str, Any]:
+    """The documented request schema is the contract: what it refuses is refused here (400)."""
+    if not isinstance(body, Mapping):
+        raise OpenAIError("the request body must be a JSON object")
+    error = jsonschema.exceptions.best_match(schema.iter_errors(body))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "body"
+        raise OpenAIError(
+            f"{where}: {error.message}", param=str(error.absolute_path[0]) if error.absolute_path else None
+        )
+    return body
 
 
 class OpenAIServing:
@@ -132,16 +145,14 @@ class OpenAIServing:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
-        tool_parser: ToolParser,
+        frontend: ChatFrontend,
         model_name: str,
         max_model_len: int,
         image_handler: ImageEncoder | None = None,
         default_max_tokens: int = 1024,
     ) -> None:
-        self.tok = tokenizer
-        self.template = ChatTemplate(tokenizer)
-        self.tool_parser = tool_parser
+        self.frontend = frontend
+        self.tok = frontend.tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.image_handler = image_handler
@@ -163,76 +174,76 @@ class OpenAIServing:
             )
 
     # -- chat ------------------------------------------------------------------------------
-    def prepare_chat(self, body: Any) -> PreparedChat:
-        if not isinstance(body, Mapping):
-            raise OpenAIError("the request body must be a JSON object")
-        # The documented request schema is the contract: what it refuses is refused here (400).
-        error = jsonschema.exceptions.best_match(_CHAT_SCHEMA.iter_errors(body))
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "body"
-            raise OpenAIError(
-                f"{where}: {error.message}",
-                param=str(error.absolute_path[0]) if error.absolute_path else None,
-            )
-        self.check_model(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise OpenAIError("'messages' must be a non-empty array", param="messages")
-        tools = body.get("tools")
-        if tools is not None and (
-            not isinstance(tools, list)
-            or not all(
-                isinstance(t, Mapping)
-                and t.get("type") == "function"
-                and isinstance(t.get("function"), Mapping)
-                and isinstance(t["function"].get("name"), str)
-                for t in tools
-            )
-        ):
-            raise OpenAIError(
-                "'tools' must be a list of {type: 'function', function: {name, ...}}", param="tools"
-            )
-        tool_choice = body.get("tool_choice", "auto")
+    def render(
+        self, body: Mapping[str, Any], *, add_generation_prompt: bool = True, images: bool = True
+    ) -> RenderedPrompt:
+        """The prompt of a (validated) chat body: its messages and tools through the checkpoint's
+        template."""
+        tools = body.get("tools") or None
+        kwargs = body.get("chat_template_kwargs") or None
         try:
-            rendered = self.template.render(
-                messages, tools, tool_choice=tool_choice if tools else None, image_handler=self.image_handler
+            return self.frontend.renderer.render(
+                body["messages"],
+                tools,
+                add_generation_prompt=add_generation_prompt,
+                kwargs=kwargs,
+                image_handler=self.image_handler if images else None,
             )
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from None
+
+    def prepare_chat(self, body: Any) -> PreparedChat:
+        body = _validate(body, _CHAT_SCHEMA)
+        self.check_model(body)
+        tools = ToolSpec.from_openai(body.get("tools"))
+        tool_choice = body.get("tool_choice") or "auto"
+        if tool_choice != "none" and tool_choice != "auto" and not tools:
+            raise OpenAIError("tool_choice needs 'tools'", param="tool_choice")
+        rendered = self.render(body)
         self._check_len(len(rendered.token_ids))
+        parser = self.frontend.parser
+        inside = parser.reasoning is not None and parser.reasoning.starts_inside(rendered.text)
+        try:
+            grammar = build_grammar(
+                parser,
+                response_format=body.get("response_format"),
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
+                inside_reasoning=inside,
+            )
+        except GrammarError as exc:
+            raise OpenAIError(str(exc), param=exc.param) from None
         if rendered.mm_payloads:  # all of the request's images through the vision tower at once
             rendered.mm_payloads = self.image_handler.encode(rendered.mm_payloads)
-        sampling = parse_sampling(body, default_max_tokens=self.default_max_tokens, chat=True)
+        sampling = replace(
+            parse_sampling(body, default_max_tokens=self.default_max_tokens, chat=True), grammar=grammar
+        )
         opts = body.get("stream_options") or {}
+        output = OutputContext(
+            tools={t.name: t for t in tools} if tools else None,
+            parse_tools=bool(tools) and tool_choice != "none",
+            inside_reasoning=inside,
+        )
         return PreparedChat(
             rendered.token_ids,
             sampling,
             bool(body.get("stream", False)),
             bool(isinstance(opts, Mapping) and opts.get("include_usage")),
-            {t["function"]["name"] for t in tools} if tools else None,
-            bool(tools) and tool_choice != "none",
-            rendered.forced_prefix,
+            output,
             rendered.mm_spans,
             rendered.mm_payloads,
             rendered.message_ends,
         )
 
     def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:
-        full = p.forced_prefix + text
-        if not p.parse_tools:
-            return {"role": "assistant", "content": full}, []
-        parsed = self.tool_parser.parse(full, p.tool_names)
-        msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.tool_calls:
-            msg["tool_calls"] = parsed.tool_calls
-        return msg, parsed.errors
+        return message_of(self.frontend.parser.parse(text, p.output))
 
     def chat_response(self, rid: str, outs: Sequence[RequestOutput], p: PreparedChat) -> dict[str, Any]:
         last = outs[-1]
         text = "".join(o.new_text for o in outs)
         msg, errors = self.chat_message(text, p)
-        finish = "tool_calls" if msg.get("tool_calls") else (last.finish_reason or "stop")
-        choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": finish_reason(msg, last)}
         if p.sampling.logprobs is not None:
             choice["logprobs"] = {"content": self._chat_logprobs([lp for o in outs for lp in o.new_logprobs])}
         resp = {
@@ -279,6 +290,36 @@ class OpenAIServing:
         if usage_ is not None:
             obj["usage"] = usage_
         return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+    def stream_parser(self, p: PreparedChat) -> StreamParser:
+        return StreamParser(self.frontend.parser, p.output)
+
+    # -- tokenize --------------------------------------------------------------------------
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """vLLM's `/tokenize`: `{prompt}` (text, `add_special_tokens` adds BOS) or a chat
+        `{messages, tools?, add_generation_prompt?, chat_template_kwargs?}` -> its ids."""
+        body = _validate(body, _TOKENIZE_SCHEMA)
+        self.check_model(body)
+        if "messages" in body:
+            ids = self.render(
+                body, add_generation_prompt=body.get("add_generation_prompt", True) is not False, images=False
+            ).token_ids
+        else:
+            ids = self.tok.encode(body["prompt"])
+            if body.get("add_special_tokens") and self.tok.bos_token_id is not None:
+                ids = [self.tok.bos_token_id, *ids]
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
+        if body.get("return_token_strs"):
+            out["token_strs"] = [self._tok_str(t) for t in ids]
+        return out
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        body = _validate(body, _DETOKENIZE_SCHEMA)
+        self.check_model(body)
+        ids = [int(t) for t in body["tokens"]]  # JSON Schema's integer admits 1.0
+        if any(t >= self.tok.vocab_size for t in ids):
+            raise OpenAIError("token ids are outside the vocabulary", param="tokens")
+        return {"prompt": self.tok.decode(ids)}
 
     # -- completions -----------------------------------------------------------------------
     def prepare_completion(self, body: Any) -> tuple[list[int], SamplingParams, bool]:
@@ -356,25 +397,15 @@ def new_request_id() -> str:
     return uuid.uuid4().hex[:24]
 
 
-class ChatStreamFilter:
-    """Streams content deltas until a tool-calls section starts; the calls go out at the end."""
+def message_of(parsed: ParsedMessage) -> tuple[dict[str, Any], list[str]]:
+    """An OpenAI assistant message from a parse (and the parse's errors)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning is not None:
+        msg["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        msg["tool_calls"] = parsed.tool_calls
+    return msg, parsed.errors
 
-    def __init__(self, p: PreparedChat) -> None:
-        self.p = p
-        self.text = ""
-        self.sent = ""  # content already streamed
-        self.in_tools = bool(p.forced_prefix) and p.parse_tools
 
-    def push(self, delta: str) -> str:
-        self.text += delta
-        if self.in_tools or not delta:
-            return ""
-        if self.p.parse_tools and SECTION_BEGIN in self.text:
-            self.in_tools = True
-            before = self.text.index(SECTION_BEGIN)
-            sent = len(self.text) - len(delta)
-            out = self.text[sent:before] if before > sent else ""
-            self.sent += out
-            return out
-        self.sent += delta
-        return delta
+def finish_reason(msg: Mapping[str, Any], last: RequestOutput) -> str:
+    return "tool_calls" if msg.get("tool_calls") else (last.finish_reason or "stop")

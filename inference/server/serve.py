@@ -6,6 +6,7 @@ import socket
 import threading
 from typing import Any
 
+from inference.chat import ChatOptions, engine_frontend
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.engine import Engine
 from inference.server.app import build_app
@@ -13,26 +14,24 @@ from inference.server.guard import ServerLimits
 from inference.server.images import ImageSources, make_image_handler
 from inference.server.protocol import OpenAIServing
 from inference.server.telemetry import install_tracer_provider
-from inference.toolparse import get_tool_parser
 
 
 def make_app(
     engine: Engine,
     *,
     model_name: str,
-    tool_parser: str = "kimi",
+    chat: ChatOptions | None = None,
     limits: ServerLimits | None = None,
     images: ImageSources | None = None,
 ) -> tuple[Any, AsyncEngine]:
     install_tracer_provider()  # a no-op where the process already has one (tests, embedded use)
-    aeng = AsyncEngine(engine).start()
     serving = OpenAIServing(
-        engine.tokenizer,
-        get_tool_parser(tool_parser),
+        engine_frontend(engine, chat),
         model_name,
         engine.config.scheduler.max_model_len,
         image_handler=make_image_handler(engine, images),
     )
+    aeng = AsyncEngine(engine).start()
     return build_app(aeng, serving, limits), aeng
 
 
@@ -42,13 +41,13 @@ def run_server(
     host: str,
     port: int,
     model_name: str,
-    tool_parser: str = "kimi",
+    chat: ChatOptions | None = None,
     limits: ServerLimits | None = None,
     images: ImageSources | None = None,
 ) -> None:
     import uvicorn
 
-    app, aeng = make_app(engine, model_name=model_name, tool_parser=tool_parser, limits=limits, images=images)
+    app, aeng = make_app(engine, model_name=model_name, chat=chat, limits=limits, images=images)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
@@ -64,12 +63,15 @@ class BackgroundServer:
         *,
         model_name: str,
         host: str = "127.0.0.1",
+        chat: ChatOptions | None = None,
         limits: ServerLimits | None = None,
         images: ImageSources | None = None,
     ) -> None:
         import uvicorn
 
-        self.app, self.engine = make_app(engine, model_name=model_name, limits=limits, images=images)
+        self.app, self.engine = make_app(
+            engine, model_name=model_name, chat=chat, limits=limits, images=images
+        )
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))

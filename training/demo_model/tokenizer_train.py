@@ -1,8 +1,7 @@
 """Train the demo model's byte-level BPE (`tokenizer.json`) on the corpus, with the Kimi special tokens.
 
-The chat template encodes each piece of a conversation separately (role names, message texts, tool
-call ids, arguments, the tools JSON), so the BPE is trained on exactly those pieces, collected by
-rendering corpus conversations through `ChatTemplate` with a recording tokenizer.
+The BPE is trained on the text between special tokens of corpus conversations rendered through the
+model's chat template (`chat_template.jinja`): what the tokenizer meets when it serves.
 
 Pre-tokenization: every digit is its own piece (a number is copied digit by digit from the question
 into the tool call and from the tool result into the answer, which a small model learns easily);
@@ -16,48 +15,22 @@ the question and in the passage, and the model made names up instead of copying 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from inference.chat import ChatTemplate
+from inference.chat import BUNDLED_TEMPLATE_DIR, load_chat_template
 from inference.tokenizer import KIMI_SPECIAL_TOKENS
 
 __all__ = ["collect_segments", "train_tokenizer"]
 
 
-class _Recorder:
-    """Just enough of the `Tokenizer` protocol for `ChatTemplate.render`: records each text piece."""
-
-    vocab_size = 0
-    bos_token_id = None
-    eos_token_ids = ()
-
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
-
-    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
-        if text:
-            self.pieces.append(text)
-        return []
-
-    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
-        return ""
-
-    def token_id(self, token: str) -> int:
-        return 0
-
-    def is_special(self, token_id: int) -> bool:
-        return False
-
-
 def collect_segments(conversations: Iterable[tuple[list[dict], list[dict]]]) -> Iterator[str]:
-    """(messages, tools) pairs -> the text pieces the chat template would encode."""
-    rec = _Recorder()
-    template = ChatTemplate(rec)  # type: ignore[arg-type]
+    """(messages, tools) pairs -> the text between special tokens of their rendered prompts."""
+    template = load_chat_template(BUNDLED_TEMPLATE_DIR)
+    split = re.compile("|".join(map(re.escape, KIMI_SPECIAL_TOKENS)))
     for messages, tools in conversations:
-        template.render(messages, tools, add_generation_prompt=True)
-        yield from rec.pieces
-        rec.pieces.clear()
+        yield from (p for p in split.split(template.render(messages, tools)) if p)
 
 
 def train_tokenizer(pieces: Iterable[str], vocab_size: int, out: str | Path) -> Path:

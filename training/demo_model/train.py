@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inference.demo_model.spec import TRAIN_SEED, demo_config
+from inference.demo_model.spec import TRAIN_SEED, demo_config, write_chat_files
 from training.demo_model.train_forward import text_model, train_hidden
 
 __all__ = ["TrainConfig", "assistant_mask", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
@@ -94,12 +94,12 @@ def assistant_mask(ids: Sequence[int], assistant_id: int, middle_id: int, end_id
 def _encode_range(args: tuple[str, int, int, int]) -> list[tuple[list[int], list[bool]]]:
     tokenizer_path, seed0, start, stop = args
     torch.set_num_threads(1)
-    from inference.chat import ChatTemplate
+    from inference.chat import BUNDLED_TEMPLATE_DIR, PromptRenderer, load_chat_template
     from inference.tokenizer import HFTokenizer
     from training.demo_model.corpus import ToolBox, make_task
 
     tok = HFTokenizer(tokenizer_path)
-    template = ChatTemplate(tok)
+    template = PromptRenderer(load_chat_template(BUNDLED_TEMPLATE_DIR), tok)
     a, m, e = (tok.token_id(x) for x in ("<|im_assistant|>", "<|im_middle|>", "<|im_end|>"))
     box = ToolBox()
     out = []
@@ -238,6 +238,7 @@ def train(
     (out / "tokenizer.json").write_bytes(tokenizer.read_bytes())
     config = demo_config(tok.vocab_size, tok.token_id("<|media_pad|>"))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_chat_files(out, {t: tok.token_id(t) for t in ("[BOS]", "[EOS]", "<|im_end|>")})
 
     if corpus is not None and corpus.is_file():
         samples = load_corpus(corpus, tok)[: cfg.num_samples]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from inference.chat import ChatTemplate
+from inference.chat import engine_frontend
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
@@ -167,7 +167,7 @@ def test_a_cached_chat_turn_is_prefilled_in_one_step_despite_its_message_ends():
     cfg = BASE.evolve(enable_chunked_prefill=True, max_num_batched_tokens=256, enable_cuda_graphs=False)
     eng = build_engine(engine_config=cfg.evolve(enable_prefix_caching=True))
     plain = build_engine(engine_config=cfg)
-    template = ChatTemplate(eng.tokenizer)
+    template = engine_frontend(eng).renderer
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     messages = [{"role": "system", "content": "You are terse. " * 10}, {"role": "user", "content": "first"}]
     previous = 0  # the previous turn's prompt length

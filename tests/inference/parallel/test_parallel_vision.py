@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from inference.chat import engine_frontend
 from inference.engine.factory import build_engine, small_vl_model_config
 from inference.server.images import make_image_handler
 from inference.server.protocol import OpenAIServing, mm_inputs
-from inference.toolparse import get_tool_parser
 from tests.inference.parallel.test_parallel_engine import CONFIG
 
 
@@ -60,8 +60,7 @@ def _generate(engine, serving: OpenAIServing, bodies: list[dict]) -> list[tuple[
 def _run(engine) -> list[tuple[list[int], int, int]]:
     """Two requests with different images, then the first one's next turn (same image)."""
     serving = OpenAIServing(
-        engine.tokenizer,
-        get_tool_parser("kimi"),
+        engine_frontend(engine),
         "m",
         CONFIG.scheduler.max_model_len,
         image_handler=make_image_handler(engine),

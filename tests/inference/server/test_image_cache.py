@@ -69,7 +69,9 @@ def _three_turns(send, image_url: str) -> list[dict]:
 
 def _image_end(serving, image_url: str) -> int:
     """Prompt position just past the image's placeholders (rendering reads, never encodes)."""
-    rendered = serving.template.render([_first_message(image_url)], image_handler=serving.image_handler)
+    rendered = serving.frontend.renderer.render(
+        [_first_message(image_url)], image_handler=serving.image_handler
+    )
     (span,) = rendered.mm_spans
     assert span.length == 48  # 224x168 -> 16x12 patches -> 8x6 merged tokens
     return span.offset + span.length

@@ -22,12 +22,15 @@ def test_serve_args(monkeypatch):
         ["infer", "serve", "--dummy", "cfg.json", "--port", "9", "--no-prefix-caching"]
     )
     assert a.dummy == "cfg.json" and a.port == 9 and a.no_prefix_caching and a.func.__name__ == "_serve"
-    assert parser(monkeypatch, port=1234).parse_args(["infer", "serve"]).port == 1234
+    assert parser(monkeypatch, port=1234).parse_args(["infer", "serve", "--dummy"]).port == 1234
+    assert parser(monkeypatch).parse_args(["infer", "serve", "--dummy", "--port", "9"]).dummy == ""
 
 
 def test_port_required_and_sources_exclusive(monkeypatch, capsys):
     with pytest.raises(SystemExit):
-        parser(monkeypatch).parse_args(["infer", "serve"])
+        parser(monkeypatch).parse_args(["infer", "serve", "--dummy"])
+    with pytest.raises(SystemExit):  # random weights only when asked for
+        parser(monkeypatch).parse_args(["infer", "serve", "--port", "1"])
     with pytest.raises(SystemExit):
         parser(monkeypatch).parse_args(["infer", "serve", "--port", "1", "--model", "a", "--dummy", "b"])
 
@@ -36,7 +39,7 @@ def test_flags_become_the_nested_engine_config(monkeypatch, tmp_path):
     from inference.server.cli import engine_config
 
     a = parser(monkeypatch).parse_args(
-        ["infer", "serve", "--port", "9", "--block-size", "32", "--max-num-seqs", "8", "--kv-cache-dtype", "fp8",
+        ["infer", "serve", "--dummy", "--port", "9", "--block-size", "32", "--max-num-seqs", "8", "--kv-cache-dtype", "fp8",
          "--kv-offload-host-gb", "2", "--kv-offload-disk-gb", "0.5", "--kv-offload-disk-url", f"file://{tmp_path}",
          "--kv-offload-min-tokens", "32768", "--enforce-eager"]
     )  # fmt: skip
@@ -50,5 +53,5 @@ def test_flags_become_the_nested_engine_config(monkeypatch, tmp_path):
         f"file://{tmp_path}",
         32768,
     )
-    plain = engine_config(parser(monkeypatch).parse_args(["infer", "serve", "--port", "9"]))
+    plain = engine_config(parser(monkeypatch).parse_args(["infer", "serve", "--dummy", "--port", "9"]))
     assert not plain.cache.tiers.enabled and plain.kv_cache_dtype == "auto"

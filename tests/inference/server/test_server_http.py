@@ -113,7 +113,7 @@ def test_chat_stream_with_usage(server):
                 )
             ),
             400,
-            "messages",
+            "tool_choice",
         ),
         (
             dict(

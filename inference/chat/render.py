@@ -1,0 +1,245 @@
+"""Messages -> prompt token ids through the checkpoint's chat template: exactly the ids transformers'
+`apply_chat_template(..., tokenize=True)` gives for the same files, with three additions.
+
+1. **User text never becomes a special token.** Text that came from a request (message contents,
+   tool-call arguments, names) and spells a special token is rendered with that token's first
+   character swapped for a noncharacter; where the swap shows up in the rendered text, that span is
+   encoded as plain text. Requests without such text (nearly all) take one plain encode.
+2. **Images**: each image part is one image token in the template's output (`image_token_id` of the
+   model config); it is expanded to the image's embedding count, and its span recorded
+   (`MMSpan`) for the prefix cache and the vision tower.
+3. **Message ends** (prefix-cache checkpoints, rule 4 of the cache): the rendered text of each
+   conversation prefix, where it is a prefix of the full text, marks a token position; the
+   prefix renders are bounded (none — the tool declarations —, the first two and the last
+   `RECENT_ENDS` messages), which covers the reuse cases of a serving workload: shared tools and
+   system prompt, and the previous turn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+from inference.cache.coordinator import MMSpan
+from inference.chat.template import ChatTemplate
+from inference.tokenizer import Tokenizer
+
+ImageHandler = Callable[[Mapping[str, Any]], tuple[int, str, Any]]
+RECENT_ENDS = 6
+_SWAP = "\ufdd0"  # a Unicode noncharacter: never meaningful in text a request sends
+IMAGE_PART_TYPES = ("image_url", "image")
+
+
+@dataclass(slots=True)
+class RenderedPrompt:
+    token_ids: list[int]
+    text: str  # the rendered prompt, before image expansion
+    mm_spans: list[MMSpan] = field(default_factory=list)
+    mm_payloads: list[Any] = field(default_factory=list)
+    message_ends: list[int] = field(default_factory=list)  # token positions after each message
+
+
+def _check_messages(messages: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                raise ValueError(f"messages[{i}].content[{j}] must be an object with a 'type'")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(f"messages[{i}].content[{j}]: a text part needs a string 'text'")
+            if part["type"] not in ("text", *IMAGE_PART_TYPES):
+                raise ValueError(
+                    f"messages[{i}].content[{j}]: unsupported content part type {part['type']!r}"
+                )
+            if part["type"] in IMAGE_PART_TYPES and m["role"] != "user":
+                raise ValueError(f"messages[{i}]: images are accepted in user messages only")
+        for j, c in enumerate(m.get("tool_calls") or []):
+            fn = c.get("function") if isinstance(c, Mapping) else None
+            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                raise ValueError(
+                    f"messages[{i}].tool_calls[{j}] needs a 'function' object with a string 'name'"
+                )
+    return list(messages)
+
+
+def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+class PromptRenderer:
+    """One checkpoint's template + tokenizer; `render` is thread-safe."""
+
+    def __init__(
+        self, template: ChatTemplate, tokenizer: Tokenizer, *, image_token_id: int | None = None
+    ) -> None:
+        self.template = template
+        self.tok = tokenizer
+        self.image_token_id = image_token_id
+        names = sorted(tokenizer.special_tokens, key=len, reverse=True)
+        self._special = re.compile("|".join(map(re.escape, names))) if names else None
+        self._unswap = {_SWAP + t[1:]: t for t in names}
+        self._swapped = re.compile("|".join(map(re.escape, self._unswap))) if names else None
+
+    # -- text ------------------------------------------------------------------------------
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        return self.template.render(
+            messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs
+        )
+
+    def _forges(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        return self._special is not None and any(self._special.search(s) for s in _strings(list(messages)))
+
+    def _swap(self, s: str) -> str:
+        assert self._special is not None
+        return self._special.sub(lambda m: _SWAP + m.group(0)[1:], s)
+
+    def _encode(self, text: str, forged: bool) -> tuple[list[int], str]:
+        """Token ids of a rendered text (and the text with swapped spans restored)."""
+        if not forged:
+            return self.tok.encode(text, allow_special=True), text
+        assert self._swapped is not None
+        ids: list[int] = []
+        restored: list[str] = []
+        pos = 0
+        for m in self._swapped.finditer(text):
+            ids += self.tok.encode(text[pos : m.start()], allow_special=True)
+            plain = self._unswap[m.group(0)]
+            ids += self.tok.encode(plain, allow_special=False)
+            restored += [text[pos : m.start()], plain]
+            pos = m.end()
+        ids += self.tok.encode(text[pos:], allow_special=True)
+        restored.append(text[pos:])
+        return ids, "".join(restored)
+
+    # -- the prompt ------------------------------------------------------------------------
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        kwargs: Mapping[str, Any] | None = None,
+        image_handler: ImageHandler | None = None,
+    ) -> RenderedPrompt:
+        msgs = _check_messages(messages)
+        forged = self._forges(msgs)
+        if forged:
+            msgs = _map_strings(msgs, self._swap)
+        text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        ids, real_text = self._encode(text, forged)
+        ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged)
+        out = RenderedPrompt(ids, real_text, message_ends=ends)
+        images = [
+            p
+            for m in msgs
+            if isinstance(m.get("content"), list)
+            for p in m["content"]
+            if p["type"] in IMAGE_PART_TYPES
+        ]
+        if images:
+            self._expand_images(out, images, image_handler)
+        return out
+
+    def _expand_images(
+        self, out: RenderedPrompt, images: list[Mapping[str, Any]], handler: ImageHandler | None
+    ) -> None:
+        if handler is None or self.image_token_id is None:
+            raise ValueError("this model/engine does not accept images")
+        where = [i for i, t in enumerate(out.token_ids) if t == self.image_token_id]
+        if len(where) != len(images):
+            raise ValueError(
+                f"the chat template ({self.template.origin}) placed {len(where)} image tokens for "
+                f"{len(images)} images"
+            )
+        ids: list[int] = []
+        prev = 0
+        shift: list[tuple[int, int]] = []  # (position in the unexpanded ids, tokens added there)
+        for pos, part in zip(where, images, strict=True):
+            n, digest, payload = handler(part)
+            ids += out.token_ids[prev:pos]
+            out.mm_spans.append(MMSpan(len(ids), n, digest))
+            out.mm_payloads.append(payload)
+            ids += [self.image_token_id] * n
+            shift.append((pos, n - 1))
+            prev = pos + 1
+        ids += out.token_ids[prev:]
+        out.token_ids = ids
+        out.message_ends = [e + sum(k for p, k in shift if p < e) for e in out.message_ends]
+
+    def _message_ends(
+        self,
+        msgs: list[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: Mapping[str, Any] | None,
+        text: str,
+        real_text: str,
+        ids: list[int],
+        forged: bool,
+    ) -> list[int]:
+        n = len(msgs)
+        wanted = sorted({k for k in (0, 1, 2) if k <= n} | set(range(max(1, n - RECENT_ENDS + 1), n + 1)))
+        table = self.tok.token_bytes()
+        cum = list(accumulate(len(table[t]) if 0 <= t < len(table) else 0 for t in ids)) if table else None
+        ends: list[int] = []
+        for k in wanted:
+            try:
+                prefix = self.render_text(msgs[:k], tools, add_generation_prompt=False, kwargs=kwargs)
+            except ValueError:  # a template may refuse a conversation cut short (e.g. no user turn)
+                continue
+            if not prefix or not text.startswith(prefix) or len(prefix) >= len(text):
+                continue
+            nbytes = len(real_text[: len(prefix)].encode("utf-8"))
+            if cum is not None:
+                pos = _index_of(cum, nbytes)
+            else:
+                sub = self._encode(prefix, forged)[0]
+                pos = len(sub) if ids[: len(sub)] == sub else None
+            if pos is not None and (not ends or pos > ends[-1]):
+                ends.append(pos)
+        return ends
+
+
+def _index_of(cum: list[int], nbytes: int) -> int | None:
+    """The token count whose bytes add up to exactly `nbytes` (None: a token straddles it)."""
+    lo, hi = 0, len(cum)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cum[mid] < nbytes:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo + 1 if lo < len(cum) and cum[lo] == nbytes else None
