@@ -141,8 +141,8 @@ class ToolCallFormat:
         raise NotImplementedError
 
     def calls_rule(self, tools: Sequence[ToolSpec], *, parallel: bool) -> str:
-        """Lark rules defining `calls`: one tool-call part calling `tools` (one call unless
-        `parallel`)."""
+        """Lark rules defining `calls`, one tool-call part calling `tools` (one call unless
+        `parallel`), and `calls_tail`, the same part after its opening `start` marker."""
         raise NotImplementedError
 
     def stray_markup(self, text: str) -> bool:

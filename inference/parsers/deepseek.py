@@ -66,7 +66,8 @@ class DeepSeekV31ToolCalls(ToolCallFormat):
     def calls_rule(self, tools: Sequence[ToolSpec], *, parallel: bool) -> str:
         lit = self.markup.lark
         rules = [
-            f"calls: {lit(CALLS_BEGIN)} call{' call*' if parallel else ''} {lit(CALLS_END)}",
+            f"calls: {lit(CALLS_BEGIN)} calls_tail",
+            f"calls_tail: call{' call*' if parallel else ''} {lit(CALLS_END)}",
             "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
         ]
         for i, t in enumerate(tools):

@@ -68,7 +68,8 @@ class KimiToolCalls(ToolCallFormat):
     def calls_rule(self, tools: Sequence[ToolSpec], *, parallel: bool) -> str:
         lit = self.markup.lark
         rules = [
-            f"calls: {lit(SECTION_BEGIN)} call{' call*' if parallel else ''} {lit(SECTION_END)}",
+            f"calls: {lit(SECTION_BEGIN)} calls_tail",
+            f"calls_tail: call{' call*' if parallel else ''} {lit(SECTION_END)}",
             "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
         ]
         for i, t in enumerate(tools):

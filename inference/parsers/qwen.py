@@ -18,6 +18,18 @@ from inference.parsers.base import ToolCallFormat, ToolSpec, call_dict, check_ar
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 _MORE = ' ("\\n" call)*'  # Lark: further calls, one per line
+# a raw string value with its closing tag, one lexeme: it ends at the first `</parameter>`
+_STRING_VALUE = r"STRING_VALUE: /(?s:.*)\n<\/parameter>\n/ & ~/(?s:.*<\/parameter>.*<\/parameter>.*)/"
+
+
+def _call_rules(n: int, parallel: bool) -> list[str]:
+    """`calls`, `calls_tail` and `call` over the formats' `body_{i}` rules (a call after `<tool_call>`)."""
+    return [
+        f"calls: {json.dumps(OPEN)} calls_tail",
+        f"calls_tail: body{_MORE if parallel else ''}",
+        "body: " + " | ".join(f"body_{i}" for i in range(n)),
+        f"call: {json.dumps(OPEN)} body",
+    ]
 
 
 def _blocks(part: str, errors: list[str]) -> list[str]:
@@ -70,10 +82,7 @@ class HermesToolCalls(ToolCallFormat):
         return calls, errors
 
     def calls_rule(self, tools: Sequence[ToolSpec], *, parallel: bool) -> str:
-        rules = [
-            f"calls: call{_MORE if parallel else ''}",
-            "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
-        ]
+        rules = _call_rules(len(tools), parallel)
         for i, t in enumerate(tools):
             schema = {
                 "type": "object",
@@ -85,7 +94,7 @@ class HermesToolCalls(ToolCallFormat):
             if isinstance(defs, Mapping):  # refs are written against the parameters' root
                 schema = _rebase_refs(schema, "#/properties/arguments")
             rules.append(
-                f"call_{i}: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
+                f"body_{i}: {json.dumps(chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
             )
         return "\n".join(rules)
 
@@ -143,11 +152,7 @@ class Qwen3XmlToolCalls(ToolCallFormat):
         return calls, errors
 
     def calls_rule(self, tools: Sequence[ToolSpec], *, parallel: bool) -> str:
-        rules = [
-            f"calls: call{_MORE if parallel else ''}",
-            "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
-            "PARAM_TEXT: /(?s:.*)/ & ~/(?s:.*<\\/parameter>.*)/",
-        ]
+        rules = [*_call_rules(len(tools), parallel), _STRING_VALUE]
         for i, t in enumerate(tools):
             props = t.parameters.get("properties") or {}
             required = set(t.parameters.get("required") or [])
@@ -159,15 +164,16 @@ class Qwen3XmlToolCalls(ToolCallFormat):
                     # raw text in this format: an enum is its alternatives; other string keywords
                     # (pattern, lengths) are not expressed
                     enum = [v for v in sub.get("enum", []) if isinstance(v, str)]
-                    value = "(" + " | ".join(map(json.dumps, enum)) + ")" if enum else "PARAM_TEXT"
+                    end = json.dumps("\n</parameter>\n")
+                    value = f"({' | '.join(map(json.dumps, enum))}) {end}" if enum else "STRING_VALUE"
                 else:
                     sub = dict(sub) if isinstance(sub, Mapping) else {}
                     if isinstance(defs, Mapping):
                         sub["$defs"] = defs
-                    value = "%json " + json.dumps(sub)
-                rules.append(f"p_{i}_{j}: {head} {value} {json.dumps(chr(10) + '</parameter>' + chr(10))}")
+                    value = "%json " + json.dumps(sub) + " " + json.dumps("\n</parameter>\n")
+                rules.append(f"p_{i}_{j}: {head} {value}")
                 parts.append(f"p_{i}_{j}" + ("" if key in required else "?"))
-            opener = json.dumps(f"{OPEN}\n<function={t.name}>\n")
+            opener = json.dumps(f"\n<function={t.name}>\n")
             closer = json.dumps(f"</function>\n{CLOSE}")
-            rules.append(f"call_{i}: {opener} {' '.join(parts)} {closer}")
+            rules.append(f"body_{i}: {opener} {' '.join(parts)} {closer}")
         return "\n".join(rules)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -131,12 +132,16 @@ def build_grammar(
     if calling and (tool_choice == "required" or isinstance(tool_choice, Mapping)):
         body = "calls"
     elif calling:  # auto: free text (or the schema's JSON), or the calls
-        text = answer or "TEXT"
-        if answer is None:
-            rules.append(f"TEXT: {text_without(parser.markup, [fmt.start])}")
+        if answer is not None:
+            body = f"({answer} | calls)"
+        elif parser.markup.is_special(fmt.start):  # free text never holds a special token
+            rules.append(f"TEXT: {text_without(parser.markup, [])}")
             body = "TEXT? calls?"
-        else:
-            body = f"({text} | calls)"
+        else:  # one lexeme of text up to the plain-text opener: the lexer cannot split that text
+            opener = re.escape(fmt.start).replace("/", "\\/")
+            rules.append(f"TEXT: {text_without(parser.markup, [fmt.start])}")
+            rules.append(f"TEXT_OPEN: /(?s:.*){opener}/ & ~/(?s:.*{opener}.*{opener}.*)/")
+            body = "(TEXT? | TEXT_OPEN calls_tail)"
     else:
         body = answer
     start = f"start: {_reasoning_prefix(parser, inside_reasoning)}{body}"
