@@ -1,5 +1,6 @@
 """Engine benchmark (issue 4): exactness, decode throughput vs transformers `generate`, and
-turn-10 TTFT with vs without the prefix cache at a 16K shared context.
+turn-10 TTFT with vs without the prefix cache at a 16K shared context; `structured`: decode with
+every request grammar-constrained vs none at batch 1 and 32.
 
 Model: a Kimi-Linear-shaped random-weight config of about 2.7B total parameters (16 layers:
 12 KDA + 4 MLA, 32 experts top-4 + a shared expert, dense first layer), bf16 on the GPU.
@@ -249,6 +250,7 @@ def engine_decode(
     prompt_len: int,
     steps: int,
     host_profile: bool = False,
+    grammar: str | None = None,
     **engine_kw,
 ) -> dict[str, Any]:
     # a request whose prompt is done decodes while the others still prefill (a token per step):
@@ -265,10 +267,12 @@ def engine_decode(
         num_blocks=batch * ((prompt_len + max_tokens + 80) // 64 + 2),
         **engine_kw,
     )
-    rids = [
-        eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-        for p in rand_prompts(batch, prompt_len, 7)
-    ]
+    # a constrained request gets room past the timed steps: its grammar's closing window (the last
+    # eighth of max_tokens) would otherwise end answers inside them
+    sp = SamplingParams(
+        temperature=0, max_tokens=max_tokens * (8 if grammar else 1), ignore_eos=True, grammar=grammar
+    )
+    rids = [eng.add_request(p, sp) for p in rand_prompts(batch, prompt_len, 7)]
     first = eng.get_request(rids[0])
     _warm(eng)
     res = _timed_steps(eng, device, steps)
@@ -579,9 +583,39 @@ def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any
             "table": table}  # fmt: skip
 
 
+# the grammar of the structured section: a JSON object holding a list of strings, which a
+# random-weight model keeps extending (every step computes a real JSON mask)
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 24}}},
+    "required": ["items"],
+    "additionalProperties": False,
+}
+
+
+def structured_decode(model, spec, dtype, device, batches, plen: int, steps: int) -> dict[str, Any]:
+    """Decode tok/s with every request constrained by a JSON-schema grammar vs none, same engine
+    shape; the overhead is the mask computation and application per step."""
+    from inference.structured.grammar import with_options
+
+    grammar = "start: %json " + json.dumps(with_options(STRUCTURED_SCHEMA))
+    out: dict[str, Any] = {}
+    for b in batches:
+        free = engine_decode(model, spec, dtype, device, b, plen, steps)
+        constrained = engine_decode(model, spec, dtype, device, b, plen, steps, grammar=grammar)
+        out[f"b{b}"] = {
+            "free_tok_per_s": free["tok_per_s"],
+            "constrained_tok_per_s": constrained["tok_per_s"],
+            "overhead_pct": round(100 * (free["tok_per_s"] / constrained["tok_per_s"] - 1), 2),
+            "constrained_ms_per_step": constrained["ms_per_step"],
+            "free_ms_per_step": free["ms_per_step"],
+        }
+    return out
+
+
 SECTIONS = (
     "decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32", "decode_long",
-    "prefill_long", "decode_128k",
+    "prefill_long", "decode_128k", "structured",
 )  # fmt: skip
 
 
@@ -645,6 +679,10 @@ def main() -> None:
     if "decode" in want and not quick:  # batch 32 without CUDA graphs: what the graphs buy
         section("engine_decode_b32_eager", out_dir)(engine_decode)(
             model, spec, dtype, device, 32, plen, steps, enable_cuda_graphs=False
+        )
+    if "structured" in want:
+        section("structured_decode", out_dir)(structured_decode)(
+            model, spec, dtype, device, (1, 32), plen, steps
         )
     if args.profile_decode and not quick:
         section(f"decode_profile_b{args.profile_batch}", out_dir)(profile_decode)(

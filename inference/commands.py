@@ -68,10 +68,33 @@ def _analyze(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(to_json(result), indent=2) if args.json else format_analysis(result))
+    serving = serving_report(args.config)
+    if args.json:
+        print(json.dumps({**to_json(result), **({"serving": serving} if serving else {})}, indent=2))
+    else:
+        print(format_analysis(result))
+        if serving:
+            print("\nserving (from the checkpoint's files):")
+            print("\n".join(f"  {k:<18} {v}" for k, v in serving.items()))
     if result.plan is None or not result.plan.fits:
         return 1
     return 0
+
+
+def serving_report(path: str | None) -> dict[str, str] | None:
+    """What `dayzero infer serve` would use of a checkpoint folder: its tokenizer, chat template
+    and parsers (None for a lone config.json); a file that would be refused is reported as such."""
+    from pathlib import Path
+
+    from inference.chat import load_frontend
+    from inference.tokenizer import TokenizerFilesError, load_tokenizer
+
+    if path is None or not Path(path).is_dir():
+        return None
+    try:
+        return load_frontend(load_tokenizer(path), path).describe()
+    except TokenizerFilesError as exc:
+        return {"refused": str(exc)}
 
 
 def _register_infer(sub: argparse._SubParsersAction) -> None:

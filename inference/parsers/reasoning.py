@@ -16,7 +16,9 @@ class ReasoningFormat:
     end: str = "</think>"
 
     def detect(self, special_tokens: Mapping[str, int], template_source: str) -> bool:
-        return self.end in special_tokens or self.end in template_source
+        """A template that writes the end marker renders reasoning: the model was trained to think
+        (a vocabulary that merely has the tokens is not enough)."""
+        return self.end in template_source
 
     def starts_inside(self, prompt_text: str) -> bool:
         tail = prompt_text.rstrip()

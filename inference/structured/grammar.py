@@ -160,4 +160,6 @@ def _reasoning_prefix(parser: OutputParser, inside: bool) -> str:
 
 def _reasoning_rules(parser: OutputParser) -> list[str]:
     r = parser.reasoning
-    return [] if r is None else [f"THINK: {text_without(parser.markup, [r.end])}", r"WS: /\s+/"]
+    return (
+        [] if r is None else [f"THINK: {text_without(parser.markup, [r.end])}", r"WS: /[\x20\x0A\x0D\x09]+/"]
+    )

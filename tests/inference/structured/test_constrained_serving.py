@@ -1,0 +1,100 @@
+"""Every corpus schema answered validly by construction, through `dayzero infer serve` and the
+official `openai` SDK: the bundled demo model and a random-weight `--dummy` model take turns, each
+schema asked once (as `response_format`, a required tool or a named tool, whole or streamed, in
+rotation; `benchmarks/structured_outputs.py` runs the whole matrix). A schema the grammar cannot
+express is a 400 naming the keyword, never a silently unconstrained answer."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from inference.demo_model.spec import DEMO_DIR
+from tests.inference.structured import conformance
+from tests.inference.structured.corpus import SUPPORT_FILE, load_corpus, load_unsupported
+
+pytestmark = pytest.mark.slow
+
+REFUSED = {name for name, s in json.loads(SUPPORT_FILE.read_text()).items() if not s["compiles"]}
+CORPUS = load_corpus()
+SUPPORTED = [e for e in CORPUS if e.name not in REFUSED]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with (
+        conformance.served("--dummy", extra=["--max-num-seqs", "16"]) as dummy,
+        conformance.served("--model", str(DEMO_DIR), extra=["--max-num-seqs", "16"]) as demo,
+    ):
+        yield {"dayzero-small-random": dummy, "dayzero-demo": demo}
+
+
+def rotation() -> dict[str, list[conformance.Case]]:
+    plan: dict[str, list[conformance.Case]] = {"dayzero-small-random": [], "dayzero-demo": []}
+    for i, entry in enumerate(SUPPORTED):
+        model = ("dayzero-small-random", "dayzero-demo")[i % 2]
+        mode = conformance.MODES[(i // 2) % 3]
+        plan[model].append(conformance.Case(entry, mode, stream=(i // 6) % 2 == 1))
+    for i, entry in enumerate(SUPPORTED[:8]):
+        plan[("dayzero-small-random", "dayzero-demo")[i % 2]].append(
+            conformance.Case(entry, "json_object", i % 4 < 2)
+        )
+    return plan
+
+
+def test_every_supported_schema_is_answered_validly(servers):
+    outcomes = [
+        o for model, cases in rotation().items() for o in conformance.run(servers[model], model, cases)
+    ]
+    bad = [
+        (o.case.entry.name, o.case.mode, o.case.stream, o.finish_reason, o.error) for o in outcomes if o.error
+    ]
+    assert len(outcomes) == len(SUPPORTED) + 8
+    assert not bad, f"{len(bad)} of {len(outcomes)} answers invalid: {bad[:10]}"
+
+
+def test_a_schema_the_grammar_cannot_express_is_refused_by_keyword(servers):
+    url = servers["dayzero-small-random"]
+    refused = [e for e in CORPUS if e.name in REFUSED]
+    support = json.loads(SUPPORT_FILE.read_text())
+    assert refused
+    cases = [(e.schema, support[e.name]["error"].split("\n")[0][:40]) for e in refused]
+    cases += [(u.schema, u.error_contains) for u in load_unsupported()]
+    for schema, needle in cases:
+        for body in (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema, "strict": True},
+                }
+            },
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}
+                ],
+                "tool_choice": "required",
+            },
+        ):
+            r = httpx.post(
+                f"{url}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **body},
+                timeout=60,
+            )
+            assert r.status_code == 400, (needle, r.text)
+            assert needle in r.json()["error"]["message"], (needle, r.text)
+    # a tool that is not strict is still called, its arguments then any JSON object
+    schema = refused[0].schema
+    body = {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+        "tool_choice": "required",
+    }
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 64, **body},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    call = r.json()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "f" and isinstance(json.loads(call["function"]["arguments"]), dict)
