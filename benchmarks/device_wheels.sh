@@ -13,7 +13,7 @@ LOCK=requirements/dev.lock
 PKGS=(alembic annotated-types fastapi jsonschema jsonschema-specifications mako
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions pydantic pydantic-core
   pydantic-settings python-dotenv referencing rpds-py sqlalchemy starlette typing-inspection
-  uvicorn)
+  uvicorn llguidance tiktoken regex jinja2 markupsafe tokenizers)
 # not in the lock: fla for the KDA reference paths; truststore, which the image's huggingface_hub
 # (under transformers, the reference side of benchmarks/long_context.py) imports
 EXTRA=(fla-core==0.6.0 flash-linear-attention==0.6.0 truststore==0.10.5)
@@ -25,7 +25,7 @@ for p in "${PKGS[@]}"; do
 done
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${pins[@]}" "${EXTRA[@]}"
 ls .whl | wc -l
 du -sh .whl

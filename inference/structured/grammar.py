@@ -67,6 +67,11 @@ def _checked(schema: Any, param: str) -> dict[str, Any]:
 def _tools_for_grammar(tools: Sequence[ToolSpec]) -> list[ToolSpec]:
     out = []
     for i, t in enumerate(tools):
+        if t.parameters.get("type", "object") != "object":
+            raise GrammarError(
+                f"tools[{i}].function.parameters must describe a JSON object (type: object); "
+                f"a call's arguments are an object", f"tools[{i}].function.parameters"
+            )
         try:
             out.append(replace(t, parameters=_checked(t.parameters, f"tools[{i}].function.parameters")))
         except GrammarError:

@@ -43,6 +43,11 @@ class Outcome:
     completion_tokens: int
 
 
+def tool_mode_fits(schema: dict[str, Any]) -> bool:
+    """A call's arguments are an object: only object schemas are asked as tool parameters."""
+    return schema.get("type", "object") == "object" and "$ref" not in schema
+
+
 def request(case: Case, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": PROMPT}],
