@@ -263,9 +263,7 @@ class Engine:
         masks = None
         if self.grammars is not None:  # computed beside the forward; the runner waits at sampling
             masks = self.grammars.start([s.req_id for s in sched_out.scheduled if s.sample])
-        sampled, logprobs = (
-            self.runner.execute(sched_out, reqs, masks) if masks else self.runner.execute(sched_out, reqs)
-        )
+        sampled, logprobs = self.runner.execute(sched_out, reqs, masks)
         if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
             # nothing runnable before a promotion lands: wait for it rather than spin
             self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))

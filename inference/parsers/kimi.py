@@ -74,7 +74,7 @@ class KimiToolCalls(ToolCallFormat):
         ]
         for i, t in enumerate(tools):
             rules.append(
-                f"call_{i}: {lit(CALL_BEGIN)} {json.dumps(f'functions.{t.name}:')} /[0-9]+/ {lit(ARG_BEGIN)} args_{i} {lit(CALL_END)}"
+                f"call_{i}: {lit(CALL_BEGIN)} {json.dumps(f'functions.{t.name}:')} /[0-9]{{1,4}}/ {lit(ARG_BEGIN)} args_{i} {lit(CALL_END)}"
             )
             rules.append(f"args_{i}: {schema_term(t)}")
         return "\n".join(rules)

@@ -64,10 +64,18 @@ def _checked(schema: Any, param: str) -> dict[str, Any]:
     return with_options(schema)
 
 
+def describes_object(schema: Mapping[str, Any]) -> bool:
+    """Whether a tool's parameters schema is an object's (`type: object`, or untyped with
+    properties, a `$ref`, or nothing at all)."""
+    if "type" in schema:
+        return schema["type"] == "object"
+    return not (set(schema) & {"enum", "const", "anyOf", "oneOf", "allOf", "items", "prefixItems", "pattern"})
+
+
 def _tools_for_grammar(tools: Sequence[ToolSpec]) -> list[ToolSpec]:
     out = []
     for i, t in enumerate(tools):
-        if t.parameters.get("type", "object") != "object":
+        if not describes_object(t.parameters):
             raise GrammarError(
                 f"tools[{i}].function.parameters must describe a JSON object (type: object); "
                 f"a call's arguments are an object", f"tools[{i}].function.parameters"

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import jsonschema
 
+from inference.structured.grammar import describes_object
 from tests.inference.structured.corpus import CorpusEntry
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,7 +46,7 @@ class Outcome:
 
 def tool_mode_fits(schema: dict[str, Any]) -> bool:
     """A call's arguments are an object: only object schemas are asked as tool parameters."""
-    return schema.get("type", "object") == "object" and "$ref" not in schema
+    return describes_object(schema) and "$ref" not in schema
 
 
 def request(case: Case, max_tokens: int) -> dict[str, Any]:
