@@ -14,12 +14,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("goal", nargs="?", help="the task goal (or give --body)")
     p.add_argument("--body", default=None, help="JSON task body (a file path, or - for stdin)")
     p.add_argument("--tools", default=None, help="comma-separated allowed tools")
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="most steps the task may take (default: the server's budget)",
+    )
     p.add_argument("--metadata", action="append", default=[], help="key=value (repeatable)")
-    p.add_argument("--idempotency-key", default=None)
+    p.add_argument(
+        "--idempotency-key",
+        default=None,
+        help="resubmitting with the same key returns the same task (default: none)",
+    )
     p.add_argument("--kafka", action="store_true", help="produce to dayzero.tasks instead of calling REST")
     p.add_argument("--tenant", default=None, help="tenant (required with --kafka)")
-    p.add_argument("--url", default=os.environ.get("DAYZERO_API_URL", "http://127.0.0.1:8000"))
+    p.add_argument(
+        "--url",
+        default=os.environ.get("DAYZERO_API_URL", "http://127.0.0.1:8000"),
+        help="the API's base URL (or DAYZERO_API_URL; default: %(default)s)",
+    )
     p.add_argument("--api-key", default=os.environ.get("DAYZERO_API_KEY"), help="default: $DAYZERO_API_KEY")
     p.add_argument("--follow", action="store_true", help="REST: stream the task's events until it ends")
     p.set_defaults(func=_submit)
