@@ -22,7 +22,8 @@ def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
             content = m.get("content")
             text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content or [])
             if "script:" in text:
-                return json.loads(text.split("script:", 1)[1])
+                # raw_decode: text after the script (an attachment's extracted text) is not part of it
+                return json.JSONDecoder().raw_decode(text.split("script:", 1)[1])[0]
     return {"cycles": 0}
 
 
