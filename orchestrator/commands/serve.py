@@ -32,6 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     from orchestrator.api.server import TcpConfig
     from orchestrator.app import make_db
     from orchestrator.config import Settings
+    from orchestrator.logs import uvicorn_log_config
 
     make_db(Settings(), upgrade=args.upgrade).dispose()  # fail fast on a schema that is behind
     config = TcpConfig(
@@ -41,7 +42,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
-        access_log=False,
+        log_config=uvicorn_log_config(args.log_level),
+        access_log=False,  # uvicorn's own; ours is `dayzero.access` (orchestrator.api.access_log)
     )
     server = uvicorn.Server(config)
     if args.workers == 1:
