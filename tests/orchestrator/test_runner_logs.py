@@ -18,7 +18,9 @@ from orchestrator.tasks.queries import get_task
 from tests.orchestrator.conftest import submit
 
 REPO = Path(__file__).resolve().parents[2]
-LINE = re.compile(r'^ts=\S+Z level=(\w+) logger=(\S+) msg=("(?:[^"\\]|\\.)*"|\S+)((?: \w+=(?:"(?:[^"\\]|\\.)*"|\S+))*)$')
+LINE = re.compile(
+    r'^ts=\S+Z level=(\w+) logger=(\S+) msg=("(?:[^"\\]|\\.)*"|\S+)((?: \w+=(?:"(?:[^"\\]|\\.)*"|\S+))*)$'
+)
 
 
 def _fields(rest: str) -> dict[str, str]:
