@@ -51,8 +51,21 @@ def browser():
         b.close()
 
 
+GOALS = {  # what a person would ask; the scripted model reads its script from the system prompt
+    "flaky": "Fetch the two quarterly figures from the finance service and add them up",
+    "gated": "Wait for the approval, then file the expense report",
+    "over budget": "Reconcile the three ledgers",
+    "other tenant": "Summarise the attached report",
+}
+
+
 def _submit(client: httpx.Client, h: dict, script: dict, label: str, **extra) -> str:
-    body = {"goal": "script:" + json.dumps(script), "metadata": {"suite": "ui", "case": label}, **extra}
+    body = {
+        "goal": GOALS[label],
+        "system_prompt": "script:" + json.dumps(script),
+        "metadata": {"suite": "ui", "case": label},
+        **extra,
+    }
     r = client.post("/v1/tasks", json=body, headers=h)
     assert r.status_code == 201, r.text
     return r.json()["id"]
@@ -145,10 +158,7 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             page.wait_for_selector(f'#tasks tr[data-id="{over}"][data-status="FAILED"]', timeout=60_000)
             assert page.locator("#tasks tbody tr").count() == 3
             row = page.locator(f'#tasks tr[data-id="{flaky}"]')
-            assert (
-                row.locator(".goal").inner_text()
-                == 'script:{"cycles": 2, "tool": "flaky", "args": {"fail_times": 1}}'
-            )
+            assert row.locator(".goal").inner_text() == GOALS["flaky"]
             assert row.locator(".outcome").inner_text() == "done after 2 tool calls"
             assert "answer" in row.locator(".outcome").get_attribute("class")
             over_outcome = page.locator(f'#tasks tr[data-id="{over}"] .outcome')
@@ -181,9 +191,7 @@ def test_timeline_page_lists_shows_waterfall_and_follows_live(
             page.click(f'#tasks tr[data-id="{flaky}"] td.status')
             assert page.url == f"{url}/ui/#/tasks/{flaky}"
             page.wait_for_selector("#waterfall .row[data-step='4']")
-            expect(page.locator("#task-goal .text")).to_have_text(
-                'script:{"cycles": 2, "tool": "flaky", "args": {"fail_times": 1}}'
-            )
+            expect(page.locator("#task-goal .text")).to_have_text(GOALS["flaky"])
             expect(page.locator("#task-answer .text")).to_have_text("done after 2 tool calls")
             assert page.locator("#task-link").get_attribute("href") == f"#/tasks/{flaky}"
             rows = page.locator("#waterfall .row[data-step]")
