@@ -32,10 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from orchestrator.app import make_runner
     from orchestrator.attachments import attach_files
+    from orchestrator.commands.transcript import console as transcript_console
     from orchestrator.commands.transcript import outcome
     from orchestrator.config import Settings
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
@@ -43,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     from orchestrator.tasks.queries import get_task, list_messages
     from orchestrator.tracing import setup_tracing
 
-    console = Console(stderr=True)
+    console = transcript_console()
     settings = Settings()
     setup_tracing("dayzero-run", settings.otlp_endpoint)
     with console.status("starting (database, tools, model)"):

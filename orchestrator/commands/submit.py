@@ -165,12 +165,12 @@ def _follow(client: Any, task_id: str) -> int:
     """Show the task's transcript as `dayzero run` does, while its event stream runs; print the
     answer and return the task's exit code. A dropped stream is resumed from the last event."""
     import httpx
-    from rich.console import Console
 
     from orchestrator.commands.transcript import Transcript, outcome
+    from orchestrator.commands.transcript import console as transcript_console
     from orchestrator.events import TERMINAL_EVENT_TYPES
 
-    console = Console(stderr=True)
+    console = transcript_console()
     console.print(f"task {task_id}")
     transcript = Transcript(console)
     last_id, ended = "", False

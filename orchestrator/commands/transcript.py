@@ -14,6 +14,14 @@ from typing import Any
 MAX_SHOWN_CHARS = 2000  # per message: a long tool result is cut, the whole one is in the API
 
 
+def console() -> Any:
+    """The stderr console a transcript prints on (stdout carries only the outcome line). Lines are
+    never broken at the terminal's width: a message stays one line for `grep` and log files."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
 class Transcript:
     """Prints the messages of one task that it has not printed yet, on a rich console."""
 
@@ -69,11 +77,16 @@ def outcome(status: str, result: str | None, error: Any) -> tuple[str, int]:
 
 
 def _text(content: Any) -> str:
-    """A message's text; content parts other than text show as `[type]`."""
+    """A message's text; an image or file part shows as `[attachment]`, any other as `[type]`."""
     if isinstance(content, str):
         return content
-    parts = content if isinstance(content, list) else []
-    return " ".join(p.get("text", f"[{p.get('type')}]") for p in parts if isinstance(p, dict))
+    parts = [p for p in (content if isinstance(content, list) else []) if isinstance(p, dict)]
+    return " ".join(
+        p["text"] if isinstance(p.get("text"), str)
+        else "[attachment]" if p.get("type") == "image_url"
+        else f"[{p.get('type')}]"
+        for p in parts
+    )  # fmt: skip
 
 
 def _cut(text: str) -> str:

@@ -59,7 +59,7 @@ def test_submit_attach_follow_prints_the_transcript_and_exits_with_the_task(
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert ok.stdout == "done after 1 tool calls\n"  # the answer, alone on stdout
         err = ok.stderr
-        assert f"user: {script}" in err
+        assert f"user: {script} [attachment] [attachment]" in err
         assert '(turn 1) → echo({"text": "hello 0"})' in err
         assert "← echo: " in err and "hello 0" in err.split("← echo: ", 1)[1]
         assert "answer (turn 2): done after 1 tool calls" in err
