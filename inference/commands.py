@@ -29,9 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="most GPUs to use (the plan takes the fewest that fit; default 1024)",
     )
-    p.add_argument("--gpu-mem", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
-    p.add_argument("--context", type=int, default=131072, help="tokens per sequence (default 131072)")
-    p.add_argument("--sequences", type=int, default=1, help="concurrent sequences the plan must hold")
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="memory per GPU in GiB (default: %(default)s)")
+    p.add_argument("--context", type=int, default=131072, help="tokens per sequence (default: %(default)s)")
+    p.add_argument(
+        "--sequences",
+        type=int,
+        default=1,
+        help="concurrent sequences the plan must hold (default: %(default)s)",
+    )
     p.add_argument(
         "--weights",
         choices=("bf16", "fp8", "int4", "fp4"),

@@ -19,14 +19,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run a Celery worker. Broker and result backend come from CELERY_BROKER_URL and "
         "CELERY_RESULT_BACKEND. Scale each queue separately by running workers with different --queues.",
     )
-    p.add_argument("--queues", "-Q", default="preprocess", help="comma-separated, from: " + ", ".join(QUEUES))
+    p.add_argument(
+        "--queues",
+        "-Q",
+        default="preprocess",
+        help="comma-separated, from: " + ", ".join(QUEUES) + " (default: %(default)s)",
+    )
     p.add_argument(
         "--concurrency", "-c", type=int, default=None, help="worker processes (default: CPU count)"
     )
-    p.add_argument("--pool", default="prefork", choices=("prefork", "solo", "threads"))
-    p.add_argument("--loglevel", "-l", default="INFO")
+    p.add_argument(
+        "--pool",
+        default="prefork",
+        choices=("prefork", "solo", "threads"),
+        help="Celery pool (default: %(default)s)",
+    )
+    p.add_argument("--loglevel", "-l", default="INFO", help="Celery log level (default: %(default)s)")
     p.add_argument("--hostname", "-n", default=None, help="node name (default: celery's)")
-    p.add_argument("--max-tasks-per-child", type=int, default=None)
+    p.add_argument(
+        "--max-tasks-per-child",
+        type=int,
+        default=None,
+        help="restart a pool process after this many jobs (default: never)",
+    )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     p.set_defaults(func=run_worker)
 

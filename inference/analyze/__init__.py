@@ -11,15 +11,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from inference.analyze.advice import context_warnings, fit_suggestions
 from inference.analyze.operators import Op, operators
 from inference.analyze.params import cache_bytes, parameter_counts
 from inference.analyze.plan import (
     HEADROOM,
+    MAX_GPUS,
     WEIGHT_BYTES,
     GiB,
     ParallelPlan,
     driver_params,
-    gpu_counts,
+    fewest_gpus_plans,
     plan_parallel,
     rank_params,
 )
@@ -68,6 +70,8 @@ class Analysis:
     plan: ParallelPlan | None = None
     alternatives: list[ParallelPlan] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # about the request (`advice`)
+    suggestions: list[str] = field(default_factory=list)  # when no plan fits: what would (`advice`)
 
 
 def _display_name(s: ModelSpec) -> str:
@@ -84,7 +88,7 @@ def analyze(
     weight_dtype: str | None = None,
     sequences: int = 1,
 ) -> Analysis:
-    """Analyse `s` and plan the fewest GPUs (up to `gpus`, default 1024) that hold it with 20% headroom.
+    """Analyse `s` and plan the fewest GPUs (up to `gpus`, default `MAX_GPUS`) that hold it with 20% headroom.
 
     `weight_dtype` (the plan's bytes per weight) defaults to bf16: what this runtime holds, since it
     dequantizes FP8 / INT4 checkpoints at load; `fp8` / `int4` plan a runtime that keeps them.
@@ -97,11 +101,7 @@ def analyze(
             raise ValueError(f"{name} must be positive, got {value}")
     head, comp = parameter_counts(s)
     kv_tok, state_seq = cache_bytes(s)
-    plans: list[ParallelPlan] = []
-    for n in gpu_counts(gpus or 1024):
-        plans = plan_parallel(s, n, gpu_mem_gib, context, weight_dtype, sequences)
-        if plans and plans[0].fits:
-            break
+    plans = fewest_gpus_plans(s, gpus or MAX_GPUS, gpu_mem_gib, context, weight_dtype, sequences)
     notes = []
     if s.mtp is not None:
         notes.append(
@@ -157,7 +157,12 @@ def analyze(
         plan=plans[0] if plans else None,
         alternatives=plans[1:4],
         notes=notes,
-    )
+        warnings=context_warnings(s, context),
+        suggestions=fit_suggestions(
+            s, gpus=gpus, gpu_mem_gib=gpu_mem_gib, context=context, weight_dtype=weight_dtype,
+            sequences=sequences, plan=plans[0] if plans else None,
+        ),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,9 +246,10 @@ def format_analysis(a: Analysis) -> str:
     )
     lines.append(f"memory per sequence at {a.context} tokens: {_fmt_b(a.memory_per_sequence_bytes)}")
     lines += [f"note: {n}" for n in a.notes]
+    lines += [f"warning: {w}" for w in a.warnings]
     if a.plan is None:
         lines.append("plan: no tensor/pipeline split of these GPU counts divides the heads and experts")
-        return "\n".join(lines)
+        return "\n".join(lines + _suggestion_lines(a))
     for title, plan in [("plan", a.plan)] + [("  alternative", x) for x in a.alternatives]:
         verdict = f"fits, up to {plan.max_sequences} sequences" if plan.fits else "DOES NOT FIT"
         driver = (
@@ -256,7 +262,13 @@ def format_analysis(a: Analysis) -> str:
             f"weights {_fmt_b(plan.weight_bytes_per_gpu)}/GPU{driver}, KV {_fmt_b(plan.kv_bytes_per_gpu)}, state "
             f"{_fmt_b(plan.state_bytes_per_gpu)} of {_fmt_b(plan.usable_bytes_per_gpu)} usable (20% headroom): {verdict}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _suggestion_lines(a))
+
+
+def _suggestion_lines(a: Analysis) -> list[str]:
+    if not a.suggestions:
+        return []
+    return ["to fit, change one of (the smallest change along each):"] + [f"  - {x}" for x in a.suggestions]
 
 
 def format_diff(d: Diff) -> str:

@@ -35,15 +35,18 @@ from inference.parallel.split_rule import (
 
 __all__ = [
     "HEADROOM",
+    "MAX_GPUS",
     "WEIGHT_BYTES",
     "ParallelPlan",
     "driver_params",
+    "fewest_gpus_plans",
     "gpu_counts",
     "plan_parallel",
     "rank_params",
 ]
 
 GiB = 1024**3
+MAX_GPUS = 1024  # the most GPUs a plan considers when none is given
 HEADROOM = 0.20  # fraction of each GPU kept free (activations, fragmentation, CUDA context)
 # bytes per weight; int4 counts its group scales (one bf16 scale per 32 weights, the K2.5 layout)
 WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 32, "fp4": 0.5}
@@ -162,6 +165,19 @@ def plan_parallel(
             )
         )  # fmt: skip
     return sorted(plans, key=lambda p: (not p.fits, p.pp, -p.max_sequences))
+
+
+def fewest_gpus_plans(
+    s: ModelSpec, limit: int, gpu_mem_gib: float, context: int, weight_dtype: str = "bf16", sequences: int = 1
+) -> list[ParallelPlan]:
+    """The plans of the fewest GPUs (of `gpu_counts(limit)`) that hold the model, best first; when
+    none does, those of `limit` GPUs (none fitting; [] when no split of `limit` divides the model)."""
+    plans: list[ParallelPlan] = []
+    for n in gpu_counts(limit):
+        plans = plan_parallel(s, n, gpu_mem_gib, context, weight_dtype, sequences)
+        if plans and plans[0].fits:
+            break
+    return plans
 
 
 def gpu_counts(limit: int) -> list[int]:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from inference.config import deepseek, kimi_linear, multimodal, qwen3_next
+from inference.config.fields import get, positive
 from inference.config.spec import (
     DENSE,
     GDN,
@@ -81,7 +83,11 @@ def _read_text(cfg: dict[str, Any], prefix: str = "") -> ModelSpec:
             prefix + "model_type",
             f"unsupported text model type {model_type!r} (known: {', '.join(TEXT_MODEL_TYPES)})",
         )
-    return reader(cfg, prefix)
+    spec = reader(cfg, prefix)
+    trained = get(cfg, "max_position_embeddings", int, prefix, default=None)  # every family's name
+    if trained is not None:
+        positive(trained, prefix + "max_position_embeddings")
+    return replace(spec, max_position_embeddings=trained)
 
 
 def parse_config(cfg: dict[str, Any]) -> ModelSpec:

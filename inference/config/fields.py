@@ -20,7 +20,7 @@ METADATA: Mapping[str, str] = {
     **dict.fromkeys(keys("architectures auto_map transformers_version _name_or_path _commit_hash"), "provenance"),
     **dict.fromkeys(keys("bos_token_id eos_token_id pad_token_id"), "tokenizer ids (read from the tokenizer)"),
     **dict.fromkeys(keys("dtype torch_dtype"), "weight dtype, read separately as torch_dtype"),
-    **dict.fromkeys(keys("max_position_embeddings model_max_length"), "context limit; the engine config sets it"),
+    **dict.fromkeys(keys("max_position_embeddings model_max_length"), "trained context length: analysis only (ModelSpec.max_position_embeddings); --max-model-len sets the served limit"),
     **dict.fromkeys(keys("use_cache output_router_logits _attn_implementation"), "runtime switches of transformers"),
     **dict.fromkeys(keys("initializer_range"), "initialisation of untrained weights"),
     **dict.fromkeys(keys("attention_dropout"), "dropout: training only"),

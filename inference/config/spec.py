@@ -247,6 +247,9 @@ class ModelSpec:
     mtp: MTPSpec | None = None
     quantization: QuantSpec | None = None  # stored weight format; None = plain torch_dtype
     wrapper_type: str | None = None
+    # The context length the checkpoint was trained for (`max_position_embeddings`), when it says;
+    # the engine does not enforce it (its --max-model-len does), `dayzero analyze` warns past it.
+    max_position_embeddings: int | None = None
 
     @property
     def kda_layers(self) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
 from orchestrator.api import errors
+from orchestrator.api.access_log import AccessLog
 from orchestrator.api.feed import make_feed
 from orchestrator.api.routes import attachments, events, health, tasks, ui
 from orchestrator.auth import KeyCache
@@ -238,4 +239,5 @@ def create_app(
         max_json_depth=ingress.max_json_depth,
         max_in_flight=ingress.max_in_flight,
     )
+    app.add_middleware(AccessLog)  # outermost: it also sees what the limits answer
     return app

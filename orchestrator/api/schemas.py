@@ -185,6 +185,7 @@ class TaskSummary(BaseModel):
         "CANCELLED",
         "TIMED_OUT",
     ]
+    goal: str | None = Field(description="the goal's text (its attachments left out)")
     idempotency_key: str | None
     metadata: dict[str, Any] | None
     allowed_tools: list[str] | None
@@ -200,6 +201,15 @@ class TaskSummary(BaseModel):
 
 class TaskDetail(TaskSummary):
     steps: list[StepOut]
+
+
+class TranscriptMessage(BaseModel):
+    """One message of a task's transcript, in OpenAI chat format."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class TaskPage(BaseModel):

@@ -34,10 +34,11 @@ def new_task_row(values: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**{**_NEW_TASK_DEFAULTS, **values})
 
 
-def task_summary(t: Any) -> TaskSummary:
+def task_summary(t: Any, goal: str | None) -> TaskSummary:
     return TaskSummary(
         id=t.id,
         status=t.status,
+        goal=goal,
         idempotency_key=t.idempotency_key,
         metadata=t.metadata,
         allowed_tools=t.allowed_tools,
@@ -57,7 +58,7 @@ def task_summary(t: Any) -> TaskSummary:
     )
 
 
-def task_detail(t: Row[Any], steps: list[Row[Any]], attempts: list[Row[Any]]) -> TaskDetail:
+def task_detail(t: Row[Any], goal: str | None, steps: list[Row[Any]], attempts: list[Row[Any]]) -> TaskDetail:
     by_step: dict[int, list[AttemptOut]] = {}
     for a in attempts:
         by_step.setdefault(a.step_index, []).append(
@@ -73,7 +74,7 @@ def task_detail(t: Row[Any], steps: list[Row[Any]], attempts: list[Row[Any]]) ->
             )
         )
     return TaskDetail(
-        **task_summary(t).model_dump(),
+        **task_summary(t, goal).model_dump(),
         steps=[
             StepOut(
                 index=s.step_index,

@@ -9,14 +9,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("apikey", help="manage API keys")
     ks = p.add_subparsers(dest="apikey_command", required=True)
     c = ks.add_parser("create", help="create a key for a tenant and print it (shown only this once)")
-    c.add_argument("--tenant", required=True)
+    c.add_argument("--tenant", required=True, help="the tenant whose tasks the key may see and create")
     c.add_argument("--name", default=None, help="a label for the key")
     c.set_defaults(func=_create)
     ls = ks.add_parser("list", help="list keys (ids only, never secrets)")
-    ls.add_argument("--tenant", default=None)
+    ls.add_argument("--tenant", default=None, help="only this tenant's keys (default: every tenant)")
     ls.set_defaults(func=_list)
     r = ks.add_parser("revoke", help="revoke a key by id")
-    r.add_argument("key_id")
+    r.add_argument("key_id", help="the key's id, as `dayzero apikey list` prints it")
     r.set_defaults(func=_revoke)
 
 

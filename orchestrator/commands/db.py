@@ -13,12 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="database schema migrations")
     dbsub = p.add_subparsers(dest="db_command", required=True)
     up = dbsub.add_parser("upgrade", help="apply migrations (default: to head)")
-    up.add_argument("revision", nargs="?", default="head")
+    up.add_argument("revision", nargs="?", default="head", help="target revision (default: %(default)s)")
     up.set_defaults(func=_upgrade)
     cur = dbsub.add_parser("current", help="print the applied and the head revision")
     cur.set_defaults(func=_current)
     down = dbsub.add_parser("downgrade", help="revert migrations to REVISION")
-    down.add_argument("revision")
+    down.add_argument("revision", help="revision to revert to (`dayzero db current` lists them)")
     down.set_defaults(func=_downgrade)
 
 

@@ -33,7 +33,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-host",
         default=os.environ.get("DAYZERO_METRICS_HOST", "127.0.0.1"),
-        help="address the metrics/probe port binds (or DAYZERO_METRICS_HOST; a pod needs 0.0.0.0)",
+        help="address the metrics/probe port binds (or DAYZERO_METRICS_HOST; a pod needs 0.0.0.0; default: %(default)s)",
     )
 
 

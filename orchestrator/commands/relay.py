@@ -11,7 +11,9 @@ from orchestrator.commands.signals import hand_over
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("relay", help="publish task events and results to Kafka (the outbox relay)")
     add_kafka_process_arguments(p)
-    p.add_argument("--batch-size", type=int, default=500, help="events per publish round")
+    p.add_argument(
+        "--batch-size", type=int, default=500, help="events per publish round (default: %(default)s)"
+    )
     p.set_defaults(func=_relay)
 
 

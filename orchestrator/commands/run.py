@@ -18,24 +18,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("goal", help="what the agent should do")
     p.add_argument("--image", action="append", default=[], help="image file to attach (repeatable)")
     p.add_argument("--tools", default=None, help="comma-separated allowed tools (default: all)")
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the task")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="most steps the task may take (default: DAYZERO_BUDGET_MAX_STEPS)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for the task (default: %(default)s)"
+    )
     p.add_argument("--json", action="store_true", help="print the task as JSON")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from orchestrator.app import make_runner
     from orchestrator.attachments import attach_files
+    from orchestrator.commands.transcript import console as transcript_console
+    from orchestrator.commands.transcript import outcome
     from orchestrator.config import Settings
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
     from orchestrator.tasks.create import NewTask, create_task
     from orchestrator.tasks.queries import get_task, list_messages
     from orchestrator.tracing import setup_tracing
 
-    console = Console(stderr=True)
+    console = transcript_console()
     settings = Settings()
     setup_tracing("dayzero-run", settings.otlp_endpoint)
     with console.status("starting (database, tools, model)"):
@@ -70,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
             messages = list_messages(conn, task_id)
     finally:
         parts.close()
+    line, code = outcome(task.status, task.result, task.error)
     if args.json:
         print(
             json.dumps(
@@ -85,13 +93,13 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(task.result if task.status == "SUCCEEDED" else f"{task.status}: {task.error}")
-    return 0 if task.status == "SUCCEEDED" else 1
+        print(line)
+    return code
 
 
 def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: Any) -> None:
-    """Drive the task on a worker thread and show each transcript message as it is committed: the
-    model's turn (its text, or its tool calls with their arguments), each tool result, the answer."""
+    """Drive the task on a worker thread and show each transcript message as it is committed."""
+    from orchestrator.commands.transcript import Transcript
     from orchestrator.tasks.queries import list_messages
 
     failure: list[BaseException] = []
@@ -104,7 +112,7 @@ def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: An
 
     worker = threading.Thread(target=drive, name="dayzero-run", daemon=True)
     worker.start()
-    shown, names, turn = 0, {}, 0
+    transcript = Transcript(console)
     status = console.status("model turn 1 …")
     status.start()
     try:
@@ -112,12 +120,8 @@ def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: An
             alive = worker.is_alive()
             with parts.engine.connect() as conn:
                 messages = list_messages(conn, task_id)
-            for m in messages[shown:]:
-                turn += m["role"] == "assistant"
-                _show_message(console, m, names, turn)
-                waiting_on_tool = m["role"] == "assistant" and m.get("tool_calls")
-                status.update("running tool …" if waiting_on_tool else f"model turn {turn + 1} …")
-            shown = len(messages)
+            if len(messages) > transcript.shown:
+                status.update(transcript.show_new(messages))
             if not alive:
                 break
             time.sleep(0.05)
@@ -126,35 +130,3 @@ def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: An
     worker.join()
     if failure:
         raise failure[0]
-
-
-def _show_message(console: Any, m: dict[str, Any], names: dict[str, str], turn: int) -> None:
-    from rich.markup import escape
-
-    role, content = m["role"], m.get("content")
-    if role == "user":
-        text = (
-            content
-            if isinstance(content, str)
-            else " ".join(p.get("text", f"[{p.get('type')}]") for p in content or [] if isinstance(p, dict))
-        )
-        console.print(f"[bold]user[/bold]: {escape(text)}")
-    elif role == "assistant":
-        calls = m.get("tool_calls") or []
-        if content:
-            label = "model" if calls else "answer"
-            console.print(
-                f"[bold magenta]{label}[/bold magenta] (turn {turn}): {escape(str(content))[:2000]}"
-            )
-        for c in calls:
-            fn = c.get("function") or {}
-            names[c.get("id", "")] = fn.get("name", "?")
-            console.print(
-                f"[bold magenta]model[/bold magenta] (turn {turn}) [cyan]→ {escape(fn.get('name', '?'))}[/cyan]"
-                f"({escape(str(fn.get('arguments', '')))})"
-            )
-    elif role == "tool":
-        name = names.get(m.get("tool_call_id", ""), "tool")
-        console.print(f"  [green]← {escape(name)}[/green]: {escape(str(content))[:2000]}")
-    else:
-        console.print(f"[bold]{escape(role)}[/bold]: {escape(str(content))[:2000]}")

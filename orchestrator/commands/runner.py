@@ -18,10 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _runner(args: argparse.Namespace) -> int:
+    from orchestrator import logs
     from orchestrator.app import make_runner
     from orchestrator.config import Settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(logging.INFO)  # one logfmt line per record, written off the loop's thread
     from orchestrator.probes import retry_until_up
     from orchestrator.tracing import setup_tracing
 
@@ -44,4 +45,5 @@ def _runner(args: argparse.Namespace) -> int:
         parts.runner.run_forever()
     finally:
         parts.close()
+        logging.getLogger("dayzero").info("runner %s stopped", parts.runner.config.runner_id)
     return 0

@@ -7,18 +7,29 @@ being built) would otherwise be dropped and the process would run on after it wa
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Callable
 
+log = logging.getLogger("dayzero")
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _logged(stop: Callable[[], None]) -> Callable[[int, object], None]:
+    def handler(signum: int, _frame: object) -> None:
+        log.info("%s received: stopping", signal.Signals(signum).name)
+        stop()
+
+    return handler
 
 
 def stop_on_signals() -> threading.Event:
     """An event that SIGTERM/SIGINT set (the start-up phase)."""
     stop = threading.Event()
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _logged(stop.set))
     return stop
 
 
@@ -27,6 +38,6 @@ def hand_over(early: threading.Event, stop: Callable[[], None]) -> None:
 
     The handlers are replaced before `early` is read, so a signal lands in one of the two."""
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: stop())
+        signal.signal(sig, _logged(stop))
     if early.is_set():
         stop()

@@ -1,4 +1,7 @@
-"""`dayzero submit GOAL`: submit a task through the REST API (default) or to Kafka (`--kafka`)."""
+"""`dayzero submit GOAL`: submit a task through the REST API (default) or to Kafka (`--kafka`).
+
+Over REST, `--attach FILE` uploads files first and `--follow` shows the task as `dayzero run`
+does (`commands.transcript`), reading its event stream and its transcript from the API."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 
@@ -14,14 +18,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("goal", nargs="?", help="the task goal (or give --body)")
     p.add_argument("--body", default=None, help="JSON task body (a file path, or - for stdin)")
     p.add_argument("--tools", default=None, help="comma-separated allowed tools")
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="most steps the task may take (default: the server's budget)",
+    )
     p.add_argument("--metadata", action="append", default=[], help="key=value (repeatable)")
-    p.add_argument("--idempotency-key", default=None)
+    p.add_argument(
+        "--idempotency-key",
+        default=None,
+        help="resubmitting with the same key returns the same task (default: none)",
+    )
     p.add_argument("--kafka", action="store_true", help="produce to dayzero.tasks instead of calling REST")
     p.add_argument("--tenant", default=None, help="tenant (required with --kafka)")
-    p.add_argument("--url", default=os.environ.get("DAYZERO_API_URL", "http://127.0.0.1:8000"))
+    p.add_argument(
+        "--url",
+        default=os.environ.get("DAYZERO_API_URL", "http://127.0.0.1:8000"),
+        help="the API's base URL (or DAYZERO_API_URL; default: %(default)s)",
+    )
     p.add_argument("--api-key", default=os.environ.get("DAYZERO_API_KEY"), help="default: $DAYZERO_API_KEY")
-    p.add_argument("--follow", action="store_true", help="REST: stream the task's events until it ends")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="REST: show the task's transcript until it ends, print its answer and exit 0 only if it succeeded",
+    )
+    p.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="REST: upload an image (PNG, JPEG, WebP, GIF) or PDF and attach it to the task (repeatable)",
+    )
     p.set_defaults(func=_submit)
 
 
@@ -48,6 +76,8 @@ def _body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    if args.kafka and args.attach:
+        raise SystemExit("--attach uploads through the REST API; it cannot be used with --kafka")
     body = _body(args)
     return _via_kafka(args, body) if args.kafka else _via_rest(args, body)
 
@@ -86,18 +116,96 @@ def _via_rest(args: argparse.Namespace, body: dict[str, Any]) -> int:
     if not args.api_key:
         raise SystemExit("an API key is required: --api-key or $DAYZERO_API_KEY")
     headers = {"Authorization": f"Bearer {args.api_key}"}
-    if args.idempotency_key:
-        headers["Idempotency-Key"] = args.idempotency_key
     with httpx.Client(base_url=args.url, headers=headers, timeout=30) as client:
-        r = client.post("/v1/tasks", json=body)
+        if args.attach:
+            body.setdefault("attachments", []).extend(_upload(client, path) for path in args.attach)
+        extra = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
+        r = client.post("/v1/tasks", json=body, headers=extra)
         if r.status_code >= 400:
             print(r.text, file=sys.stderr)
             return 1
         task = r.json()
-        print(json.dumps(task))
-        if args.follow:
-            with client.stream("GET", f"/v1/tasks/{task['id']}/events", timeout=None) as s:
-                for line in s.iter_lines():
-                    if line.startswith("data: "):
-                        print(line[6:], flush=True)
-    return 0
+        if not args.follow:
+            print(json.dumps(task))
+            return 0
+        try:
+            return _follow(client, task["id"])
+        except httpx.HTTPStatusError as exc:
+            raise SystemExit(f"following task {task['id']}: HTTP {exc.response.status_code}") from None
+
+
+def _upload(client: Any, path: str) -> dict[str, str]:
+    """Upload one `--attach` file (`POST /v1/attachments`); returns its reference for the body."""
+    import mimetypes
+    from pathlib import Path
+
+    from orchestrator.api.schemas import ATTACHMENT_MEDIA_TYPES
+
+    file = Path(path)
+    media_type = mimetypes.guess_type(file.name)[0]
+    if media_type not in ATTACHMENT_MEDIA_TYPES:
+        raise SystemExit(f"--attach {path}: {media_type or 'unknown type'}; attachments are images (PNG, "
+                         "JPEG, WebP, GIF) or PDFs, named by their extension")  # fmt: skip
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"--attach {path}: {exc.strerror}") from None
+    r = client.post(
+        "/v1/attachments",
+        content=data,
+        params={"filename": file.name},
+        headers={"Content-Type": media_type},
+    )
+    if r.status_code >= 400:
+        raise SystemExit(f"--attach {path}: HTTP {r.status_code}: {r.text}")
+    return {"upload_id": r.json()["id"]}
+
+
+def _follow(client: Any, task_id: str) -> int:
+    """Show the task's transcript as `dayzero run` does, while its event stream runs; print the
+    answer and return the task's exit code. A dropped stream is resumed from the last event."""
+    import httpx
+
+    from orchestrator.commands.transcript import Transcript, outcome
+    from orchestrator.commands.transcript import console as transcript_console
+    from orchestrator.events import TERMINAL_EVENT_TYPES
+
+    console = transcript_console()
+    console.print(f"task {task_id}")
+    transcript = Transcript(console)
+    last_id, ended = "", False
+    status = console.status("waiting for a runner …")
+    status.start()
+    try:
+        while not ended:
+            transcript_changed = True
+            try:
+                resume = {"Last-Event-ID": last_id} if last_id else {}
+                with client.stream("GET", f"/v1/tasks/{task_id}/events", headers=resume, timeout=None) as s:
+                    s.raise_for_status()
+                    for line in s.iter_lines():
+                        if transcript_changed:  # before the first event, then after each step
+                            status.update(transcript.show_new(_get(client, f"/v1/tasks/{task_id}/messages")))
+                        field, _, value = line.partition(": ")
+                        last_id = value if field == "id" else last_id
+                        transcript_changed = field == "event" and value.startswith(("step.", "task."))
+                        ended = ended or (field == "event" and value in TERMINAL_EVENT_TYPES)
+            except httpx.TransportError as exc:  # the API restarted or the connection dropped
+                status.update(f"reconnecting ({type(exc).__name__}) …")
+                time.sleep(1.0)
+                continue
+            # The stream ends after the task's final event; anything else ends it early: resume.
+            ended = ended or _get(client, f"/v1/tasks/{task_id}")["finished_at"] is not None
+    finally:
+        status.stop()
+    transcript.show_new(_get(client, f"/v1/tasks/{task_id}/messages"))
+    task = _get(client, f"/v1/tasks/{task_id}")
+    line, code = outcome(task["status"], task["result"], task["error"])
+    print(line)
+    return code
+
+
+def _get(client: Any, path: str) -> Any:
+    r = client.get(path)
+    r.raise_for_status()
+    return r.json()

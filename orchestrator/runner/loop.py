@@ -32,6 +32,7 @@ from orchestrator.dispatch import Dispatcher
 from orchestrator.inference_client import InferenceClient
 from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
 from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.runner import tasklog
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
@@ -158,12 +159,16 @@ class Runner:
             state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
             if state is None:
                 return False
+            task = self._view(state)
+            tasklog.claimed(task, self.config.runner_id)
             try:
-                self._drive(conn, self._view(state))
+                self._drive(conn, task)
             except (LeaseLost, StaleTransition) as exc:
                 if isinstance(exc, LeaseLost):
                     LEASES_LOST.inc()
                 log.info("gave up task %s: %s", state.task.id, exc)
+            finally:
+                tasklog.left(task, self.config.runner_id, stopping=self._stop.is_set())
         except BaseException:
             self._release_connection()  # it may be broken or inside a failed transaction
             raise
@@ -364,7 +369,9 @@ class Runner:
                 self._execute_tool(task, step, in_doubt=in_doubt)
             outcome = step.status.lower()  # succeeded, failed or retry_wait, as committed
             span.set_attribute("dayzero.outcome", outcome)
-        STEP_SECONDS.labels(step.kind, outcome).observe(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        STEP_SECONDS.labels(step.kind, outcome).observe(seconds)
+        tasklog.step_done(task, step, outcome, seconds)
 
 
 def _tool_path(blob_url: str, sha256: str, redaction: dict[str, Any] | None) -> str | None:

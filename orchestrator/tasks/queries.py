@@ -122,6 +122,26 @@ def list_messages(conn: Connection, task_id: str) -> list[dict[str, Any]]:
     return [message_dict(r) for r in _transcript(conn, task_id)]
 
 
+def task_goals(conn: Connection, task_ids: list[str]) -> dict[str, str]:
+    """Each task's goal as text: the last user message it was created with (its images left out)."""
+    if not task_ids:
+        return {}
+    m = messages_t.c
+    rows = conn.execute(
+        select(m.task_id, m.content)
+        .where(m.task_id.in_(task_ids), m.role == "user")
+        .order_by(m.task_id, m.seq)
+    )
+    return {r.task_id: _text_of(r.content) for r in rows}  # later seqs overwrite earlier ones
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else []
+    return " ".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
 def _transcript(conn: Connection, task_id: str) -> list[Any]:
     m, e = messages_t.c, events_t.c
     first = conn.execute(

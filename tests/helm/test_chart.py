@@ -415,5 +415,6 @@ def test_notes_tell_how_to_submit_a_first_task():
     assert "dayzero apikey create --tenant demo" in notes
     assert "port-forward svc/rel-dayzero-api 8080:80" in notes
     assert "http://127.0.0.1:8080/v1/tasks" in notes
+    assert "http://127.0.0.1:8080/ui/#/tasks/TASK_ID" in notes
     assert "rollout status deploy/rel-dayzero-inference" in notes
     assert "WARNING: no shared storage" in notes

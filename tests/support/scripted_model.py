@@ -1,6 +1,6 @@
 """A real OpenAI-compatible HTTP server that plays a scripted agent (tests and benchmarks only).
 
-The first user message carries the script as JSON after `script:`. With `{"cycles": N}` the model
+The first system or user message with `script:` carries the script as JSON after it. With `{"cycles": N}` the model
 calls a tool N times (one call per turn), then answers. Other keys shape the tool calls:
 `tool` (name), `args` (arguments object, `{i}` in string values becomes the cycle number),
 `raw_args` (arguments text sent verbatim: malformed JSON), `parallel` (calls per turn),
@@ -18,11 +18,12 @@ from typing import Any
 
 def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
     for m in messages:
-        if m.get("role") == "user":
+        if m.get("role") in ("system", "user"):  # a system prompt can carry it, under a plain goal
             content = m.get("content")
             text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content or [])
             if "script:" in text:
-                return json.loads(text.split("script:", 1)[1])
+                # raw_decode: text after the script (an attachment's extracted text) is not part of it
+                return json.JSONDecoder().raw_decode(text.split("script:", 1)[1])[0]
     return {"cycles": 0}
 
 

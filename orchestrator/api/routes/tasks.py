@@ -19,13 +19,14 @@ from orchestrator.api.schemas import (
     TaskDetail,
     TaskPage,
     TaskSummary,
+    TranscriptMessage,
     check_text,
 )
 from orchestrator.api.views import new_task_row, task_detail, task_summary
 from orchestrator.db.tables import tasks_t
 from orchestrator.metrics import TASKS_SUBMITTED
 from orchestrator.tasks.control import request_cancel
-from orchestrator.tasks.queries import get_task, list_attempts, list_steps
+from orchestrator.tasks.queries import get_task, list_attempts, list_messages, list_steps, task_goals
 from orchestrator.tasks.submission import InvalidSubmission, submit_task
 from orchestrator.tracing import current_traceparent, task_span, valid_traceparent
 
@@ -108,7 +109,7 @@ def create_task(
     response.status_code = 201 if created else 200
     if created:
         response.headers["Location"] = f"/v1/tasks/{task_id}"
-    return task_summary(row)
+    return task_summary(row, body.goal)
 
 
 # Cursor = "<created_at as µs since the epoch>_<task id>": every string the documented pattern
@@ -195,10 +196,11 @@ def list_tasks(
     q = q.order_by(tasks_t.c.created_at.desc(), tasks_t.c.id.desc()).limit(limit + 1)
     with engine.connect() as conn:
         rows = list(conn.execute(q))
-    more = len(rows) > limit
-    rows = rows[:limit]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        goals = task_goals(conn, [r.id for r in rows])
     nxt = _encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
-    return TaskPage(items=[task_summary(r) for r in rows], next_cursor=nxt)
+    return TaskPage(items=[task_summary(r, goals.get(r.id)) for r in rows], next_cursor=nxt)
 
 
 @router.get(
@@ -210,9 +212,22 @@ def list_tasks(
 def get_one(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> TaskDetail:
     with engine.connect() as conn:
         row = get_task(conn, task_id, tenant)
+        goal = task_goals(conn, [task_id]).get(task_id)
         steps = list_steps(conn, task_id)
         attempts = list_attempts(conn, task_id)
-    return task_detail(row, steps, attempts)
+    return task_detail(row, goal, steps, attempts)
+
+
+@router.get(
+    "/{task_id}/messages",
+    response_model=list[TranscriptMessage],
+    summary="A task's transcript so far: its goal, each model turn, each tool result, the answer",
+    responses=problem_responses(401, 404, 422),
+)
+def messages(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        get_task(conn, task_id, tenant)  # another tenant's task is a 404
+        return list_messages(conn, task_id)
 
 
 @router.post(
@@ -226,4 +241,5 @@ def cancel(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> Any:
     with engine.begin() as conn:
         request_cancel(conn, task_id, tenant)
         row = get_task(conn, task_id, tenant)
-    return task_summary(row)
+        goal = task_goals(conn, [task_id]).get(task_id)
+    return task_summary(row, goal)

@@ -19,7 +19,7 @@ from orchestrator.api.deps import DbDep, IngressDep, TenantDep
 from orchestrator.api.errors import ProblemError
 from orchestrator.api.routes.tasks import TaskId
 from orchestrator.api.views import task_summary
-from orchestrator.tasks.queries import get_task, list_attempts, list_steps
+from orchestrator.tasks.queries import get_task, list_attempts, list_steps, task_goals
 from orchestrator.tracing import trace_id_of
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -61,6 +61,7 @@ def timeline(task_id: TaskId, tenant: TenantDep, engine: DbDep, ingress: Ingress
     """The task, its steps with every attempt (times, status, error, usage) and its trace."""
     with engine.connect() as conn:
         task = get_task(conn, task_id, tenant)
+        goal = task_goals(conn, [task_id]).get(task_id)
         steps = list_steps(conn, task_id)
         attempts = list_attempts(conn, task_id)
     by_step: dict[int, list[dict[str, Any]]] = {}
@@ -79,7 +80,7 @@ def timeline(task_id: TaskId, tenant: TenantDep, engine: DbDep, ingress: Ingress
     trace_id = trace_id_of(task.traceparent)
     template = ingress.trace_url_template
     return {
-        "task": task_summary(task).model_dump(mode="json"),
+        "task": task_summary(task, goal).model_dump(mode="json"),
         "trace_id": trace_id,
         "trace_url": template.replace("{trace_id}", trace_id) if template and trace_id else None,
         "steps": [

@@ -1,9 +1,13 @@
-// dayzero task timeline: a task list with filters and, per task, a waterfall of its steps and
-// tool attempts, kept live by the task's SSE stream. Vanilla JS; every call carries the API key.
+// dayzero task page: sign in with an API key (kept in the tab's sessionStorage, sent only as an
+// Authorization header), a task list (goal, answer, status, usage) with filters, and per task its
+// goal, its answer or error and a waterfall of its steps and tool attempts, kept live by the task's
+// SSE stream. A task has an address, /ui/#/tasks/<id>: the fragment never reaches the server.
+// Vanilla JS.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
-const state = { key: sessionStorage.getItem("dayzero.key") || "", selected: null, detail: null,
+const KEY = "dayzero.key";
+const state = { key: sessionStorage.getItem(KEY) || "", selected: null, detail: null,
                 stream: null, events: 0, lastEvent: "", refreshTimer: null };
 
 function el(tag, attrs = {}, ...children) {
@@ -15,9 +19,12 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
-async function api(path) {
-  const r = await fetch(path, { headers: { Authorization: "Bearer " + state.key } });
-  if (r.status === 401) throw new Error("the API key was refused");
+class Unauthorized extends Error {}
+
+async function api(path, key = state.key) {
+  const r = await fetch(path, { headers: { Authorization: "Bearer " + key } });
+  if (r.status === 401) throw new Unauthorized("the API key was refused");
+  if (r.status === 404) throw new Error("not found (or it belongs to another tenant)");
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }
@@ -29,7 +36,68 @@ function fmtDuration(s) {
   if (s < 120) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
   return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
 }
-const fmtTime = (t) => new Date(t).toLocaleString();
+function fmtCount(n) {
+  if (n < 1000) return String(n);
+  if (n < 1e6) return `${(n / 1e3).toFixed(n < 1e4 ? 1 : 0)}k`;
+  return `${(n / 1e6).toFixed(1)}M`;
+}
+function fmtCreated(t) {
+  const d = new Date(t);
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? d.toLocaleTimeString() : d.toLocaleDateString();
+}
+const errorText = (e) => (e ? [e.kind, e.message || e.error].filter(Boolean).join(": ") || JSON.stringify(e) : "");
+// The line a person reads first: the answer, the error, or what the task is doing.
+function outcomeOf(t) {
+  if (t.status === "SUCCEEDED") return { cls: "answer", text: t.result || "(empty answer)" };
+  if (t.error) return { cls: "error", text: `${t.status}: ${errorText(t.error)}` };
+  return { cls: "pending", text: t.cancel_requested ? "cancelling…" : "no answer yet" };
+}
+
+// -- signing in and out -----------------------------------------------------------------------
+function showSignedIn(on) {
+  $("#login").hidden = on;
+  $("#who").hidden = !on;
+  $("#signin-hint").hidden = on;
+  $("main").hidden = !on;
+  const target = taskFromHash();
+  $("#signin-target").hidden = on || !target;
+  if (target) $("#signin-target").textContent = `Sign in to open task ${target}.`;
+}
+
+async function signIn(key) {
+  try {
+    await api("/v1/tasks?limit=1", key); // checks the key before keeping it
+  } catch (err) {
+    $("#login-msg").textContent = String(err.message || err);
+    return;
+  }
+  state.key = key;
+  sessionStorage.setItem(KEY, key);
+  $("#login-msg").textContent = "";
+  $("#api-key").value = "";
+  showSignedIn(true);
+  await loadList();
+  route();
+}
+
+function signOut(message = "") {
+  state.key = "";
+  sessionStorage.removeItem(KEY);
+  if (state.stream) state.stream.abort();
+  state.selected = null;
+  state.detail = null;
+  $("#tasks tbody").replaceChildren();
+  $("#detail-head").replaceChildren();
+  $("#waterfall").replaceChildren();
+  $("#login-msg").textContent = message;
+  showSignedIn(false);
+}
+
+function failed(err, where) {
+  if (err instanceof Unauthorized) signOut("the API key was refused (revoked?): sign in again");
+  else where.textContent = String(err.message || err);
+}
 
 // -- the task list --------------------------------------------------------------------------
 async function loadList() {
@@ -40,46 +108,74 @@ async function loadList() {
   if ($("#f-after").value) q.append("created_after", new Date($("#f-after").value).toISOString());
   try {
     const page = await api("/v1/tasks?" + q);
-    const body = $("#tasks tbody");
-    body.replaceChildren(...page.items.map(taskRow));
-    $("#list-msg").textContent = page.items.length ? "" : "no tasks match";
+    $("#tasks tbody").replaceChildren(...page.items.map(taskRow));
+    const filtered = q.has("status") || q.has("metadata") || q.has("created_after");
+    $("#list-msg").replaceChildren(page.items.length ? "" : filtered ? "No task matches these filters." : emptyHint());
   } catch (err) {
-    $("#list-msg").textContent = String(err.message || err);
+    failed(err, $("#list-msg"));
   }
+}
+
+function emptyHint() {
+  return el("span", {}, "No tasks yet for this key's tenant. Submit one with ",
+    el("code", { text: 'dayzero submit --follow "What is 17 * 23?"' }), " or ",
+    el("code", { text: "POST /v1/tasks" }), "; it appears here as it runs.");
 }
 
 function taskRow(t) {
   const u = t.usage;
+  const out = outcomeOf(t);
+  const tokens = u.prompt_tokens + u.completion_tokens;
   const tr = el("tr", { "data-id": t.id, "data-status": t.status },
-    el("td", { text: fmtTime(t.created_at) }),
+    el("td", { class: "task" },
+      el("a", { class: "goal clip", href: "#/tasks/" + t.id, title: t.goal || "", text: t.goal || "(no goal text)" }),
+      el("div", { class: "outcome clip " + out.cls, title: out.text, text: out.text }),
+      el("div", { class: "id", text: t.id })),
     el("td", { class: "status s-" + t.status, text: t.status }),
-    el("td", { text: String(u.steps) }),
-    el("td", { text: `${u.prompt_tokens + u.completion_tokens} (${u.cached_tokens} cached)` }),
-    el("td", { class: "id", text: t.id.slice(0, 8) }));
+    el("td", { class: "num", text: String(u.steps) }),
+    el("td", { class: "num", text: fmtCount(tokens),
+               title: `in ${u.prompt_tokens} (cached ${u.cached_tokens}) · out ${u.completion_tokens}` }),
+    el("td", { class: "num", text: fmtCreated(t.created_at), title: new Date(t.created_at).toLocaleString() }));
   if (t.id === state.selected) tr.classList.add("selected");
-  tr.addEventListener("click", () => select(t.id));
+  tr.addEventListener("click", (ev) => { if (ev.target.tagName !== "A") location.hash = "#/tasks/" + t.id; });
   return tr;
 }
 
-// -- one task: waterfall ---------------------------------------------------------------------
+// -- one task ------------------------------------------------------------------------------
+function taskFromHash() {
+  const m = /^#\/tasks\/([A-Za-z0-9._:-]{1,64})$/.exec(location.hash);
+  return m ? m[1] : null;
+}
+
+function route() {
+  if (!state.key) { showSignedIn(false); return; }
+  const id = taskFromHash();
+  if (id && id !== state.selected) select(id);
+}
+
 async function select(id) {
   state.selected = id;
+  state.detail = null;
   document.querySelectorAll("#tasks tr").forEach((r) => r.classList.toggle("selected", r.dataset.id === id));
-  $("#detail-pane").hidden = false;
-  await refreshDetail();
-  follow(id);
+  $("#detail-empty").hidden = true;
+  $("#detail-head").replaceChildren(el("p", { class: "msg", text: "loading " + id + " …" }));
+  $("#waterfall").replaceChildren();
+  $("#live").textContent = "";
+  if (await refreshDetail()) follow(id);
 }
 
 async function refreshDetail() {
   const id = state.selected;
-  if (!id) return;
+  if (!id) return false;
   try {
     const d = await api("/ui/api/tasks/" + encodeURIComponent(id));
-    if (id !== state.selected) return;
+    if (id !== state.selected) return false;
     state.detail = d;
     render();
+    return true;
   } catch (err) {
-    $("#live").textContent = String(err.message || err);
+    if (id === state.selected) failed(err, $("#detail-head"));
+    return false;
   }
 }
 
@@ -97,23 +193,30 @@ function render() {
     ? el("a", { href: d.trace_url, target: "_blank", rel: "noopener", id: "trace-link", text: d.trace_id })
     : el("span", { id: "trace-id", text: d.trace_id || "none" });
   const fact = (k, v) => el("span", {}, k + " ", typeof v === "string" ? el("b", { text: v }) : v);
+  const out = outcomeOf(t);
+  const answer = t.status === "SUCCEEDED"
+    ? el("div", { class: "box answer", id: "task-answer" }, el("h3", { text: "answer" }), el("div", { class: "text", text: out.text }))
+    : t.error
+      ? el("div", { class: "box error", id: "task-error" }, el("h3", { text: t.status.toLowerCase().replace("_", " ") }),
+           el("div", { class: "text", text: errorText(t.error) }))
+      : el("div", { class: "box pending", id: "task-pending", text: out.text });
   $("#detail-head").replaceChildren(
-    el("h2", { text: t.id }),
+    el("div", { class: "box goal", id: "task-goal" }, el("h3", { text: "goal" }), el("div", { class: "text", text: t.goal || "(no goal text)" })),
+    answer,
     el("div", { class: "facts" },
       fact("status", el("b", { class: "status s-" + t.status, text: t.status, id: "task-status" })),
       fact("steps", String(u.steps)),
       fact("tokens in", String(u.prompt_tokens)), fact("cached", String(u.cached_tokens)),
       fact("out", String(u.completion_tokens)),
       fact("duration", fmtDuration(((t.finished_at ? ms(t.finished_at) : Date.now()) - ms(t.created_at)) / 1000)),
-      fact("trace", trace)),
-    t.error ? el("div", { class: "row" }, el("div", { class: "err", text: "task error: " + JSON.stringify(t.error) })) : "");
+      fact("trace", trace),
+      fact("id", el("a", { id: "task-link", class: "id", href: "#/tasks/" + t.id, title: "this task's address: copy it to share", text: t.id }))));
 
   const t0 = ms(t.created_at);
-  const ends = [Date.now()];
-  if (t.finished_at) ends[0] = ms(t.finished_at);
-  const span = Math.max(1, ends[0] - t0);
+  const end = t.finished_at ? ms(t.finished_at) : Date.now();
+  const span = Math.max(1, end - t0);
   const pos = (a, b) => ({ left: ((a - t0) / span) * 100, width: Math.max(0.2, ((b - a) / span) * 100) });
-  const rows = d.steps.map((s) => stepRow(s, pos, t.finished_at ? ms(t.finished_at) : Date.now()));
+  const rows = d.steps.map((s) => stepRow(s, pos, end));
   // Before its first step a task waits for a runner (and its attachments for preprocessing).
   const first = d.steps.length ? ms(d.steps[0].started_at || d.steps[0].created_at) : NaN;
   if (isFinite(first) && first > t0) rows.unshift(queuedRow(pos(t0, first), (first - t0) / 1000));
@@ -222,12 +325,12 @@ async function follow(id) {
 // -- wiring ----------------------------------------------------------------------------------
 $("#login").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  state.key = $("#api-key").value.trim();
-  sessionStorage.setItem("dayzero.key", state.key);
-  $("#who").textContent = "connected";
-  loadList();
+  const key = $("#api-key").value.trim();
+  if (key) signIn(key);
 });
+$("#logout").addEventListener("click", () => signOut());
 $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); loadList(); });
+window.addEventListener("hashchange", route);
 setInterval(loadList, 3000);
 setInterval(() => { if (state.detail && !state.detail.task.finished_at) render(); }, 1000);
-if (state.key) { $("#who").textContent = "connected"; loadList(); }
+if (state.key) { showSignedIn(true); loadList(); route(); } else showSignedIn(false);
