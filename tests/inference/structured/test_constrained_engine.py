@@ -18,7 +18,11 @@ from inference.structured.grammar import with_options
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "n": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}},
+    },
     "required": ["name", "n", "tags"],
     "additionalProperties": False,
 }
@@ -41,7 +45,11 @@ def test_masks_match_a_plain_loop():
 @pytest.mark.parametrize("device", DEVICES)
 def test_constrained_and_free_requests_share_a_batch(device):
     cfg = dict(
-        num_blocks=256, max_model_len=2048, max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=True
+        num_blocks=256,
+        max_model_len=2048,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
     )
     from inference.engine.engine import EngineConfig
 
@@ -60,3 +68,26 @@ def test_constrained_and_free_requests_share_a_batch(device):
     # again, now from the prefix cache: the same answers
     again = eng.generate([prompt], constrained)[0]
     assert again.num_cached_tokens > 0 and again.output_token_ids == reqs[1].output_token_ids
+
+
+def test_constrained_requests_under_tensor_parallelism_match_one_process():
+    """The masks travel with the step to every rank, each of which samples the gathered logits:
+    TP 2 answers exactly as one process does."""
+    from inference.engine.engine import EngineConfig
+
+    cfg = EngineConfig.of(
+        num_blocks=96, max_model_len=512, max_num_batched_tokens=32, enable_chunked_prefill=True
+    )
+    prompts = [list(range(30, 90)), list(range(50, 75))]
+    params = [
+        SamplingParams(temperature=0, max_tokens=120, grammar=GRAMMAR),
+        SamplingParams(temperature=0, max_tokens=8),
+    ]
+    want = [r.output_token_ids for r in build_engine(engine_config=cfg).generate(prompts, params)]
+    engine = build_engine(engine_config=cfg, tensor_parallel_size=2)
+    try:
+        got = [r.output_token_ids for r in engine.generate(prompts, params)]
+    finally:
+        engine.runner.close()
+    assert got == want
+    json.loads(engine.tokenizer.decode(got[0], skip_special_tokens=True))
