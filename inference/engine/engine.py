@@ -261,8 +261,8 @@ class Engine:
         reqs = dict(self.scheduler.requests)
         t0 = time.monotonic()
         masks = None
-        if self.grammars is not None:  # computed beside the forward; the runner waits at sampling
-            masks = self.grammars.start([s.req_id for s in sched_out.scheduled if s.sample])
+        if self.grammars is not None:  # computed by the runner while the forward runs
+            masks = self.grammars.deferred([s.req_id for s in sched_out.scheduled if s.sample])
         sampled, logprobs = self.runner.execute(sched_out, reqs, masks)
         if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
             # nothing runnable before a promotion lands: wait for it rather than spin
@@ -276,7 +276,7 @@ class Engine:
         finished = {r.request_id: r for r in self.scheduler.update(sched_out, sampled, logprobs)}
         complete = set()  # requests whose grammar allows nothing more
         if self.grammars is not None:
-            complete = {rid for rid, tok in sampled.items() if self.grammars.consume(rid, tok)}
+            complete = self.grammars.consume(sampled)
         self.num_steps += 1
         self.num_prompt_tokens_computed += sum(len(s.token_ids) for s in sched_out.scheduled if not s.sample)
         self.num_generated_tokens += len(sampled)

@@ -214,8 +214,8 @@ class ModelRunner:
         self, out: SchedulerOutput, requests: Mapping[str, Request], token_masks: Any = None
     ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
         """Run one scheduled step; returns sampled token ids (and logprobs where asked) by request.
-        `token_masks`: grammar bitmasks by request id, or a future of them (computed while the
-        forward runs; waited for only here, at sampling)."""
+        `token_masks`: grammar bitmasks by request id, or a callable computing them, called once
+        the forward is launched (on a GPU the host computes them while the step runs)."""
         for rid in out.preempted:
             self.tables.pop(rid, None)
         if out.tier_ops is not None:  # first: it reads blocks and slots this step may overwrite
@@ -241,7 +241,7 @@ class ModelRunner:
             self.forward_time += time.perf_counter() - t0
             return {}, {}
         params = [requests[r].sampling for r in sampled_reqs]
-        allowed = token_masks.result() if hasattr(token_masks, "result") else token_masks
+        allowed = token_masks() if callable(token_masks) else token_masks
         graph_vocab = None if self.graphs is None else self.graphs.vocab_size
         if (
             not allowed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -104,11 +105,17 @@ def apply_token_masks(
     if not rows:
         return logits
     words = torch.from_numpy(np.stack([allowed[req_ids[i]] for i in rows])).to(logits.device)
-    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
-    bits = ((words.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1)[:, : logits.shape[1]]
+    bits = ((words.unsqueeze(-1) >> _shifts(logits.device)) & 1).reshape(len(rows), -1)[:, : logits.shape[1]]
     if bits.shape[1] < logits.shape[1]:  # ids past the grammar's vocabulary are never allowed
         bits = torch.nn.functional.pad(bits, (0, logits.shape[1] - bits.shape[1]))
+    if len(rows) == logits.shape[0]:  # every row constrained: no gather and scatter
+        return logits.masked_fill(bits == 0, float("-inf"))
     idx = torch.tensor(rows, device=logits.device)
     logits = logits.clone()
     logits[idx] = logits[idx].masked_fill(bits == 0, float("-inf"))
     return logits
+
+
+@functools.cache
+def _shifts(device: torch.device) -> torch.Tensor:
+    return torch.arange(32, device=device, dtype=torch.int32)

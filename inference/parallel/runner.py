@@ -321,7 +321,7 @@ class ParallelRunner:
                 )
                 self._known.add(s.req_id)
         drops, self._drops = self._drops, []
-        masks = token_masks.result() if hasattr(token_masks, "result") else token_masks
+        masks = token_masks() if callable(token_masks) else token_masks
         self._broadcast(("step", out, new, drops, masks or None))
         if out.tier_ops is not None:
             self._in_flight += [t.id for t in out.tier_ops.transfers]

@@ -78,7 +78,8 @@ def _tools_for_grammar(tools: Sequence[ToolSpec]) -> list[ToolSpec]:
         if not describes_object(t.parameters):
             raise GrammarError(
                 f"tools[{i}].function.parameters must describe a JSON object (type: object); "
-                f"a call's arguments are an object", f"tools[{i}].function.parameters"
+                f"a call's arguments are an object",
+                f"tools[{i}].function.parameters",
             )
         try:
             out.append(replace(t, parameters=_checked(t.parameters, f"tools[{i}].function.parameters")))
