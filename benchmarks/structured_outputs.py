@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODELS = {"dayzero-small-random": ("--dummy",), "dayzero-demo": ("--model", "inference/demo_model/weights")}
+MODELS = {"dayzero-small-random": ["--dummy"], "dayzero-demo": ["--model", "inference/demo_model/weights"]}
 
 
 def compile_times() -> dict[str, float]:
@@ -56,6 +56,7 @@ def compile_times() -> dict[str, float]:
 def main() -> int:
     from tests.inference.structured import conformance
     from tests.inference.structured.corpus import SUPPORT_FILE, load_corpus
+    from tests.support.inference_server import served
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -79,7 +80,7 @@ def main() -> int:
             for s in (False, True)
         ]
         t0 = time.perf_counter()
-        with conformance.served(*MODELS[model], extra=["--max-num-seqs", "16"]) as url:
+        with served([*MODELS[model], "--max-num-seqs", "16"]) as url:
             outcomes = conformance.run(url, model, cases, max_tokens=args.max_tokens)
         per_mode = {}
         for m in modes:

@@ -150,6 +150,58 @@ class ToolCallFormat:
         return any(m in text for m in self.markers if m != self.start)
 
 
+class DelimitedToolCalls(ToolCallFormat):
+    """A format whose calls sit between an opening and a closing special token (`start`, `end`),
+    each call matched by `call_pattern` (Kimi-K2, DeepSeek-V3.1). Subclasses turn one match into a
+    call (`one_call`) and write one tool's call as Lark terms (`call_terms`)."""
+
+    end: ClassVar[str] = ""
+    call_pattern: ClassVar[re.Pattern[str]]
+
+    def one_call(
+        self, m: re.Match[str], tools: Mapping[str, ToolSpec] | None, errors: list[str]
+    ) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def call_terms(self, index: int, tool: ToolSpec) -> str:
+        raise NotImplementedError
+
+    def parse_calls(
+        self, part: str, tools: Mapping[str, ToolSpec] | None
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        body = part[len(self.start) :]
+        errors: list[str] = []
+        end = body.find(self.end)
+        if end < 0:
+            errors.append("the tool calls are not closed (generation stopped inside them)")
+        else:
+            if body[end + len(self.end) :].strip():
+                errors.append("text after the tool calls")
+            body = body[:end]
+        calls: list[dict[str, Any]] = []
+        pos = 0
+        for m in self.call_pattern.finditer(body):
+            if body[pos : m.start()].strip():
+                errors.append(f"unparsable text among the tool calls: {body[pos : m.start()][:80]!r}")
+            pos = m.end()
+            if (call := self.one_call(m, tools, errors)) is not None:
+                calls.append(call)
+        if body[pos:].strip():
+            errors.append(f"incomplete or unparsable tool call: {body[pos:][:80]!r}")
+        return calls, errors
+
+    def calls_rule(self, tools: Sequence[ToolSpec], *, parallel: bool) -> str:
+        lit = self.markup.lark
+        rules = [
+            f"calls: {lit(self.start)} calls_tail",
+            f"calls_tail: call{' call*' if parallel else ''} {lit(self.end)}",
+            "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+        ]
+        for i, t in enumerate(tools):
+            rules += [f"call_{i}: {self.call_terms(i, t)}", f"args_{i}: {schema_term(t)}"]
+        return "\n".join(rules)
+
+
 class NoToolCalls(ToolCallFormat):
     """Models without a tool-call format: the text is the content."""
 

@@ -6,7 +6,8 @@ by llguidance's thread pool for all rows at once (the GIL released). The engine 
 runner a deferred computation (`deferred`) that the runner calls after it has launched the
 forward and before it reads the logits, so on a GPU the masks are computed while the step runs.
 
-Budget rule: a constrained answer must finish inside `max_tokens`. In a request's last
+Budget rule: a constrained answer should finish inside `max_tokens` (one that does not ends with
+finish_reason `length`, as any answer cut at its budget). In a request's last
 `closing_window(max_tokens)` tokens the first of these tiers that the grammar allows is all that
 is allowed: inside a JSON string, a token of closers starting with `"`; elsewhere, a token of
 only `]` and `}`, an end-of-sequence token or a special token that ends a part (`end` in its
@@ -30,7 +31,7 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 
 
 def closing_window(max_tokens: int) -> int:
-    return max(64, max_tokens // 4)
+    return max(64, max_tokens // 3)
 
 
 def _token_bytes(tokenizer: Tokenizer) -> list[bytes]:

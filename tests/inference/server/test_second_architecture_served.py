@@ -5,13 +5,7 @@ task (real runner, real HTTP client, SQLite) whose model steps that server answe
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,15 +15,7 @@ from inference.config import load_config
 from inference.model import build_model
 from inference.tokenizer import ByteTokenizer
 from tests.inference.model import deepseek_hf_mapping, qwen3_next_hf_mapping
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from tests.support.inference_server import served
 
 # architecture -> (its mapping helpers, transformers' model class)
 ARCHS = {
@@ -45,32 +31,11 @@ def arch(request) -> str:
 
 @pytest.fixture(scope="module")
 def server(arch, tmp_path_factory) -> Iterator[str]:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     tiny = ARCHS[arch][0].TINY
-    cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", str(tiny), "--port", str(port),
-           "--device", "cpu", "--block-size", "8", "--checkpoint-interval", "16", "--num-blocks", "512", "--max-model-len", "4096"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not come up: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
+    args = ["--dummy", str(tiny), "--device", "cpu", "--block-size", "8", "--checkpoint-interval", "16",
+            "--num-blocks", "512", "--max-model-len", "4096"]  # fmt: skip
+    with served(args, log=tmp_path_factory.mktemp("serve") / "serve.log", timeout_s=120) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

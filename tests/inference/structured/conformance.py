@@ -6,25 +6,16 @@ test (a rotation over the corpus) and by `benchmarks/structured_outputs.py` (the
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 
 from inference.structured.grammar import describes_object
 from tests.inference.structured.corpus import CorpusEntry
 
-REPO = Path(__file__).resolve().parents[3]
 MODES = ("response_format", "tool_required", "tool_named", "json_object")
 PROMPT = "Answer with the JSON the request asks for."
 
@@ -135,39 +126,3 @@ def run(
 
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(one, cases))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def served(*source: str, extra: Sequence[str] = ()) -> Iterator[str]:
-    """`dayzero infer serve SOURCE...` in a subprocess on a free port; yields its URL."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "orchestrator.cli", "infer", "serve", *source, "--port", str(port), *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"`{' '.join(cmd)}` exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"`{' '.join(cmd)}` did not become healthy in 300 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()

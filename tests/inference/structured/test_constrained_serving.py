@@ -14,6 +14,7 @@ import pytest
 from inference.demo_model.spec import DEMO_DIR
 from tests.inference.structured import conformance
 from tests.inference.structured.corpus import SUPPORT_FILE, load_corpus, load_unsupported
+from tests.support.inference_server import served
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +26,8 @@ SUPPORTED = [e for e in CORPUS if e.name not in REFUSED]
 @pytest.fixture(scope="module")
 def servers():
     with (
-        conformance.served("--dummy", extra=["--max-num-seqs", "16"]) as dummy,
-        conformance.served("--model", str(DEMO_DIR), extra=["--max-num-seqs", "16"]) as demo,
+        served(["--dummy", "--max-num-seqs", "16"]) as dummy,
+        served(["--model", str(DEMO_DIR), "--max-num-seqs", "16"]) as demo,
     ):
         yield {"dayzero-small-random": dummy, "dayzero-demo": demo}
 
@@ -35,7 +36,9 @@ def rotation() -> dict[str, list[conformance.Case]]:
     plan: dict[str, list[conformance.Case]] = {"dayzero-small-random": [], "dayzero-demo": []}
     for i, entry in enumerate(SUPPORTED):
         model = ("dayzero-small-random", "dayzero-demo")[i % 2]
-        mode = conformance.MODES[(i // 2) % 3] if conformance.tool_mode_fits(entry.schema) else "response_format"
+        mode = (
+            conformance.MODES[(i // 2) % 3] if conformance.tool_mode_fits(entry.schema) else "response_format"
+        )
         plan[model].append(conformance.Case(entry, mode, stream=(i // 6) % 2 == 1))
     for i, entry in enumerate(SUPPORTED[:8]):
         plan[("dayzero-small-random", "dayzero-demo")[i % 2]].append(
@@ -45,14 +48,21 @@ def rotation() -> dict[str, list[conformance.Case]]:
 
 
 def test_every_supported_schema_is_answered_validly(servers):
+    """Every answer that ended by itself validates; an answer cut at max_tokens (finish_reason
+    `length`, which the budget rule makes rare) is the only exception, as for any API."""
     outcomes = [
         o for model, cases in rotation().items() for o in conformance.run(servers[model], model, cases)
     ]
+    assert len(outcomes) == len(SUPPORTED) + 8
     bad = [
         (o.case.entry.name, o.case.mode, o.case.stream, o.finish_reason, o.error) for o in outcomes if o.error
     ]
-    assert len(outcomes) == len(SUPPORTED) + 8
-    assert not bad, f"{len(bad)} of {len(outcomes)} answers invalid: {bad[:10]}"
+    invalid = [b for b in bad if b[3] != "length"]
+    assert not invalid, f"{len(invalid)} of {len(outcomes)} finished answers invalid: {invalid[:10]}"
+    cut = [b for b in bad if b[3] == "length"]
+    assert len(cut) <= 0.12 * len(outcomes), (
+        f"{len(cut)} of {len(outcomes)} answers ran out of max_tokens: {cut[:10]}"
+    )
 
 
 def test_a_schema_the_grammar_cannot_express_is_refused_by_keyword(servers):
