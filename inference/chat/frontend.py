@@ -5,6 +5,7 @@ Kimi-layout template, the demo model's file."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,20 @@ from inference.tokenizer import Tokenizer, TokenizerFilesError
 BUNDLED_TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "demo_model" / "weights"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ChatFrontend:
     tokenizer: Tokenizer
     template: ChatTemplate
     renderer: PromptRenderer
     parser: OutputParser
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes one token stands for (a bound used to refuse oversized text untokenized)."""
+        table = self.tokenizer.token_bytes()
+        if table is not None:
+            return max(1, *map(len, table))
+        return max(1, *(len(self.tokenizer.decode([i]).encode()) for i in range(self.tokenizer.vocab_size)))
 
     def describe(self) -> dict[str, str]:
         """What `dayzero analyze` and the server's start-up log report."""

@@ -83,13 +83,14 @@ def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
     return value
 
 
-def _strings(value: Any) -> list[str]:
+def strings_of(value: Any) -> list[str]:
+    """Every string inside a JSON value (what a request sends as text)."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, Mapping):
-        return [s for v in value.values() for s in _strings(v)]
+        return [s for v in value.values() for s in strings_of(v)]
     if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
+        return [s for v in value for s in strings_of(v)]
     return []
 
 
@@ -121,7 +122,7 @@ class PromptRenderer:
         )
 
     def _forges(self, messages: Sequence[Mapping[str, Any]]) -> bool:
-        return self._special is not None and any(self._special.search(s) for s in _strings(list(messages)))
+        return self._special is not None and any(self._special.search(s) for s in strings_of(list(messages)))
 
     def _swap(self, s: str) -> str:
         assert self._special is not None

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 
 from inference.chat import ChatFrontend, RenderedPrompt
+from inference.chat.render import strings_of
 from inference.engine.engine import RequestOutput
 from inference.engine.request import SamplingParams, TokenLogprob
 from inference.parsers import OutputContext, ParsedMessage, StreamParser, ToolSpec
@@ -192,9 +193,23 @@ class OpenAIServing:
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from None
 
+    def _check_text_bound(self, body: Mapping[str, Any]) -> None:
+        """Refuse a chat whose text alone needs more tokens than the context holds, before any
+        rendering or tokenizing: no token holds more bytes than the vocabulary's longest."""
+        nbytes = sum(len(s.encode("utf-8", "replace")) for s in strings_of(body.get("messages")))
+        least = nbytes // self.frontend.max_token_bytes
+        if least >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the messages "
+                f"hold {nbytes} bytes of text, at least {least} tokens.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
     def prepare_chat(self, body: Any) -> PreparedChat:
         body = _validate(body, _CHAT_SCHEMA)
         self.check_model(body)
+        self._check_text_bound(body)
         tools = ToolSpec.from_openai(body.get("tools"))
         tool_choice = body.get("tool_choice") or "auto"
         if tool_choice != "none" and tool_choice != "auto" and not tools:

@@ -160,3 +160,16 @@ def test_stream_holds_back_the_tool_section_and_adds_up_to_the_answer():
     assert final["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     msg, errors = serving.chat_message("".join(pieces), p)
     assert not errors and msg["content"] == streamed
+
+
+def test_text_longer_than_any_context_is_refused_before_tokenizing():
+    import time
+
+    from inference.server.protocol import OpenAIError
+
+    serving = OpenAIServing(FRONT, "m", 32768)
+    t0 = time.perf_counter()
+    with pytest.raises(OpenAIError, match="at least") as err:
+        serving.prepare_chat({"messages": [{"role": "user", "content": "x" * 30_000_000}]})
+    assert err.value.code == "context_length_exceeded"
+    assert time.perf_counter() - t0 < 5  # was 28.6 s of tokenizing with the GIL held
