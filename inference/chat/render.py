@@ -8,7 +8,11 @@
 2. **Images**: each image part is one image token in the template's output (`image_token_id` of the
    model config); it is expanded to the image's embedding count, and its span recorded
    (`MMSpan`) for the prefix cache and the vision tower.
-3. **Message ends** (prefix-cache checkpoints, rule 4 of the cache): the rendered text of each
+3. **Turns tokenize what is new**: given a conversation key (`prompt_cache_key`), the renderer
+   keeps the conversation's text and ids (`conversations.py`) and a turn that extends it
+   tokenizes only its new messages; the result equals a full render's (checked per turn, and by
+   test against the full path).
+4. **Message ends** (prefix-cache checkpoints, rule 4 of the cache): the rendered text of each
    conversation prefix, where it is a prefix of the full text, marks a token position; the
    prefix renders are bounded (none — the tool declarations —, the first two and the last
    `RECENT_ENDS` messages), which covers the reuse cases of a serving workload: shared tools and
@@ -18,12 +22,14 @@
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
 from inference.cache.coordinator import MMSpan
+from inference.chat.conversations import Conversation, ConversationCache, context_digest
 from inference.chat.template import ChatTemplate
 from inference.tokenizer import Tokenizer
 
@@ -40,6 +46,7 @@ class RenderedPrompt:
     mm_spans: list[MMSpan] = field(default_factory=list)
     mm_payloads: list[Any] = field(default_factory=list)
     message_ends: list[int] = field(default_factory=list)  # token positions after each message
+    incremental: bool = False  # a keyed conversation's turn that tokenized only its new messages
 
 
 def _check_messages(messages: Any) -> list[Mapping[str, Any]]:
@@ -98,11 +105,19 @@ class PromptRenderer:
     """One checkpoint's template + tokenizer; `render` is thread-safe."""
 
     def __init__(
-        self, template: ChatTemplate, tokenizer: Tokenizer, *, image_token_id: int | None = None
+        self,
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        *,
+        image_token_id: int | None = None,
+        conversations: ConversationCache | None = None,
     ) -> None:
         self.template = template
         self.tok = tokenizer
         self.image_token_id = image_token_id
+        self.conversations = conversations if conversations is not None else ConversationCache()
+        self.stats = {"incremental": 0, "full": 0}  # turns of keyed conversations, by path
+        self._ends_special = tuple(tokenizer.special_tokens)
         names = sorted(tokenizer.special_tokens, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, names))) if names else None
         self._unswap = {_SWAP + t[1:]: t for t in names}
@@ -155,8 +170,21 @@ class PromptRenderer:
         add_generation_prompt: bool = True,
         kwargs: Mapping[str, Any] | None = None,
         image_handler: ImageHandler | None = None,
+        conversation: str | None = None,
     ) -> RenderedPrompt:
+        """`conversation`: the client's key for this conversation (`prompt_cache_key`): a turn
+        that extends what this key last rendered tokenizes only its new messages."""
         msgs = _check_messages(messages)
+        has_images = any(
+            isinstance(m.get("content"), list) and any(p["type"] in IMAGE_PART_TYPES for p in m["content"])
+            for m in msgs
+        )
+        keyed = conversation is not None and not has_images
+        if keyed:
+            out = self._extend(conversation, msgs, tools, kwargs, add_generation_prompt)
+            self.stats["incremental" if out is not None else "full"] += 1
+            if out is not None:
+                return out
         forged = self._forges(msgs)
         if forged:
             msgs = _map_strings(msgs, self._swap)
@@ -164,6 +192,8 @@ class PromptRenderer:
         ids, real_text = self._encode(text, forged)
         ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged)
         out = RenderedPrompt(ids, real_text, message_ends=ends)
+        if keyed and not forged:
+            self._remember(conversation, msgs, tools, kwargs, text, ids, ends)
         images = [
             p
             for m in msgs
@@ -200,6 +230,72 @@ class PromptRenderer:
         ids += out.token_ids[prev:]
         out.token_ids = ids
         out.message_ends = [e + sum(k for p, k in shift if p < e) for e in out.message_ends]
+
+    # -- keyed conversations -----------------------------------------------------------------
+    def _remember(
+        self,
+        key: str,
+        msgs: list[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: Mapping[str, Any] | None,
+        text: str,
+        ids: list[int],
+        ends: list[int],
+    ) -> None:
+        """Keep a fully rendered turn's conversation: its text without the generation prompt."""
+        body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
+        if not text.startswith(body) or not self._at_special(text, len(body)):
+            return
+        body_ids = ids if len(body) == len(text) else self.tok.encode(body, allow_special=True)
+        if ids[: len(body_ids)] != body_ids:
+            return
+        n = len(body_ids)
+        conv = Conversation(
+            context_digest(tools, kwargs), len(msgs), body, array("i", body_ids), [e for e in ends if e <= n]
+        )
+        self.conversations.put(key, conv)
+
+    def _at_special(self, text: str, pos: int) -> bool:
+        """Whether a special token ends or starts at `pos`: tokenizers split text at special tokens
+        first, so text cut there tokenizes in pieces exactly as whole."""
+        return (
+            text[:pos].endswith(self._ends_special)
+            or text.startswith(self._ends_special, pos)
+            or pos == len(text)
+        )
+
+    def _extend(
+        self,
+        key: str,
+        msgs: list[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: Mapping[str, Any] | None,
+        add_generation_prompt: bool,
+    ) -> RenderedPrompt | None:
+        """A turn that extends the conversation `key` last rendered, tokenizing only its new
+        messages (None: it does not extend it, and the caller renders in full)."""
+        conv = self.conversations.get(key)
+        if conv is None or conv.num_messages >= len(msgs) or conv.context != context_digest(tools, kwargs):
+            return None
+        if self._forges(msgs[conv.num_messages :]):
+            return None
+        text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        if not text.startswith(conv.text):
+            return None
+        ids = list(conv.ids)
+        ends = list(conv.ends)
+        done = conv.text
+        for k in range(conv.num_messages + 1, len(msgs) + 1):
+            body = self.render_text(msgs[:k], tools, add_generation_prompt=False, kwargs=kwargs)
+            if not (body.startswith(done) and text.startswith(body) and self._at_special(text, len(body))):
+                return None
+            ids += self.tok.encode(body[len(done) :], allow_special=True)
+            done = body
+            if len(body) < len(text):
+                ends.append(len(ids))
+        self.conversations.put(key, Conversation(conv.context, len(msgs), done, array("i", ids), list(ends)))
+        ids += self.tok.encode(text[len(done) :], allow_special=True)
+        return RenderedPrompt(ids, text, message_ends=[e for e in ends if 0 < e < len(ids)], incremental=True)
 
     def _message_ends(
         self,

@@ -150,6 +150,7 @@ CHAT_REQUEST = {
             },
         },
         "chat_template_kwargs": {"type": ["object", "null"]},
+        "prompt_cache_key": {"type": ["string", "null"], "maxLength": 256},
         "logprobs": {"type": ["boolean", "null"]},
         "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},

@@ -109,6 +109,7 @@ class PreparedChat:
     mm_spans: list = field(default_factory=list)
     mm_payloads: list = field(default_factory=list)
     message_ends: list[int] = field(default_factory=list)
+    prompt_render: str | None = None  # keyed conversations: "incremental" or "full"
 
 
 def mm_inputs(p: PreparedChat) -> Any:
@@ -189,6 +190,7 @@ class OpenAIServing:
                 add_generation_prompt=add_generation_prompt,
                 kwargs=kwargs,
                 image_handler=self.image_handler if images else None,
+                conversation=body.get("prompt_cache_key"),
             )
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from None
@@ -249,6 +251,7 @@ class OpenAIServing:
             rendered.mm_spans,
             rendered.mm_payloads,
             rendered.message_ends,
+            ("incremental" if rendered.incremental else "full") if body.get("prompt_cache_key") else None,
         )
 
     def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:
@@ -270,6 +273,8 @@ class OpenAIServing:
             "usage": usage(last),
             "dayzero": {"ttft_ms": (last.ttft_s or 0.0) * 1000.0},
         }
+        if p.prompt_render is not None:
+            resp["dayzero"]["prompt_render"] = p.prompt_render
         if errors:
             resp["dayzero"]["tool_call_errors"] = errors
         return resp

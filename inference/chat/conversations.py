@@ -1,0 +1,63 @@
+"""The conversations a server has rendered, by the client's key (OpenAI's `prompt_cache_key`): the
+rendered text and token ids of a conversation so far (no generation prompt), so that the next
+turn, which re-sends the transcript with new messages appended, tokenizes only what they add.
+
+Correctness rests on two conditions checked per turn: the new render must start with the
+remembered text (the template rendered the old messages the same way), and every piece tokenized
+on its own must be cut next to a special token (tokenizers split text at special tokens first, so
+pieces cut there tokenize as the whole does). Where either fails the turn takes the full path and says so
+(`PromptRenderer.stats`). The store is an LRU bounded in tokens (ids kept as 32-bit arrays).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Conversation:
+    context: str  # digest of the tools and template kwargs it was rendered with
+    num_messages: int
+    text: str  # the render of its messages without a generation prompt
+    ids: array  # that text's token ids
+    ends: list[int]  # message-end positions (prefix-cache checkpoints)
+
+
+def context_digest(tools: Sequence[Mapping[str, Any]] | None, kwargs: Mapping[str, Any] | None) -> str:
+    blob = json.dumps([tools or None, kwargs or None], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ConversationCache:
+    def __init__(self, max_tokens: int = 1 << 23) -> None:
+        self.max_tokens = max_tokens
+        self._items: OrderedDict[str, Conversation] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Conversation | None:
+        with self._lock:
+            conv = self._items.get(key)
+            if conv is not None:
+                self._items.move_to_end(key)
+            return conv
+
+    def put(self, key: str, conv: Conversation) -> None:
+        if len(conv.ids) > self.max_tokens:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._tokens -= len(old.ids)
+            self._items[key] = conv
+            self._tokens += len(conv.ids)
+            while self._tokens > self.max_tokens:
+                _, evicted = self._items.popitem(last=False)
+                self._tokens -= len(evicted.ids)
