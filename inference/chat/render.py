@@ -280,22 +280,24 @@ class PromptRenderer:
         if self._forges(msgs[conv.num_messages :]):
             return None
         text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
-        if not text.startswith(conv.text):
+        body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
+        cut = len(conv.text)
+        if not (
+            body.startswith(conv.text)
+            and text.startswith(body)
+            and self._at_special(body, cut)
+            and self._at_special(text, len(body))
+        ):
             return None
-        ids = list(conv.ids)
-        ends = list(conv.ends)
-        done = conv.text
-        for k in range(conv.num_messages + 1, len(msgs) + 1):
-            body = self.render_text(msgs[:k], tools, add_generation_prompt=False, kwargs=kwargs)
-            if not (body.startswith(done) and text.startswith(body) and self._at_special(text, len(body))):
-                return None
-            ids += self.tok.encode(body[len(done) :], allow_special=True)
-            done = body
-            if len(body) < len(text):
-                ends.append(len(ids))
-        self.conversations.put(key, Conversation(conv.context, len(msgs), done, array("i", ids), list(ends)))
-        ids += self.tok.encode(text[len(done) :], allow_special=True)
-        return RenderedPrompt(ids, text, message_ends=[e for e in ends if 0 < e < len(ids)], incremental=True)
+        # only the new messages are tokenized; the ends of all but the last new message are not
+        # marked (the previous turn's reply end is the engine's own checkpoint)
+        ids = conv.ids + array("i", self.tok.encode(body[cut:], allow_special=True))
+        ends = [*conv.ends, len(ids)] if len(body) < len(text) else list(conv.ends)
+        self.conversations.put(key, Conversation(conv.context, len(msgs), body, ids, ends))
+        prompt = ids.tolist() + self.tok.encode(text[len(body) :], allow_special=True)
+        return RenderedPrompt(
+            prompt, text, message_ends=[e for e in ends if 0 < e < len(prompt)], incremental=True
+        )
 
     def _message_ends(
         self,

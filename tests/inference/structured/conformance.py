@@ -77,8 +77,9 @@ def _answer(client: Any, model: str, case: Case, max_tokens: int) -> tuple[str |
         if case.mode in ("response_format", "json_object"):
             return msg.content, r.choices[0].finish_reason, usage
         calls = msg.tool_calls or []
-        return (calls[0].function.arguments if calls else None), r.choices[0].finish_reason, usage
-    content, args, finish, tokens = "", None, None, 0
+        text = json.dumps([[c.function.name, c.function.arguments] for c in calls]) if calls else None
+        return text, r.choices[0].finish_reason, usage
+    content, calls, finish, tokens = "", {}, None, 0
     for chunk in client.chat.completions.create(
         model=model, stream=True, stream_options={"include_usage": True}, **body
     ):
@@ -88,26 +89,46 @@ def _answer(client: Any, model: str, case: Case, max_tokens: int) -> tuple[str |
             delta = choice.delta
             content += delta.content or ""
             for call in delta.tool_calls or []:
-                if call.index == 0 and call.function is not None:
-                    args = (args or "") + (call.function.arguments or "")
+                if call.function is not None:
+                    name, args = calls.get(call.index, ("", ""))
+                    calls[call.index] = (
+                        name + (call.function.name or ""),
+                        args + (call.function.arguments or ""),
+                    )
             finish = choice.finish_reason or finish
-    return (content if case.mode in ("response_format", "json_object") else args), finish, tokens
+    if case.mode in ("response_format", "json_object"):
+        return content, finish, tokens
+    return (json.dumps([list(calls[i]) for i in sorted(calls)]) if calls else None), finish, tokens
 
 
-def check(case: Case, text: str | None) -> str | None:
-    if text is None:
-        return "no answer"
+def _invalid(schema: dict[str, Any], text: str) -> str | None:
     try:
         value = json.loads(text)
     except ValueError as exc:
         return f"not JSON: {exc}: {text[-80:]!r}"
-    if case.mode == "json_object":
-        return None if isinstance(value, dict) else "not a JSON object"
     validator = jsonschema.Draft202012Validator(
-        case.entry.schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
     )
     err = jsonschema.exceptions.best_match(validator.iter_errors(value))
     return None if err is None else f"invalid: {err.message[:160]}"
+
+
+def check(case: Case, text: str | None) -> str | None:
+    """None when the answer is valid: the JSON (response_format) or every tool call's arguments
+    against the schema of the tool it names (a named choice must name that tool)."""
+    if text is None:
+        return "no answer"
+    if case.mode == "json_object":
+        return _invalid({"type": "object"}, text)
+    if case.mode == "response_format":
+        return _invalid(case.entry.schema, text)
+    schemas = {"answer": case.entry.schema, "other": {"type": "object"}}
+    for name, args in json.loads(text):
+        if name not in schemas or (case.mode == "tool_named" and name != "answer"):
+            return f"call of {name!r}"
+        if (err := _invalid(schemas[name], args)) is not None:
+            return f"{name}: {err}"
+    return None
 
 
 def run(
