@@ -5,7 +5,8 @@ TP on CUDA each rank replays its own decode graphs, `worker.decode_graphs_on`).
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
 and lists) is pickled once and sent to every rank, with the sampling parameters (and image
 embeddings, from the driver's vision tower) of requests the workers have not seen and the ids
-they can forget. Every rank answers (its step number), rank 0 with the sampled tokens.
+they can forget. Every rank answers (its step number), the sampler rank (`ParallelConfig.
+sampler_rank`: rank 0, or the first rank of the last pipeline stage) with the sampled tokens.
 
 Supervision: the driver never joins a collective, so it never blocks in one. It waits for every
 rank's answer to a step with `multiprocessing.connection.wait` over every rank's pipe and process
@@ -118,6 +119,7 @@ class ParallelRunner:
         self.model = model
         self.device = torch.device(args.device_type)
         self.world_size = world
+        self.sampler_rank = args.config.sampler_rank  # the rank that answers with the tokens
         self.forward_time = 0.0
         # rank 0's decode-graph counts, for `Engine.stats` (None: the ranks run eagerly)
         self.graphs: RankGraphs | None = RankGraphs() if decode_graphs_on(args) else None
@@ -334,7 +336,7 @@ class ParallelRunner:
             self._check_in_step(step, failed[min(failed)][2])
             self._unstarted_after_failure(step, {r: a[3] for r, a in failed.items()})
             raise StepFailedError(step, failed[min(failed)][2])
-        sampled, logprobs, seconds, counts = answers[0][2]
+        sampled, logprobs, seconds, counts = answers[self.sampler_rank][2]
         self.forward_time += seconds
         if self.graphs is not None and counts is not None:
             self.graphs.num_captured, self.graphs.num_replays = counts

@@ -1,0 +1,134 @@
+"""Pipeline parallelism: the stage plan, the rank layout and micro-batch split (no processes), and
+PP engines on gloo worker processes (alone, x TP, x EP) giving the single-process greedy tokens
+(fp32, same random model) with chunked prefill and prefix hits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.analyze.stages import layer_costs, plan_stages
+from inference.config import load_config, parse_config
+from inference.engine.factory import build_engine, small_model_config
+from inference.engine.scheduler import ScheduledRequest
+from inference.model.cache_tensors import HybridCacheSpec
+from inference.parallel import ParallelConfig, ParallelConfigError
+from inference.parallel.pipeline import micro_batches, stage_cache_spec
+from inference.parallel.weights import rank_weight_bytes
+
+from .test_parallel_engine import CONFIG, _run
+
+DSA = "inference/configs/tiny_deepseek_v32.json"
+
+
+def test_rank_layout_round_trips_and_keeps_a_stage_contiguous() -> None:
+    c = ParallelConfig(tensor_parallel_size=2, expert_parallel_size=2, pipeline_parallel_size=3)
+    assert c.world_size == 12 and c.stage_size == 4
+    for rank in range(c.world_size):
+        p, e, t = c.coords(rank)
+        assert c.rank_of(p, e, t) == rank == (p * 2 + e) * 2 + t
+    assert c.stage_ranks(1) == [4, 5, 6, 7]
+    assert c.tp_group_ranks(1, 1) == [6, 7] and c.ep_group_ranks(2, 1) == [9, 11]
+    assert c.stage_peer(5, 2) == 9  # same (ep, tp) coordinates, next-but-one stage
+    assert c.sampler_rank == 8
+
+
+def test_stage_plan_balances_contiguous_stages() -> None:
+    spec = load_config("inference/configs/kimi_linear_48b_a3b.json")
+    costs = layer_costs(spec)
+    for pp in (1, 2, 4, 8):
+        plan = plan_stages(spec, pp)
+        assert plan.bounds[0] == 0 and plan.bounds[-1] == spec.num_layers
+        assert all(len(plan.layers(p)) > 0 for p in range(pp))
+        # no single cut moved by one layer lowers the most expensive stage
+        worst = max(plan.costs)
+        for p in range(1, pp):
+            for d in (-1, 1):
+                b = list(plan.bounds)
+                b[p] += d
+                if b[p - 1] < b[p] < b[p + 1]:
+                    moved = [sum(costs[b[q] : b[q + 1]]) for q in range(pp)]
+                    moved[-1] += spec.vocab_size * spec.hidden_size
+                    assert max(moved) >= worst
+    # measured costs are taken as given: an expensive last layer gets a stage of its own
+    tiny = parse_config(small_model_config())
+    assert plan_stages(tiny, 2, costs=[1, 1, 1, 10]).bounds == (0, 3, 4)
+    with pytest.raises(ValueError, match="between 1 and the 4 layers"):
+        plan_stages(tiny, 5)
+
+
+def test_micro_batches_are_contiguous_balanced_and_non_empty() -> None:
+    def req(i: int, n: int) -> ScheduledRequest:
+        return ScheduledRequest(f"r{i}", tuple(range(n)), 0, (), i, True, True)
+
+    decode = [req(i, 1) for i in range(7)]
+    groups = micro_batches(decode, 3)
+    assert [len(g) for g in groups] == [3, 2, 2]
+    assert [s for g in groups for s in g] == decode
+    assert [len(g) for g in micro_batches(decode[:3], 3)] == [1, 1, 1]
+    mixed = [req(0, 20), req(1, 1), req(2, 1), req(3, 1)]
+    groups = micro_batches(mixed, 2)
+    assert [len(g) for g in groups] == [1, 3]
+    assert micro_batches(mixed[:1], 4) == [mixed[:1]]
+    assert micro_batches([], 2) == []
+
+
+def test_stage_caches_partition_the_layers_and_weights() -> None:
+    spec = parse_config(small_model_config())
+    full = HybridCacheSpec.from_model_spec(spec, torch.float32)
+    plan = plan_stages(spec, 2)
+    parts = [stage_cache_spec(full, plan, p) for p in range(2)]
+    assert sorted(parts[0].mla_layers + parts[1].mla_layers) == sorted(full.mla_layers)
+    assert sorted(parts[0].kda_layers + parts[1].kda_layers) == sorted(full.kda_layers)
+    assert sum(p.kv_bytes_per_token for p in parts) == full.kv_bytes_per_token
+    assert sum(p.state_bytes_per_slot for p in parts) == full.state_bytes_per_slot
+    # each stage's rank holds its layers only: the two stages' weights add up to the whole model
+    pp2 = ParallelConfig(pipeline_parallel_size=2)
+    whole = rank_weight_bytes(spec, ParallelConfig(), torch.float32)
+    assert (
+        rank_weight_bytes(spec, pp2, torch.float32, 0) + rank_weight_bytes(spec, pp2, torch.float32, 1)
+        == whole
+    )
+
+
+def test_more_stages_than_layers_is_refused() -> None:
+    with pytest.raises(ParallelConfigError, match="pipeline-parallel-size 5"):
+        build_engine(engine_config=CONFIG, pipeline_parallel_size=5)
+
+
+MODELS = {"kimi": small_model_config, "dsa": lambda: DSA}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, tuple]:
+    return {name: _run(build_engine(config=cfg(), engine_config=CONFIG)) for name, cfg in MODELS.items()}
+
+
+# (model, pp, tp, ep, micro-batches per step; 0: one per stage)
+LAYOUTS = {
+    "kimi-pp2": ("kimi", 2, 1, 1, 0),
+    "kimi-pp2-mb4": ("kimi", 2, 1, 1, 4),
+    "kimi-pp2xtp2": ("kimi", 2, 2, 1, 0),
+    "kimi-pp2xep2": ("kimi", 2, 1, 2, 0),
+    "deepseek_v32-pp2": ("dsa", 2, 1, 1, 0),
+    "deepseek_v32-pp2xtp2": ("dsa", 2, 2, 1, 0),
+    "deepseek_v32-pp2xep2": ("dsa", 2, 1, 2, 0),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_pipeline_greedy_matches_single_process(reference, layout: str) -> None:
+    model, pp, tp, ep, micro = LAYOUTS[layout]
+    engine = build_engine(
+        config=MODELS[model](), engine_config=CONFIG, pipeline_parallel_size=pp, tensor_parallel_size=tp,
+        expert_parallel_size=ep, micro_batches=micro,
+    )  # fmt: skip
+    try:
+        tokens, cached = _run(engine)
+        stats = engine.stats()
+    finally:
+        engine.runner.close()
+    ref_tokens, ref_cached = reference[model]
+    assert tokens == ref_tokens
+    assert cached == ref_cached and all(c > 0 for c in cached)  # the second round hit the cache
+    assert stats["prefix_hit_rate"] > 0
