@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_analyze)
     _register_infer(sub)
+    _register_node(sub)
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -72,6 +73,36 @@ def _analyze(args: argparse.Namespace) -> int:
     if result.plan is None or not result.plan.fits:
         return 1
     return 0
+
+
+def _register_node(sub: argparse._SubParsersAction) -> None:
+    """`dayzero infer-node`: a host other than node 0 of a multi-node engine (spawns its ranks)."""
+    from inference.parallel.cluster import add_cluster_arguments
+
+    p = sub.add_parser(
+        "infer-node",
+        help="run this host's ranks of a multi-node engine whose driver (`dayzero infer serve`) is on node 0",
+        description="Connects to node 0's driver (MASTER_ADDR, MASTER_PORT + 1; shared secret "
+        "DAYZERO_CLUSTER_KEY), receives the model and layout, spawns this node's ranks and reports their "
+        "exits; stops them when the driver goes.",
+    )
+    add_cluster_arguments(p, pipeline=False)
+    p.add_argument("--connect-timeout", type=float, default=600.0, help="seconds to wait for the driver")
+    p.set_defaults(func=_infer_node)
+
+
+def _infer_node(args: argparse.Namespace) -> int:
+    import logging
+
+    from inference.parallel.cluster import cluster_from_args, node_main
+    from inference.parallel.config import ParallelConfigError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return node_main(cluster_from_args(args), connect_timeout_s=args.connect_timeout)
+    except ParallelConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _register_infer(sub: argparse._SubParsersAction) -> None:

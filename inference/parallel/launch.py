@@ -18,6 +18,7 @@ from inference.config import ModelSpec
 from inference.engine.engine import Engine, EngineConfig
 from inference.engine.memory_plan import MemoryPlan, check_pools
 from inference.model.cache_tensors import HybridCacheSpec
+from inference.parallel.cluster import ClusterSpec, cluster_key
 from inference.parallel.config import ParallelConfig, ParallelConfigError
 from inference.parallel.pipeline import stage_cache_spec
 from inference.parallel.runner import ParallelRunner
@@ -78,6 +79,7 @@ def build_parallel_engine(
     expert_dispatch: str = "local",
     pipeline_parallel_size: int = 1,
     micro_batches: int = 0,
+    cluster: ClusterSpec | None = None,
     model_dir: str | Path | None,
     device: torch.device,
     dtype: torch.dtype,
@@ -91,7 +93,8 @@ def build_parallel_engine(
     Pools: each rank plans its own by the single-GPU rule (on CUDA, profiled and sized from
     `mem_fraction` unless `fixed_blocks`; on CPU the configured ones) and all allocate the
     smallest of those KV pools, so the scheduler's one block count is valid on every rank.
-    `rank_hook(model, rank)` runs in each rank on its shard once built (see `WorkerArgs`)."""
+    `rank_hook(model, rank)` runs in each rank on its shard once built (see `WorkerArgs`).
+    `cluster`: the ranks' hosts (`cluster.py`: this process is node 0's driver)."""
     from inference.loader import verify_manifest
 
     parallel = ParallelConfig(
@@ -104,9 +107,16 @@ def build_parallel_engine(
         raise ParallelConfigError(str(exc)) from None
     world = parallel.world_size
     config = config.evolve(tiers=rank_tiers(config.cache.tiers, world))
-    if device.type == "cuda" and torch.cuda.device_count() < world:
+    cluster = cluster or ClusterSpec()
+    if cluster.node_rank != 0:
+        raise ParallelConfigError("the engine's driver runs on node 0; other nodes run `dayzero infer-node`")
+    local = cluster.ranks_per_node(world)
+    if cluster.nnodes > 1:
+        cluster_key()  # refuse a missing shared secret before starting anything
+    if device.type == "cuda" and torch.cuda.device_count() < local:
         raise ParallelConfigError(
-            f"world size {world} needs {world} GPUs, this host has {torch.cuda.device_count()}"
+            f"world size {world} over {cluster.nnodes} node(s) needs {local} GPUs per node, "
+            f"this host has {torch.cuda.device_count()}"
         )
     if device.type not in ("cpu", "cuda"):
         raise ParallelConfigError(f"parallel ranks run on cpu (gloo) or cuda (nccl), not {device.type}")
@@ -143,7 +153,7 @@ def build_parallel_engine(
         encoder = build_vision_encoder(
             spec, load_format=args.load_format, path=args.path, dtype=dtype, device=device, seed=seed
         )
-    runner = ParallelRunner(args, model=encoder)
+    runner = ParallelRunner(args, model=encoder, cluster=cluster)
     plan = runner.plan
     config = config.evolve(num_blocks=plan.num_blocks)
     log.info(

@@ -49,6 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
@@ -57,6 +58,7 @@ from inference.cache.tiers import TierCapacity
 from inference.engine.model_runner import MMInputs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.scheduler import SchedulerOutput
+from inference.parallel.cluster import ClusterHub, ClusterSpec
 from inference.parallel.config import StepFailedError, WorkerFailedError
 from inference.parallel.worker import WorkerArgs, decode_graphs_on, worker_main
 
@@ -77,11 +79,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -> None:
+def _kill(
+    procs: list[Any], conns: list[Connection], closing: threading.Event, hub: ClusterHub | None
+) -> None:
     closing.set()  # the monitor thread must not report the deaths this causes
     for c in conns:
-        with contextlib.suppress(OSError):
-            c.close()
+        if c is not None:
+            with contextlib.suppress(OSError):
+                c.close()
+    if hub is not None:  # the other nodes' launchers kill their ranks
+        hub.close()
+    procs = [p for p in procs if isinstance(p, BaseProcess)]  # this host's ranks
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -114,8 +122,12 @@ class ParallelRunner:
         start_timeout_s: float = 600.0,
         agree_timeout_s: float = AGREE_TIMEOUT_S,
         model: torch.nn.Module | None = None,
+        cluster: ClusterSpec | None = None,
     ) -> None:
+        """`cluster`: the ranks' hosts (`cluster.py`); this process is node 0's driver and spawns
+        node 0's ranks, the other nodes' launchers spawn theirs."""
         world = args.config.world_size
+        self.cluster = cluster = cluster or ClusterSpec()
         self.model = model
         self.device = torch.device(args.device_type)
         self.world_size = world
@@ -139,20 +151,27 @@ class ParallelRunner:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         ctx = get_context("spawn")  # CUDA cannot be forked; spawn everywhere for one behaviour
-        args = replace(args, init_method=args.init_method or f"tcp://127.0.0.1:{_free_port()}")
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        for rank in range(world):
+        init = cluster.init_method if cluster.nnodes > 1 else f"tcp://127.0.0.1:{_free_port()}"
+        args = replace(
+            args, init_method=args.init_method or init, ranks_per_node=cluster.ranks_per_node(world)
+        )
+        # the other nodes' launchers connect here (before any rank can try to)
+        self._hub = ClusterHub(cluster, world) if cluster.nnodes > 1 else None
+        self.procs: list[Any] = [None] * world  # a local Process, or a `RemoteRank`
+        self.conns: list[Connection] = [None] * world
+        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing, self._hub)
+        for rank in cluster.ranks_of(0, world):
             parent, child = ctx.Pipe()
             p = ctx.Process(
                 target=worker_main, args=(rank, args, child), name=f"dayzero-rank{rank}", daemon=True
             )
             p.start()
             child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
-        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing)
+            self.procs[rank] = p
+            self.conns[rank] = parent
         try:
+            if self._hub is not None:
+                self._hub.connect(args, self.procs, self.conns, start_timeout_s, self._local_alive)
             plans = self._gather("plan", start_timeout_s, "starting")
             # every rank allocates the same pools: the smallest any of them fits
             self.plan = min(plans, key=lambda p: p.num_blocks)
@@ -184,15 +203,19 @@ class ParallelRunner:
         """Fail for the death of `rank`, naming every rank found dead with it (a peer's death can
         take a rank down too; which died first is not known)."""
         p = self.procs[rank]
-        p.join(0.5)
+        p.join(0.5)  # a remote rank: until its launcher reports the exit code
         time.sleep(0.1)  # let a death caused by this one show
         also = [
-            f"rank {r} (pid {q.pid}, exit code {q.exitcode})"
+            f"rank {r} (pid {q.pid}{self._where(r)}, exit code {q.exitcode})"
             for r, q in enumerate(self.procs)
             if r != rank and not q.is_alive()
         ]
         tail = f"; also gone: {', '.join(also)}" if also else ""
-        return self._fail(rank, f"process {p.pid} exited (exit code {p.exitcode}){tail}")
+        return self._fail(rank, f"process {p.pid}{self._where(rank)} exited (exit code {p.exitcode}){tail}")
+
+    def _where(self, rank: int) -> str:
+        c = self.cluster
+        return f" on node {c.node_of(rank, self.world_size)}" if c.nnodes > 1 else ""
 
     def _peer_death(self, rank: int, grace_s: float = 1.0) -> int | None:
         """A rank other than `rank` found dead within `grace_s` (a collective can fail on the
@@ -204,11 +227,39 @@ class ParallelRunner:
                 return dead[0] if dead else None
             time.sleep(0.05)
 
+    def _local_alive(self) -> None:
+        """Raise for a rank of this host that died (while waiting for the other nodes)."""
+        for r, p in enumerate(self.procs):
+            if isinstance(p, BaseProcess) and not p.is_alive():
+                raise self._death(r)
+
     def _watch(self) -> None:
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
-        ready = wait(list(sentinels))
-        if not self._closing.is_set() and ready:
-            self._death(sentinels[ready[0]])
+        """Between steps: a local rank's exit (its sentinel) or another node's launcher reporting
+        one of its ranks' exit (or its own loss) fails the engine."""
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs) if p.sentinel is not None}
+        agents = list(self._hub.agents.values()) if self._hub is not None else []
+        while not self._closing.is_set():
+            try:
+                ready = wait([*sentinels, *agents])
+            except (OSError, ValueError):  # closed by a failure elsewhere
+                return
+            for obj in ready:
+                if obj in sentinels:
+                    rank, why = sentinels[obj], ""
+                else:
+                    report = self._hub.poll(obj)
+                    if report is None:
+                        continue
+                    rank, why = report
+                    if why:
+                        agents.remove(obj)
+                if self._closing.is_set():
+                    return
+                if why:
+                    self._fail(rank, why)
+                else:
+                    self._death(rank)
+                return
 
     def _gather(self, kind: str, timeout_s: float, what: str) -> list[Any]:
         """Every rank's next message, which must be `kind`: their payloads in rank order."""
@@ -228,7 +279,7 @@ class ParallelRunner:
         error report; a dead rank (or `timeout_s` passing) fails the runner."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         watched = {c: r for r, c in enumerate(self.conns)}
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs) if p.sentinel is not None}
         while True:
             if self.failure is not None:
                 raise self.failure
@@ -409,10 +460,12 @@ class ParallelRunner:
         self._closing.set()
         if self.failure is None:
             for c in self.conns:
-                with contextlib.suppress(OSError):
-                    c.send(("stop",))
-            for p in self.procs:
-                p.join(5.0)
+                if c is not None:
+                    with contextlib.suppress(OSError):
+                        c.send(("stop",))
+            for p in self.procs:  # this host's; the other nodes' launchers reap theirs
+                if isinstance(p, BaseProcess):
+                    p.join(5.0)
         self._finalizer()
         if self._tmp is not None:  # after the ranks stopped: none writes into it any more
             self._tmp.cleanup()

@@ -62,7 +62,7 @@ class WorkerArgs:
     load_format: str
     path: str | None
     dtype: torch.dtype
-    device_type: str  # "cpu" or "cuda" (rank r uses cuda:r)
+    device_type: str  # "cpu" or "cuda" (rank r uses its host's cuda:r % ranks_per_node)
     seed: int
     cache_spec: (
         HybridCacheSpec  # this rank's TP-sharded cache, all layers (`rank_cache_spec` cuts its stage's)
@@ -74,6 +74,7 @@ class WorkerArgs:
     init_method: str
     collective_timeout_s: float
     threads: int
+    ranks_per_node: int = 0  # rank r uses its host's device r % ranks_per_node (0: one host)
     # called as `rank_hook(model, rank)` once the rank's shard is built (instrumentation, and the
     # tests' fault injection); must be picklable (a module-level function)
     rank_hook: Callable[[torch.nn.Module, int], None] | None = None
@@ -235,8 +236,9 @@ def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device, 
     from inference.parallel.weights import build_sharded_model
 
     if args.device_type == "cuda":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
+        local = rank % (args.ranks_per_node or args.config.world_size)
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
         backend = "nccl"
     else:
         device = torch.device("cpu")
