@@ -38,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="weight precision for the plan (default: the checkpoint's quantization_config, else bf16)",
     )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="also plan hosts of this many GPUs: TP x EP inside a host, one pipeline stage per host "
+        "(the stage plan the runtime uses), and say how many hosts",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_analyze)
     _register_infer(sub)
@@ -64,13 +71,15 @@ def _analyze(args: argparse.Namespace) -> int:
             return 0
         result = analyze(
             specs[0], gpus=args.gpus, gpu_mem_gib=args.gpu_mem, context=args.context, weight_dtype=args.weights,
-            sequences=args.sequences,
+            sequences=args.sequences, gpus_per_node=args.gpus_per_node,
         )  # fmt: skip
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(to_json(result), indent=2) if args.json else format_analysis(result))
     if result.plan is None or not result.plan.fits:
+        return 1
+    if args.gpus_per_node and (result.nodes is None or not result.nodes.fits):
         return 1
     return 0
 

@@ -1,4 +1,5 @@
-"""Pipeline stages: which contiguous decoder layers each stage runs, and what a stage's GPU holds.
+"""Pipeline stages: which contiguous decoder layers each stage runs, what a stage's GPU holds, and
+how many hosts (one stage each) a model needs.
 
 One plan serves the runtime and `dayzero analyze`: the parallel engine cuts its model by
 `plan_stages` (`inference/parallel/pipeline.py`) and analyze reports the same stages' memory, so
@@ -20,9 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inference.analyze.params import KV_DTYPE_BYTES, kv_per_layer, layer_params, state_per_layer
+from inference.analyze.plan import HEADROOM, WEIGHT_BYTES, GiB, rank_params
 from inference.config import GQA, ModelSpec
+from inference.parallel.split_rule import split_problem
 
-__all__ = ["StageMemory", "StagePlan", "layer_costs", "plan_stages", "stage_memory"]
+__all__ = ["NodePlan", "StageMemory", "StagePlan", "layer_costs", "plan_nodes", "plan_stages", "stage_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,31 +103,29 @@ def plan_stages(s: ModelSpec, pp: int, costs: Sequence[float] | None = None) -> 
 
 @dataclass(frozen=True, slots=True)
 class StageMemory:
-    """Per GPU of one stage: its share of the stage's weights (parameters), the KV bytes per token
-    and recurrent-state bytes per sequence its layers keep (bf16 KV, fp32 states)."""
+    """Per GPU of one stage: its weights (`plan.rank_params` of its layers), the KV bytes per
+    token and recurrent-state bytes per sequence its layers keep (bf16 KV, fp32 states), and the
+    sequences of `context` tokens that fit beside them."""
 
     stage: int
-    layers: range
-    params_per_gpu: float
+    layers: tuple[int, int]  # [start, stop)
+    weight_bytes: float
     kv_bytes_per_token: float
     state_bytes_per_sequence: float
+    max_sequences: int
 
 
-def stage_memory(s: ModelSpec, plan: StagePlan, tp: int, per_gpu_params: float) -> list[StageMemory]:
-    """Each stage's memory per GPU, splitting one rank's whole-model shard (`per_gpu_params`, from
-    `plan.rank_params`) over the stages by their layers' parameters (embedding rows on the first
-    stage, the LM head on the last), the MLA latent per token whole on every TP rank (GQA K|V by
-    KV head) and the recurrent states by head."""
-    h = s.hidden_size
-    table = s.vocab_size * h
-    head = 0 if s.tie_word_embeddings else table
-    whole = table + head + sum(layer_params(s, i) for i in range(s.num_layers))
+def stage_memory(
+    s: ModelSpec, stages: StagePlan, tp: int, weight_bytes: float, usable: float, context: int
+) -> list[StageMemory]:
+    """Each stage's memory per GPU on `tp` GPUs (the runtime's split rule: MLA latent per token
+    whole on every TP rank, GQA K|V by KV head, recurrent states by head; routed experts 1/tp per
+    GPU, as `--tensor-parallel-size tp` slices them and as EP = TP over the same GPUs holds them)."""
     out = []
-    for p in range(plan.num_stages):
-        layers = plan.layers(p)
-        n = sum(layer_params(s, i) for i in layers)
-        n += table if p == 0 else 0
-        n += head if p == plan.num_stages - 1 else 0
+    last = stages.num_stages - 1
+    for p in range(stages.num_stages):
+        layers = stages.layers(p)
+        w = rank_params(s, tp, 1, layers, first=p == 0, last=p == last) * weight_bytes
         kv = 0.0
         state = 0.0
         for i in layers:
@@ -132,5 +133,69 @@ def stage_memory(s: ModelSpec, plan: StagePlan, tp: int, per_gpu_params: float) 
             per = kv_per_layer(s, kind, KV_DTYPE_BYTES)
             kv += per / min(tp, s.gqa.num_kv_heads) if kind == GQA else per
             state += state_per_layer(s, kind, KV_DTYPE_BYTES) / tp
-        out.append(StageMemory(p, layers, per_gpu_params * n / whole, kv, state))
+        per_seq = kv * context + state
+        n = max(0, math.floor((usable - w) / per_seq)) if per_seq else (1 << 30 if usable > w else 0)
+        out.append(StageMemory(p, (layers.start, layers.stop), w, kv, state, n))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """One replica over `nodes` hosts of `gpus_per_node` GPUs: TP = EP = `gpus_per_node` inside a
+    host, one pipeline stage per host (only activations cross hosts)."""
+
+    nodes: int
+    gpus_per_node: int
+    stages: StagePlan
+    memory: list[StageMemory]
+    sequences: int
+
+    @property
+    def max_sequences(self) -> int:
+        return min(m.max_sequences for m in self.memory)
+
+    @property
+    def fits(self) -> bool:
+        return self.max_sequences >= self.sequences
+
+
+def plan_nodes(
+    s: ModelSpec,
+    gpus_per_node: int,
+    gpu_mem_gib: float,
+    context: int,
+    weight_dtype: str = "bf16",
+    sequences: int = 1,
+    max_nodes: int = 64,
+) -> NodePlan | None:
+    """The fewest hosts (one pipeline stage each, TP x EP over a host's GPUs) whose fullest stage
+    holds its weights and `sequences` of `context` tokens with 20% headroom; the last one tried
+    (not fitting) when none up to `max_nodes` does, None when the host's GPUs cannot split it."""
+    if split_problem(s, gpus_per_node, gpus_per_node):
+        return None
+    usable = gpu_mem_gib * GiB * (1 - HEADROOM)
+    plan = None
+    for nodes in range(1, min(max_nodes, s.num_layers) + 1):
+        stages = plan_stages(s, nodes)
+        memory = stage_memory(s, stages, gpus_per_node, WEIGHT_BYTES[weight_dtype], usable, context)
+        plan = NodePlan(nodes, gpus_per_node, stages, memory, sequences)
+        if plan.fits:
+            break
+    return plan
+
+
+def format_nodes(plan: NodePlan, weight_dtype: str, context: int) -> list[str]:
+    """`dayzero analyze --gpus-per-node`'s lines: the hosts, and per stage its layers and memory."""
+    g = plan.gpus_per_node
+    verdict = f"fits, up to {plan.max_sequences} sequences" if plan.fits else "DOES NOT FIT"
+    lines = [
+        f"nodes: {plan.nodes} x {g} GPUs = {plan.nodes * g} GPUs, TP={g} EP={g} inside a node, "
+        f"PP={plan.nodes} across nodes ({weight_dtype} weights, {context} tokens per sequence): {verdict}"
+    ]
+    for m in plan.memory:
+        lines.append(
+            f"  stage {m.stage} (node {m.stage}): layers {m.layers[0]}-{m.layers[1] - 1}, weights "
+            f"{m.weight_bytes / GiB:.2f} GiB/GPU, KV {m.kv_bytes_per_token:.0f} B/token, state "
+            f"{m.state_bytes_per_sequence / 2**20:.2f} MiB/sequence per GPU: up to {m.max_sequences} sequences"
+        )
+    return lines

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.analyze.stages import layer_costs, plan_stages
+from inference.analyze import analyze, rank_params
+from inference.analyze.stages import layer_costs, plan_nodes, plan_stages
 from inference.config import load_config, parse_config
 from inference.engine.factory import build_engine, small_model_config
 from inference.engine.scheduler import ScheduledRequest
@@ -15,10 +16,14 @@ from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel import ParallelConfig, ParallelConfigError
 from inference.parallel.pipeline import micro_batches, stage_cache_spec
 from inference.parallel.weights import rank_weight_bytes
+from orchestrator.cli import main
 
 from .test_parallel_engine import CONFIG, _run
 
 DSA = "inference/configs/tiny_deepseek_v32.json"
+K3 = (
+    "inference/configs/kimi_k3_shaped_2p8t.json"  # a Kimi-K3-shaped 2.8T config: KDA 3:1 MLA+DSA, 768 experts
+)
 
 
 def test_rank_layout_round_trips_and_keeps_a_stage_contiguous() -> None:
@@ -89,6 +94,42 @@ def test_stage_caches_partition_the_layers_and_weights() -> None:
         rank_weight_bytes(spec, pp2, torch.float32, 0) + rank_weight_bytes(spec, pp2, torch.float32, 1)
         == whole
     )
+
+
+@pytest.mark.parametrize("model", ["kimi", "dsa"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_analyze_stage_weights_equal_the_runtime_stage_shards(model: str, tp: int) -> None:
+    """`dayzero analyze`'s per-stage weights per GPU are each stage rank's meta shard, exactly."""
+    cfg = MODELS[model]()
+    spec = load_config(cfg) if isinstance(cfg, str) else parse_config(cfg)
+    stages = plan_stages(spec, 2)
+    config = ParallelConfig(tensor_parallel_size=tp, pipeline_parallel_size=2)
+    for p in range(2):
+        runtime = rank_weight_bytes(spec, config, torch.float32, config.stage_ranks(p)[0]) // 4
+        assert rank_params(spec, tp, 1, stages.layers(p), first=p == 0, last=p == 1) == runtime
+
+
+def test_analyze_plans_the_k3_shaped_model_on_8_gpu_nodes(capsys) -> None:
+    spec = load_config(K3)
+    assert 2.8e12 < analyze(spec).params["total"] < 2.9e12
+    fp8 = plan_nodes(spec, 8, 141.0, 131072, "fp8", sequences=8)
+    assert (fp8.nodes, fp8.fits) == (4, True)  # FP8 weights on H200 hosts: PP=4 across 4 nodes
+    fewer = plan_nodes(spec, 8, 141.0, 131072, "fp8", sequences=8, max_nodes=3)
+    assert (fewer.nodes, fewer.fits) == (3, False)
+    bf16 = plan_nodes(spec, 8, 80.0, 131072, "bf16", sequences=8)
+    assert bf16.fits and bf16.nodes > fp8.nodes
+    for plan in (fp8, bf16):  # the stages cover the layers once, each within a host's memory
+        assert (
+            plan.stages.bounds[-1]
+            == spec.num_layers
+            == sum(b - a for a, b in (m.layers for m in plan.memory))
+        )
+        assert all(m.max_sequences >= 8 for m in plan.memory)
+    args = [K3, "--gpus-per-node", "8", "--gpu-mem", "141", "--weights", "fp8", "--sequences", "8"]
+    assert main(["analyze", *args]) == 0
+    out = capsys.readouterr().out
+    assert "nodes: 4 x 8 GPUs = 32 GPUs, TP=8 EP=8 inside a node, PP=4 across nodes" in out
+    assert "stage 3 (node 3): layers 64-83" in out
 
 
 def test_more_stages_than_layers_is_refused() -> None:
