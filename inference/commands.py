@@ -90,13 +90,16 @@ def _register_node(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "infer-node",
-        help="run this host's ranks of a multi-node engine whose driver (`dayzero infer serve`) is on node 0",
-        description="Connects to node 0's driver (MASTER_ADDR, MASTER_PORT + 1; shared secret "
-        "DAYZERO_CLUSTER_KEY), receives the model and layout, spawns this node's ranks and reports their "
-        "exits; stops them when the driver goes.",
+        help="run this host's part of a multi-node engine: node 0 the driver command, the others their ranks",
+        description="On node 0, runs the driver command given after the flags (`infer serve ...`, "
+        "which reads the same rendezvous settings from the environment). On any other node, connects "
+        "to node 0's driver (MASTER_ADDR, MASTER_PORT + 1; shared secret DAYZERO_CLUSTER_KEY), receives "
+        "the model and layout, spawns this node's ranks and reports their exits; stops them when the "
+        "driver goes. One command for every pod of a StatefulSet.",
     )
     add_cluster_arguments(p, pipeline=False)
     p.add_argument("--connect-timeout", type=float, default=600.0, help="seconds to wait for the driver")
+    p.add_argument("driver", nargs=argparse.REMAINDER, help="node 0's command, e.g. infer serve --model ...")
     p.set_defaults(func=_infer_node)
 
 
@@ -106,9 +109,23 @@ def _infer_node(args: argparse.Namespace) -> int:
     from inference.parallel.cluster import cluster_from_args, node_main
     from inference.parallel.config import ParallelConfigError
 
+    try:
+        cluster = cluster_from_args(args)
+    except ParallelConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if cluster.node_rank == 0:  # the driver: its command, in this process
+        driver = args.driver[1:] if args.driver[:1] == ["--"] else args.driver
+        if not driver:
+            print("error: node 0 runs the driver: give its command (infer serve ...)", file=sys.stderr)
+            return 2
+        parser = argparse.ArgumentParser(prog="dayzero")
+        register(parser.add_subparsers(dest="command", required=True))
+        driver_args = parser.parse_args(driver)
+        return driver_args.func(driver_args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return node_main(cluster_from_args(args), connect_timeout_s=args.connect_timeout)
+        return node_main(cluster, connect_timeout_s=args.connect_timeout)
     except ParallelConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
