@@ -1,6 +1,11 @@
 """Process groups of the `[pp, ep, tp]` mesh, the few collectives the sharded layers call, and the
 point-to-point sends between pipeline stages.
 
+Every collective and send also counts its calls and payload bytes in this process's `TRAFFIC`
+(by `<label>.<op>`: the tensor an all-reduce sums, the part an all-gather or all-to-all sends,
+the activations a stage sends or receives), which the parallel benchmark reads per step. Ops a
+CUDA graph replays are counted when captured, not per replay.
+
 Every collective goes through `Comm`, so a size-1 group costs nothing (no call at all) and each op
 carries a `record_function` label the benchmark's profiler reports per collective.
 """
@@ -18,7 +23,24 @@ from torch.profiler import record_function
 
 from inference.parallel.config import ParallelConfig
 
-__all__ = ["NVLINK_MULTICAST_OFF", "Comm", "MeshGroups", "StageLink", "init_mesh"]
+__all__ = ["NVLINK_MULTICAST_OFF", "TRAFFIC", "Comm", "MeshGroups", "StageLink", "init_mesh", "take_traffic"]
+
+# `<label>.<op>` -> [calls, payload bytes] of this process since `take_traffic`
+TRAFFIC: dict[str, list[int]] = {}
+
+
+def _count(key: str, x: Tensor) -> None:
+    entry = TRAFFIC.setdefault(key, [0, 0])
+    entry[0] += 1
+    entry[1] += x.numel() * x.element_size()
+
+
+def take_traffic() -> dict[str, list[int]]:
+    """This process's counts since the last call (and start counting afresh)."""
+    out = {k: list(v) for k, v in TRAFFIC.items()}
+    TRAFFIC.clear()
+    return out
+
 
 # The GPU machines run with NVLink multicast (NVLS / symmetric-memory multicast) off; so do we.
 NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -35,6 +57,7 @@ class Comm:
     def all_reduce(self, x: Tensor, label: str) -> Tensor:
         """Sum `x` over the group in place (and return it)."""
         if self.size > 1:
+            _count(f"{label}.all_reduce", x)
             with record_function(f"dayzero.{label}.all_reduce"):
                 dist.all_reduce(x, group=self.group)
         return x
@@ -44,6 +67,7 @@ class Comm:
         if self.size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
+        _count(f"{label}.all_gather", x)
         with record_function(f"dayzero.{label}.all_gather"):
             dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
@@ -52,6 +76,7 @@ class Comm:
         """Rows `x[sum(send[:j]) : sum(send[:j+1])]` go to rank `j`; returns the `sum(recv)` rows
         received, in rank order."""
         out = x.new_empty((sum(recv), *x.shape[1:]))
+        _count(f"{label}.all_to_all", x)
         with record_function(f"dayzero.{label}.all_to_all"):
             dist.all_to_all_single(out, x.contiguous(), recv, send, group=self.group)
         return out
@@ -77,6 +102,7 @@ class StageLink:
 
     def send(self, x: Tensor) -> dist.Work:
         """Start sending `x` to the next stage (the caller waits on the returned work)."""
+        _count("pp.send", x)
         with record_function("dayzero.pp.send"):
             return dist.isend(x.contiguous(), self.next)
 
@@ -85,6 +111,7 @@ class StageLink:
         x = torch.empty(shape, dtype=dtype, device=device)
         with record_function("dayzero.pp.recv"):
             dist.recv(x, self.prev)
+        _count("pp.recv", x)
         return x
 
 

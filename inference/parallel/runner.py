@@ -455,6 +455,12 @@ class ParallelRunner:
         self._broadcast(("memory",))
         return self._gather("memory", 60.0, "reporting memory")
 
+    def traffic(self) -> list[dict[str, list[int]]]:
+        """Every rank's collective and point-to-point `[calls, payload bytes]` by `<label>.<op>`
+        since the last call (`comm.take_traffic`), in rank order."""
+        self._broadcast(("traffic",))
+        return self._gather("traffic", 60.0, "reporting its traffic")
+
     def close(self) -> None:
         """Stop the workers (idempotent)."""
         self._closing.set()

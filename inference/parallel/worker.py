@@ -345,6 +345,10 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     conn.send(("profile", rows))
             elif kind == "memory":  # every rank answers
                 conn.send(("memory", rank_memory(runner.model, runner.cache)))
+            elif kind == "traffic":  # every rank answers: its counts since the last ask
+                from inference.parallel.comm import take_traffic
+
+                conn.send(("traffic", take_traffic()))
             elif kind == "stop":
                 break
     except BaseException:

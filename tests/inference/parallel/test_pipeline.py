@@ -167,9 +167,17 @@ def test_pipeline_greedy_matches_single_process(reference, layout: str) -> None:
     try:
         tokens, cached = _run(engine)
         stats = engine.stats()
+        traffic = engine.runner.traffic()  # every rank's counts since start-up
     finally:
         engine.runner.close()
     ref_tokens, ref_cached = reference[model]
     assert tokens == ref_tokens
     assert cached == ref_cached and all(c > 0 for c in cached)  # the second round hit the cache
     assert stats["prefix_hit_rate"] > 0
+    # every activation a stage-0 rank sent, its stage-1 peer received: whole [tokens, hidden] fp32 rows
+    config = ParallelConfig(tp, ep, pipeline_parallel_size=pp)
+    hidden = (load_config(DSA) if model == "dsa" else parse_config(small_model_config())).hidden_size
+    for rank in config.stage_ranks(0):
+        sent, got = traffic[rank]["pp.send"], traffic[config.stage_peer(rank, 1)]["pp.recv"]
+        assert sent == got and sent[1] > 0 and sent[1] % (hidden * 4) == 0
+        assert "pp.recv" not in traffic[rank] and "pp.send" not in traffic[config.stage_peer(rank, 1)]
