@@ -295,9 +295,7 @@ def main() -> None:
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--expert-dispatch", choices=["local", "all_to_all"], default="local")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument(
-        "--micro-batches", type=int, default=0, help="per step through the stages (0: one per stage)"
-    )
+    p.add_argument("--micro-batches", type=int, default=1, help="per step through the pipeline stages")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batches", default="32,128")

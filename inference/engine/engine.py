@@ -13,7 +13,7 @@ import torch
 from inference.cache.coordinator import CacheConfig, MMSpan
 from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
-from inference.engine.scheduler import Scheduler, SchedulerConfig
+from inference.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from inference.engine.stops import TextStops
 from inference.tokenizer import Tokenizer
 
@@ -238,10 +238,24 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        sched_out, solo = self._schedule()
+        reqs = dict(self.scheduler.requests)
+        t0 = time.monotonic()
+        sampled, logprobs = self.runner.execute(sched_out, reqs)
+        if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
+            # nothing runnable before a promotion lands: wait for it rather than spin
+            self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))
+        return self._complete(sched_out, solo, reqs, sampled, logprobs, t0)
+
+    def _schedule(
+        self, busy: frozenset[str] = frozenset(), max_requests: int | None = None
+    ) -> tuple[SchedulerOutput, str | None]:
+        """The next step's scheduler output (see `Scheduler.schedule`), and the suspect it runs
+        alone (if any); `_in_step` becomes its requests."""
         if self.scheduler.solo is not None and self.scheduler.solo not in self.scheduler.requests:
             self._next_solo()  # the suspect finished or was aborted meanwhile
         self.scheduler.transfers_done(self.runner.poll_transfers())
-        sched_out = self.scheduler.schedule()
+        sched_out = self.scheduler.schedule(busy, max_requests)
         self._in_step = {s.req_id: s.start + len(s.token_ids) for s in sched_out.scheduled}
         solo = self.scheduler.solo
         if solo is not None and not self._in_step:
@@ -249,12 +263,19 @@ class Engine:
             # give up isolating rather than stall; a new failure isolates again.
             self._suspects.clear()
             self.scheduler.solo = None
-        reqs = dict(self.scheduler.requests)
-        t0 = time.monotonic()
-        sampled, logprobs = self.runner.execute(sched_out, reqs)
-        if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
-            # nothing runnable before a promotion lands: wait for it rather than spin
-            self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))
+        return sched_out, solo
+
+    def _complete(
+        self,
+        sched_out: SchedulerOutput,
+        solo: str | None,
+        reqs: dict[str, Request],
+        sampled: dict[str, int],
+        logprobs: dict[str, TokenLogprob],
+        t0: float,
+    ) -> list[RequestOutput]:
+        """Apply a step's sampled tokens (`Scheduler.update`) and build its outputs; `_in_step`
+        must be that step's requests."""
         t1 = time.monotonic()
         for s in sched_out.scheduled:
             if (r := reqs.get(s.req_id)) is not None:

@@ -199,7 +199,7 @@ def build_engine(
     expert_parallel_size: int = 1,
     expert_dispatch: str = "local",
     pipeline_parallel_size: int = 1,
-    micro_batches: int = 0,
+    micro_batches: int = 1,
     cluster: Any = None,
 ) -> Engine:
     """`model_dir`: real weights (safetensors) + config.json (+ tokenizer.json if present);
@@ -207,7 +207,8 @@ def build_engine(
     The pools are planned by `plan_pools` (`mem_fraction` of a CUDA device; the rest is headroom).
     A world size (`tensor_parallel_size * expert_parallel_size * pipeline_parallel_size`) above 1
     builds no model here: one worker process per rank builds its shard (`inference.parallel.launch`);
-    `micro_batches`: how many a step is split into through the pipeline stages (0: one per stage);
+    `micro_batches`: how many micro-batches each step is split into through the pipeline stages
+    (steps themselves overlap there, `parallel.pipeline.PipelinedEngine`);
     `cluster`: a `parallel.cluster.ClusterSpec` placing the ranks on several hosts (this is node 0)."""
     from inference.config import load_config, parse_config
     from inference.model.cache_tensors import HybridCacheSpec

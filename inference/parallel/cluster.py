@@ -105,8 +105,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser, *, pipeline: bool = True) 
             help="pipeline stages splitting the layers (world size = tensor x expert x pipeline parallel size)",
         )  # fmt: skip
         p.add_argument(
-            "--micro-batches", type=int, default=0,
-            help="micro-batches a step is split into through the pipeline stages (default: one per stage)",
+            "--micro-batches", type=int, default=1,
+            help="micro-batches each step is split into through the pipeline stages (steps overlap there anyway)",
         )  # fmt: skip
     p.add_argument("--nnodes", type=int, default=None, help="hosts the ranks run on (default NNODES, else 1)")
     p.add_argument(

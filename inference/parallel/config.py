@@ -55,15 +55,17 @@ class ParallelConfig:
     # replicated tokens, or an "all_to_all" exchange of token rows between EP ranks
     expert_dispatch: str = "local"
     pipeline_parallel_size: int = 1
-    # micro-batches a step is split into through the pipeline stages (0: one per stage)
-    micro_batches: int = 0
+    # micro-batches each step is split into through the pipeline stages; the engine also keeps
+    # one step per stage in flight (`pipeline.PipelinedEngine`), which is what fills the stages
+    # in steady decode, so 1 is the default: more split a step of many prefills further
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         sizes = (self.tensor_parallel_size, self.expert_parallel_size, self.pipeline_parallel_size)
         if min(sizes) < 1:
             raise ParallelConfigError(f"parallel sizes must be >= 1, got tp, ep, pp = {sizes}")
-        if self.micro_batches < 0:
-            raise ParallelConfigError(f"micro_batches must be >= 0, got {self.micro_batches}")
+        if self.micro_batches < 1:
+            raise ParallelConfigError(f"micro_batches must be >= 1, got {self.micro_batches}")
         if self.expert_dispatch not in EXPERT_DISPATCH:
             raise ParallelConfigError(
                 f"expert_dispatch must be one of {EXPERT_DISPATCH}, got {self.expert_dispatch!r}"

@@ -20,7 +20,7 @@ from inference.engine.memory_plan import MemoryPlan, check_pools
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.cluster import ClusterSpec, cluster_key
 from inference.parallel.config import ParallelConfig, ParallelConfigError
-from inference.parallel.pipeline import stage_cache_spec
+from inference.parallel.pipeline import PipelinedEngine, stage_cache_spec
 from inference.parallel.runner import ParallelRunner
 from inference.parallel.sharding import check_shardable, shard_cache_spec
 from inference.parallel.weights import build_vision_encoder
@@ -78,7 +78,7 @@ def build_parallel_engine(
     expert_parallel_size: int,
     expert_dispatch: str = "local",
     pipeline_parallel_size: int = 1,
-    micro_batches: int = 0,
+    micro_batches: int = 1,
     cluster: ClusterSpec | None = None,
     model_dir: str | Path | None,
     device: torch.device,
@@ -164,8 +164,14 @@ def build_parallel_engine(
         stages.describe(),
         plan.describe(),
     )
-    engine = Engine(
-        None, tokenizer, config, cache_spec=args.cache_spec, device=device, dtype=dtype, runner=runner
-    )
+    if pipeline_parallel_size > 1:  # steps overlap through the stages
+        engine = PipelinedEngine(
+            None, tokenizer, config, cache_spec=args.cache_spec, device=device, dtype=dtype, runner=runner,
+            depth=pipeline_parallel_size,
+        )  # fmt: skip
+    else:
+        engine = Engine(
+            None, tokenizer, config, cache_spec=args.cache_spec, device=device, dtype=dtype, runner=runner
+        )
     engine.memory_plan = plan
     return engine

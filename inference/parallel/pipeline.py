@@ -18,19 +18,23 @@ of the sampled rows and samples; the other stages sample nothing.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from inference.analyze.stages import StagePlan
+from inference.engine.engine import Engine, RequestOutput
 from inference.engine.model_runner import ModelRunner
 from inference.engine.request import Request
 from inference.engine.scheduler import ScheduledRequest, SchedulerOutput
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel.comm import StageLink
 
-__all__ = ["StageRunner", "cut_stage", "micro_batches", "stage_cache_spec"]
+__all__ = ["PipelinedEngine", "StageRunner", "cut_stage", "micro_batches", "stage_cache_spec"]
 
 
 class Elsewhere(nn.Module):
@@ -108,6 +112,7 @@ class StageRunner(ModelRunner):
         self.samples = link.last
         self.dtype = next(p for p in model.parameters()).dtype
         self.hidden_size = model.spec.hidden_size
+        self.waited = 0.0
 
     def _stage(self, x: Tensor, meta, cache) -> Tensor:
         residual = None
@@ -120,6 +125,7 @@ class StageRunner(ModelRunner):
 
     def _forward(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> tuple[Tensor | None, None]:
         link, model = self.link, self.model
+        self.waited = 0.0  # seconds of this step spent waiting for the neighbouring stages
         logits: list[Tensor] = []
         sends = []
         for group in micro_batches(out.scheduled, self.num_micro_batches):
@@ -129,7 +135,9 @@ class StageRunner(ModelRunner):
             if link.first:
                 x = model.embed(self._to(ids, torch.int64), self._image_embeds(part, requests))
             else:
+                t0 = time.monotonic()
                 x = link.recv((meta.num_tokens, self.hidden_size), self.dtype, self.device)
+                self.waited += time.monotonic() - t0
             h = self._stage(x, meta, self.cache)
             if link.last:
                 if meta.logits_indices is not None:
@@ -137,6 +145,79 @@ class StageRunner(ModelRunner):
                 logits.append(model.lm_head(model.model.norm(h)))
             else:
                 sends.append(link.send(h))
+        t0 = time.monotonic()
         for work in sends:
             work.wait()
+        self.waited += time.monotonic() - t0
         return (torch.cat(logits) if logits else None), None
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A step sent to the ranks and not collected yet."""
+
+    out: SchedulerOutput
+    solo: str | None
+    reqs: dict[str, Request]
+    reached: dict[str, int]  # its requests -> the position their work in it reaches
+    t0: float
+
+
+class PipelinedEngine(Engine):
+    """`Engine` whose steps overlap through the pipeline stages: up to `depth` (the stage count)
+    steps in flight, each a disjoint share of the requests (`Scheduler.schedule(busy=...,
+    max_requests=...)`), so while the last stage finishes step `k` the first already runs `k + 1`
+    and, in steady decode at a batch of at least `depth`, no stage waits for another's step. Each
+    `step()` sends the next step while fewer than `depth` are in flight and returns the outputs of
+    the oldest one once the pipeline is full (or nothing more can be scheduled); a request's next
+    token is scheduled only after its step came back, so its tokens are the one-step engine's.
+
+    Steps do not overlap (one at a time, as `Engine`) while a failed step's suspect runs alone or
+    with offload tiers (whose copies and promotions are planned against the finished step)."""
+
+    def __init__(self, *args, depth: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.depth = depth
+        self._flights: deque[_Flight] = deque()
+        self.max_in_flight = 0  # the most steps in flight at once (observed)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished or bool(self._flights)
+
+    def _overlap(self) -> bool:
+        return self.depth > 1 and self.scheduler.solo is None and self.scheduler.cache.tiers is None
+
+    def step(self) -> list[RequestOutput]:
+        if not self._overlap():
+            return self._collect() if self._flights else super().step()
+        sent = False
+        if len(self._flights) < self.depth:
+            busy = frozenset(rid for f in self._flights for rid in f.reached)
+            live = len(self.scheduler.running) + len(self.scheduler.waiting)
+            out, solo = self._schedule(busy, max(1, -(-live // self.depth)))
+            if _has_work(out):
+                reqs = dict(self.scheduler.requests)
+                t0 = time.monotonic()
+                self.runner.submit(out, reqs)
+                self._flights.append(_Flight(out, solo, reqs, self._in_step, t0))
+                self.max_in_flight = max(self.max_in_flight, len(self._flights))
+                sent = True
+            self._in_step = {}
+        if self._flights and (len(self._flights) >= self.depth or not sent):
+            return self._collect()
+        return []
+
+    def _collect(self) -> list[RequestOutput]:
+        f = self._flights.popleft()
+        self._in_step = f.reached  # a failure below is this step's (`recover_after_failed_step`)
+        sampled, logprobs = self.runner.collect()
+        return self._complete(f.out, f.solo, f.reqs, sampled, logprobs, f.t0)
+
+
+def _has_work(out: SchedulerOutput) -> bool:
+    """Whether the ranks must run `out` (requests, or copies and zeroing a step carries)."""
+    return bool(
+        out.scheduled or out.block_copies or out.state_copies or out.state_zeros or out.preempted
+        or out.snapshots or out.tier_ops is not None
+    )  # fmt: skip

@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -147,6 +147,10 @@ class ParallelRunner:
         self._landed: Counter[int] = Counter()  # promotion -> ranks that reported it landed
         self._tmp: tempfile.TemporaryDirectory | None = None  # the disk tier's default folder
         self._known: set[str] = set()  # requests whose sampling params the workers have
+        self._sent: deque[int] = deque()  # steps submitted, not collected
+        self._stash: dict[int, dict[int, tuple]] = {}  # answers read ahead of their collect
+        # each rank's recent steps: (step, monotonic start, end, seconds waiting for other stages)
+        self.spans: list[deque[tuple[int, float, float, float]]] = [deque(maxlen=512) for _ in range(world)]
         self._drops: list[str] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -262,7 +266,9 @@ class ParallelRunner:
                 return
 
     def _gather(self, kind: str, timeout_s: float, what: str) -> list[Any]:
-        """Every rank's next message, which must be `kind`: their payloads in rank order."""
+        """Every rank's next message, which must be `kind`: their payloads in rank order (the
+        answers to steps still in flight come first: read ahead for their `collect`)."""
+        self._read_ahead()
         got: dict[int, Any] = {}
         while len(got) < self.world_size:  # ranks answer in any order
             rank, msg = self._next(set(range(self.world_size)) - set(got), timeout_s, what)
@@ -272,13 +278,22 @@ class ParallelRunner:
         return [got[r] for r in range(self.world_size)]
 
     def _wait(self, rank: int, timeout_s: float | None, what: str) -> tuple:
+        self._read_ahead()
         return self._next({rank}, timeout_s, what)[1]
 
+    def _read_ahead(self) -> None:
+        """Take every rank's answers to the steps still in flight (each rank answers in order)."""
+        for step in self._sent:
+            if step not in self._stash:
+                self._stash[step] = self._step_answers(step)
+
     def _next(self, ranks: set[int], timeout_s: float | None, what: str) -> tuple[int, tuple]:
-        """`(rank, message)`: the next message of one of `ranks`; any other rank's message is an
-        error report; a dead rank (or `timeout_s` passing) fails the runner."""
+        """`(rank, message)`: the next message of one of `ranks` (the others' wait until asked: a
+        rank may have answered a later step already); a dead rank, one reporting an error (or
+        `timeout_s` passing) fails the runner."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        watched = {c: r for r, c in enumerate(self.conns)}
+        # only the ranks asked: another may already have answered a later step (pipelining)
+        watched = {c: r for r, c in enumerate(self.conns) if r in ranks}
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs) if p.sentinel is not None}
         while True:
             if self.failure is not None:
@@ -303,9 +318,7 @@ class ParallelRunner:
                         if dead is not None:  # a peer's death broke this rank's collective: blame it
                             raise self._death(dead) from None
                         raise self._fail(r, f"raised while {what}:\n{msg[1]}")
-                    if r in ranks:
-                        return r, msg
-                    raise self._fail(r, f"sent an unexpected {msg[0]!r} while {what}")
+                    return r, msg
             for obj in ready:
                 if obj in sentinels:
                     raise self._death(sentinels[obj])
@@ -362,7 +375,13 @@ class ParallelRunner:
     def execute(
         self, out: SchedulerOutput, requests: Mapping[str, Request]
     ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        """Run one scheduled step on every rank; rank 0's sampled tokens (and logprobs)."""
+        """Run one scheduled step on every rank; the sampler rank's tokens (and logprobs)."""
+        self.submit(out, requests)
+        return self.collect()
+
+    def submit(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> None:
+        """Send one step to every rank without waiting for it (`collect` takes the answers, in
+        order): pipeline stages then work on several steps at once."""
         new = {}
         for s in out.scheduled:
             if s.req_id not in self._known:
@@ -378,15 +397,25 @@ class ParallelRunner:
         if out.tier_ops is not None:
             self._in_flight += [t.id for t in out.tier_ops.transfers]
         self._step += 1
-        step = self._step
-        answers = self._step_answers(step)
+        self._sent.append(self._step)
+
+    @torch.inference_mode()
+    def collect(self) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        """The oldest submitted step's outcome: the sampler rank's tokens, or `StepFailedError`
+        (after the steps sent behind it were answered too, so the check collective is next in
+        every rank's queue)."""
+        step = self._sent.popleft()
+        answers = self._stash.pop(step, None) or self._step_answers(step)
         for a in answers.values():
             self._landed.update(a[-1])
         failed = {r: a for r, a in answers.items() if a[0] == "step_failed"}
         if failed:
+            self._read_ahead()
             self._check_in_step(step, failed[min(failed)][2])
             self._unstarted_after_failure(step, {r: a[3] for r, a in failed.items()})
             raise StepFailedError(step, failed[min(failed)][2])
+        for r, a in answers.items():
+            self.spans[r].append((step, *a[3]))
         sampled, logprobs, seconds, counts = answers[self.sampler_rank][2]
         self.forward_time += seconds
         if self.graphs is not None and counts is not None:

@@ -222,7 +222,7 @@ def _runner(
         device=device, dtype=args.dtype, vocab_size=args.vocab_size,
     )  # fmt: skip
     if args.config.pipeline_parallel_size > 1:
-        micro = args.config.micro_batches or args.config.pipeline_parallel_size
+        micro = args.config.micro_batches
         return StageRunner(model, cache_spec, plan=args.stages, link=mesh.pp, micro_batches=micro, **common)
     return ModelRunner(
         model, cache_spec, cuda_graphs=decode_graphs_on(args), short_graph_tokens=cfg.short_graph_tokens,
@@ -307,7 +307,7 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     requests.pop(rid, None)
                 for rid, (sp, mm) in new_requests.items():
                     requests[rid] = _Req(sp, mm)
-                t0 = time.perf_counter()
+                t0, start = time.perf_counter(), time.monotonic()
                 try:
                     sampled, logprobs = runner.execute(out, requests)
                 except Exception:
@@ -323,7 +323,8 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                 promotions.started(out, [])
                 dt = time.perf_counter() - t0
                 answer = (sampled, logprobs, dt, _graph_counts(runner)) if rank == sampler else None
-                conn.send(("done", step, answer, promotions.landed()))
+                span = (start, time.monotonic(), getattr(runner, "waited", 0.0))  # waited: for other stages
+                conn.send(("done", step, answer, span, promotions.landed()))
             elif kind == "tiers":
                 runner.attach_tiers(msg[1], rank_disk_url(msg[2], rank))
                 conn.send(("tiers_ready", rank))

@@ -11,6 +11,7 @@ from inference.analyze import analyze, rank_params
 from inference.analyze.stages import layer_costs, plan_nodes, plan_stages
 from inference.config import load_config, parse_config
 from inference.engine.factory import build_engine, small_model_config
+from inference.engine.request import SamplingParams
 from inference.engine.scheduler import ScheduledRequest
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel import ParallelConfig, ParallelConfigError
@@ -145,15 +146,15 @@ def reference() -> dict[str, tuple]:
     return {name: _run(build_engine(config=cfg(), engine_config=CONFIG)) for name, cfg in MODELS.items()}
 
 
-# (model, pp, tp, ep, micro-batches per step; 0: one per stage)
+# (model, pp, tp, ep, micro-batches per step)
 LAYOUTS = {
-    "kimi-pp2": ("kimi", 2, 1, 1, 0),
-    "kimi-pp2-mb4": ("kimi", 2, 1, 1, 4),
-    "kimi-pp2xtp2": ("kimi", 2, 2, 1, 0),
-    "kimi-pp2xep2": ("kimi", 2, 1, 2, 0),
-    "deepseek_v32-pp2": ("dsa", 2, 1, 1, 0),
-    "deepseek_v32-pp2xtp2": ("dsa", 2, 2, 1, 0),
-    "deepseek_v32-pp2xep2": ("dsa", 2, 1, 2, 0),
+    "kimi-pp2": ("kimi", 2, 1, 1, 1),
+    "kimi-pp2-mb3": ("kimi", 2, 1, 1, 3),
+    "kimi-pp2xtp2": ("kimi", 2, 2, 1, 1),
+    "kimi-pp2xep2": ("kimi", 2, 1, 2, 1),
+    "deepseek_v32-pp2": ("dsa", 2, 1, 1, 1),
+    "deepseek_v32-pp2xtp2": ("dsa", 2, 2, 1, 1),
+    "deepseek_v32-pp2xep2": ("dsa", 2, 1, 2, 1),
 }
 
 
@@ -181,3 +182,47 @@ def test_pipeline_greedy_matches_single_process(reference, layout: str) -> None:
         sent, got = traffic[rank]["pp.send"], traffic[config.stage_peer(rank, 1)]["pp.recv"]
         assert sent == got and sent[1] > 0 and sent[1] % (hidden * 4) == 0
         assert "pp.recv" not in traffic[rank] and "pp.send" not in traffic[config.stage_peer(rank, 1)]
+
+
+def test_scheduler_leaves_steps_in_flight_alone() -> None:
+    """`schedule(busy=..., max_requests=...)`: requests of a step still in flight are neither
+    scheduled nor preempted; a step takes at most its share."""
+    from inference.cache.coordinator import CacheConfig
+    from inference.engine.request import Request, SamplingParams
+    from inference.engine.scheduler import Scheduler, SchedulerConfig
+
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64),
+        CacheConfig(block_size=4, num_blocks=5, num_state_slots=16, enable_prefix_caching=False),
+    )
+    for i in range(4):
+        sched.add(Request(f"r{i}", [1 + i] * 4, SamplingParams(temperature=0.0, max_tokens=8)))
+    first = sched.schedule(max_requests=2)
+    assert [s.req_id for s in first.scheduled] == ["r0", "r1"]
+    second = sched.schedule(busy=frozenset({"r0", "r1"}), max_requests=2)
+    assert [s.req_id for s in second.scheduled] == ["r2", "r3"]
+    sched.update(first, {"r0": 5, "r1": 6})
+    # r0 and r1 each need a second block to decode; the pool (5 blocks) has one: r1 must yield,
+    # and the victim is r1 itself, never r3 or r2 (the newest running, but in flight)
+    third = sched.schedule(busy=frozenset({"r2", "r3"}))
+    assert [s.req_id for s in third.scheduled] == ["r0"] and third.preempted == ["r1"]
+    assert [r.request_id for r in sched.running] == ["r0", "r2", "r3"]
+
+
+def test_steps_overlap_through_the_stages_in_steady_decode(reference) -> None:
+    """PP=2, decode at batch 4: two steps in flight, each half the batch; the first stage starts
+    step k + 1 before the last one has finished step k; tokens as the single-process engine's."""
+    prompts = [[(7 * i + j) % 250 + 1 for j in range(8)] for i in range(4)]
+    sp = SamplingParams(temperature=0.0, max_tokens=24)
+    single = [r.output_token_ids for r in build_engine(engine_config=CONFIG).generate(prompts, sp)]
+    engine = build_engine(engine_config=CONFIG, pipeline_parallel_size=2)
+    try:
+        got = [r.output_token_ids for r in engine.generate(prompts, sp)]
+        spans = [{s: (a, b) for s, a, b, _ in engine.runner.spans[r]} for r in (0, 1)]
+    finally:
+        engine.runner.close()
+    assert got == single
+    assert engine.max_in_flight == 2
+    steps = sorted(spans[0])
+    overlapped = [k for k in steps if k + 1 in spans[0] and spans[0][k + 1][0] < spans[1][k][1]]
+    assert len(overlapped) >= len(steps) // 2  # most steps: the pipeline stays full
