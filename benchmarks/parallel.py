@@ -1,8 +1,9 @@
 """Parallel-engine benchmark (issue 19): decode tok/s at batch 32 / 128, prefill of a 32K prompt,
 the time of each collective per decode step (torch profiler), the collective and point-to-point
 traffic per step (calls and payload bytes of each op on each rank, from the ranks' own counters:
-`inference/parallel/comm.py`), and each rank's memory beside `dayzero analyze`'s per-GPU cache
-figures, at any world size (TP x EP x PP).
+`inference/parallel/comm.py`), with pipeline stages each rank's busy fraction in steady decode,
+and each rank's memory beside `dayzero analyze`'s per-GPU cache figures, at any world size
+(TP x EP x PP).
 
 Model: `benchmarks/engine.py`'s 2.7B Kimi-Linear-shaped random config (16 heads for KDA and MLA,
 32 experts), bf16. World size 1 runs today's single-GPU path (CUDA graphs on, no worker process);
@@ -210,6 +211,36 @@ def traffic(eng, args, batch: int) -> dict[str, Any]:
     }
 
 
+def stages(eng, args, batch: int) -> dict[str, Any]:
+    """Pipeline stages in steady decode at `batch` sequences: steps in flight at once, and each
+    rank's busy fraction over the timed steps (its step spans, less the time it waited for a
+    neighbouring stage's activations, over the wall time from the first start to the last end);
+    with one step per stage in flight no stage should wait for another."""
+    spans = getattr(eng.runner, "spans", None)
+    if spans is None or getattr(eng, "depth", 1) == 1:
+        return {"batch": batch, "note": "no pipeline stages"}
+    _until_decoding(eng, batch, args.prompt, args.steps + 40)
+    for r in spans:
+        r.clear()
+    for _ in range(args.steps):
+        eng.step()
+    eng.abort(list(eng.scheduler.requests))
+    while eng.has_unfinished:  # the steps still in flight
+        eng.step()
+    rows = [list(r) for r in spans]
+    start = min(a for r in rows for _, a, _, _ in r)
+    end = max(b for r in rows for _, _, b, _ in r)
+    return {
+        "batch": batch,
+        "steps": args.steps,
+        "max_steps_in_flight": eng.max_in_flight,
+        "busy_fraction_per_rank": [
+            round(sum(b - a - w for _, a, b, w in r) / (end - start), 3) for r in rows
+        ],
+        "waiting_fraction_per_rank": [round(sum(w for *_, w in r) / (end - start), 3) for r in rows],
+    }
+
+
 def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
     """Per-rank bytes the runtime holds, beside `dayzero analyze`'s per-GPU figures (its count of
     this mesh's shard by the split rule, in the run's dtype; bf16 KV, at this TP): weights, KV and
@@ -305,7 +336,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=16384, help="max_num_batched_tokens (prefill chunk)")
     p.add_argument("--num-blocks", type=int, default=4096)
     p.add_argument("--profile-steps", type=int, default=5)
-    p.add_argument("--sections", default="memory,decode,prefill,collectives,traffic")
+    p.add_argument("--sections", default="memory,decode,prefill,collectives,traffic,stages")
     p.add_argument("--quick", action="store_true", help="tiny model, small sizes (a CPU smoke run)")
     p.add_argument("--plot", nargs="*", help="only draw the chart of these result files")
     p.add_argument("--out", default=None)
@@ -354,6 +385,8 @@ def main() -> None:
                     results["collectives"] = collectives(eng, args, args.batches[0])
                 elif section == "traffic":
                     results["traffic"] = traffic(eng, args, args.batches[0])
+                elif section == "stages":
+                    results["stages"] = {str(b): stages(eng, args, b) for b in args.batches}
             except Exception as exc:  # one failed section must not lose the others
                 results[section] = {"error": repr(exc), "trace": traceback.format_exc()[-3000:]}
             results.setdefault("section_wall_s", {})[section] = round(time.perf_counter() - t0, 2)

@@ -99,6 +99,10 @@ def _register_node(sub: argparse._SubParsersAction) -> None:
     )
     add_cluster_arguments(p, pipeline=False)
     p.add_argument("--connect-timeout", type=float, default=600.0, help="seconds to wait for the driver")
+    p.add_argument(
+        "--health-port", type=int, default=None,
+        help="serve GET /health on this port on nodes other than 0 (200 while their ranks run)",
+    )  # fmt: skip
     p.add_argument("driver", nargs=argparse.REMAINDER, help="node 0's command, e.g. infer serve --model ...")
     p.set_defaults(func=_infer_node)
 
@@ -125,7 +129,7 @@ def _infer_node(args: argparse.Namespace) -> int:
         return driver_args.func(driver_args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return node_main(cluster, connect_timeout_s=args.connect_timeout)
+        return node_main(cluster, connect_timeout_s=args.connect_timeout, health_port=args.health_port)
     except ParallelConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

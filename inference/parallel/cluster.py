@@ -273,12 +273,48 @@ def remote_worker_main(rank: int, args: Any, address: tuple[str, int], key: byte
     worker_main(rank, args, conn)
 
 
-def node_main(cluster: ClusterSpec, connect_timeout_s: float = 600.0) -> int:
+class _Health:
+    """`GET /health` of a non-driver node (its pod's probes): 200 while its ranks run, else 503."""
+
+    def __init__(self, port: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.ok = False
+        health = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the http.server hook
+                good = self.path == "/health" and health.ok
+                self.send_response(200 if good else 503)
+                self.end_headers()
+                self.wfile.write(b'{"status": "ok"}' if good else b'{"status": "not running"}')
+
+            def log_message(self, *args: Any) -> None:  # probes every few seconds: not logged
+                pass
+
+        self.server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        threading.Thread(target=self.server.serve_forever, name="dayzero-node-health", daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def node_main(cluster: ClusterSpec, connect_timeout_s: float = 600.0, health_port: int | None = None) -> int:
     """A non-driver node's launcher (`dayzero infer-node`): connect, spawn this node's ranks, report
     each one's exit to the driver, and kill them all when the driver is gone. Returns 0 when every
-    rank exited cleanly."""
+    rank exited cleanly. `health_port`: serve `GET /health` there (200 while the ranks run)."""
     if cluster.node_rank == 0:
         raise ParallelConfigError("node 0 runs the driver (`dayzero infer serve`), not `infer-node`")
+    health = _Health(health_port) if health_port else None
+    try:
+        return _launch(cluster, connect_timeout_s, health)
+    finally:
+        if health is not None:
+            health.close()
+
+
+def _launch(cluster: ClusterSpec, connect_timeout_s: float, health: _Health | None) -> int:
     key = cluster_key()
     conn = _connect(cluster.control_address, key, connect_timeout_s)
     conn.send(("node", cluster.node_rank))
@@ -297,6 +333,8 @@ def node_main(cluster: ClusterSpec, connect_timeout_s: float = 600.0) -> int:
         p.start()
     log.info("node %d: ranks %s started (pids %s)", cluster.node_rank, ranks, [p.pid for p in procs.values()])
     codes: dict[int, int | None] = {}
+    if health is not None:
+        health.ok = True
     try:
         while len(codes) < len(procs):
             watched = {p.sentinel: r for r, p in procs.items() if r not in codes}
@@ -307,6 +345,8 @@ def node_main(cluster: ClusterSpec, connect_timeout_s: float = 600.0) -> int:
                 break
             for obj in ready:
                 r = watched[obj]
+                if health is not None:
+                    health.ok = False
                 procs[r].join()
                 codes[r] = procs[r].exitcode
                 with contextlib.suppress(OSError):

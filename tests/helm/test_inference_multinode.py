@@ -39,6 +39,10 @@ def test_statefulset_one_pod_per_host_with_a_headless_rendezvous_service():
     assert anti["topologyKey"] == "kubernetes.io/hostname"
     c = container(sts)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8  # TP 8 x EP 1 x PP 4 over 4 hosts
+    # every pod answers /health on its http port: pod 0 the engine's, the others their launcher's
+    assert c["args"][:3] == ["infer-node", "--health-port", "8000"]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["image"].endswith("-gpu")
     headless = docs[("Service", RDZV)]["spec"]
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
@@ -56,6 +60,21 @@ def test_statefulset_one_pod_per_host_with_a_headless_rendezvous_service():
         "key": "DAYZERO_CLUSTER_KEY",
     }
     assert docs[("Secret", NAME)]["stringData"]["DAYZERO_CLUSTER_KEY"]
+
+
+def test_network_policy_lets_the_pods_of_the_engine_reach_each_other():
+    docs = render(MULTINODE)
+    pol = docs[("NetworkPolicy", NAME)]["spec"]
+    sel = pol["podSelector"]["matchLabels"]
+    assert sel == docs[("StatefulSet", NAME)]["spec"]["selector"]["matchLabels"]
+    assert sel["app.kubernetes.io/component"] == "inference-multinode"
+    peers, callers = pol["ingress"]
+    assert "ports" not in peers and peers["from"] == [{"podSelector": {"matchLabels": sel}}]
+    assert callers["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert {f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for f in callers["from"]} == {
+        "runner",
+        "api",
+    }
 
 
 def test_every_pod_runs_one_command_that_finds_its_place_from_the_environment(monkeypatch):

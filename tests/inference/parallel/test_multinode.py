@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -40,18 +42,27 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def _launch_node(port: int, node_rank: int) -> subprocess.Popen:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(port: int) -> int | None:
+    """The launcher's `GET /health` status (None: nothing listening)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _launch_node(port: int, node_rank: int, health_port: int) -> subprocess.Popen:
     env = {**os.environ, "DAYZERO_CLUSTER_KEY": KEY, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "orchestrator.cli",
-        "infer-node",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        str(node_rank),
-    ]
+    cmd = [sys.executable, "-m", "orchestrator.cli", "infer-node", "--nnodes", "2"]
+    cmd += ["--node-rank", str(node_rank), "--health-port", str(health_port)]
     return subprocess.Popen(cmd, env=env, start_new_session=True)  # its own process group: another "host"
 
 
@@ -69,8 +80,8 @@ def reference() -> tuple:
 def test_two_nodes_match_single_process_and_a_killed_remote_rank_stops_the_engine(
     reference, cluster_key, tp: int
 ) -> None:
-    port = _two_free_ports()
-    node1 = _launch_node(port, 1)
+    port, health = _two_free_ports(), _free_port()
+    node1 = _launch_node(port, 1, health)
     try:
         engine = build_engine(
             engine_config=CONFIG, pipeline_parallel_size=2, tensor_parallel_size=tp,
@@ -78,6 +89,7 @@ def test_two_nodes_match_single_process_and_a_killed_remote_rank_stops_the_engin
         )  # fmt: skip
         runner = engine.runner
         try:
+            assert _health(health) == 200  # node 1's ranks run
             assert _run(engine) == reference
             victim = runner.world_size - 1  # the last stage's last rank: on node 1
             assert runner.cluster.node_of(victim, runner.world_size) == 1
@@ -89,6 +101,7 @@ def test_two_nodes_match_single_process_and_a_killed_remote_rank_stops_the_engin
                 engine.generate([ROUND1[0]], GREEDY)
             assert time.monotonic() - t0 < 10
             assert err.value.rank == victim
+            assert _health(health) != 200  # node 1's launcher says so too (503, or gone)
             with pytest.raises(WorkerFailedError):  # the engine stays stopped
                 engine.recover_after_failed_step()
         finally:
