@@ -212,6 +212,10 @@ class PipelinedEngine(Engine):
         f = self._flights.popleft()
         self._in_step = f.reached  # a failure below is this step's (`recover_after_failed_step`)
         sampled, logprobs = self.runner.collect()
+        # a request aborted while its step was in flight has had its outputs: drop its token
+        live = self.scheduler.requests
+        sampled = {r: t for r, t in sampled.items() if r in live}
+        logprobs = {r: lp for r, lp in logprobs.items() if r in live}
         return self._complete(f.out, f.solo, f.reqs, sampled, logprobs, f.t0)
 
 

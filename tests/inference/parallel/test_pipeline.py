@@ -226,3 +226,26 @@ def test_steps_overlap_through_the_stages_in_steady_decode(reference) -> None:
     steps = sorted(spans[0])
     overlapped = [k for k in steps if k + 1 in spans[0] and spans[0][k + 1][0] < spans[1][k][1]]
     assert len(overlapped) >= len(steps) // 2  # most steps: the pipeline stays full
+
+
+def test_a_request_aborted_while_its_step_is_in_flight() -> None:
+    """Its step still comes back (and its token is dropped); the others' tokens are unchanged."""
+    prompts = [[(5 * i + j) % 250 + 1 for j in range(8)] for i in range(4)]
+    sp = SamplingParams(temperature=0.0, max_tokens=12)
+    single = [r.output_token_ids for r in build_engine(engine_config=CONFIG).generate(prompts, sp)]
+    engine = build_engine(engine_config=CONFIG, pipeline_parallel_size=2)
+    tokens: dict[str, list[int]] = {}
+    try:
+        rids = [engine.add_request(p, sp) for p in prompts]
+        while not engine._flights or rids[3] not in engine._flights[-1].reached:
+            for o in engine.step():
+                tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        [aborted] = engine.abort([rids[3]])
+        assert aborted.finished and aborted.finish_reason == "abort"
+        while engine.has_unfinished:
+            for o in engine.step():
+                assert o.request_id != rids[3]
+                tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    finally:
+        engine.runner.close()
+    assert [tokens[r] for r in rids[:3]] == single[:3]
