@@ -249,3 +249,26 @@ def test_a_request_aborted_while_its_step_is_in_flight() -> None:
     finally:
         engine.runner.close()
     assert [tokens[r] for r in rids[:3]] == single[:3]
+
+
+def test_pipeline_with_offload_tiers_resumes_every_conversation(tmp_path) -> None:
+    """PP=2 with host + disk tiers and GPU pools too small for the conversations: each stage moves
+    its own layers' blocks and states at the locations the driver's one tier index chose; greedy
+    tokens are the single-process engine's without offload and every returning conversation
+    resumes whole from the tiers."""
+    from tests.inference.cache.test_tier_engine import BASE
+    from tests.inference.parallel.test_parallel_tiers import TIERS, run
+
+    reference = run(build_engine(engine_config=BASE))
+    engine = build_engine(
+        engine_config=BASE.evolve(tiers=TIERS["host+disk"](tmp_path)), pipeline_parallel_size=2
+    )
+    try:
+        outs1, outs2, cached, stats, ends = run(engine)
+    finally:
+        engine.runner.close()
+    assert outs1 == reference[0] and outs2 == reference[1]
+    assert cached == ends and sum(cached) > sum(reference[2])
+    assert stats["promoted_blocks_disk"] > 0 and stats["promoted_ckpts_disk"] > 0
+    for rank in range(2):  # each stage wrote its own layers' shard
+        assert list((tmp_path / "kv" / f"rank{rank}").iterdir()), rank
