@@ -138,7 +138,11 @@ def test_more_stages_than_layers_is_refused() -> None:
         build_engine(engine_config=CONFIG, pipeline_parallel_size=5)
 
 
-MODELS = {"kimi": small_model_config, "dsa": lambda: DSA}
+MODELS = {
+    "kimi": small_model_config,
+    "dsa": lambda: DSA,
+    "qwen3_next": lambda: "inference/configs/tiny_qwen3_next.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +159,7 @@ LAYOUTS = {
     "deepseek_v32-pp2": ("dsa", 2, 1, 1, 1),
     "deepseek_v32-pp2xtp2": ("dsa", 2, 2, 1, 1),
     "deepseek_v32-pp2xep2": ("dsa", 2, 1, 2, 1),
+    "qwen3_next-pp2xtp2": ("qwen3_next", 2, 2, 1, 1),  # GDN + GQA layers, residuals inside the layer
 }
 
 
@@ -177,7 +182,8 @@ def test_pipeline_greedy_matches_single_process(reference, layout: str) -> None:
     assert stats["prefix_hit_rate"] > 0
     # every activation a stage-0 rank sent, its stage-1 peer received: whole [tokens, hidden] fp32 rows
     config = ParallelConfig(tp, ep, pipeline_parallel_size=pp)
-    hidden = (load_config(DSA) if model == "dsa" else parse_config(small_model_config())).hidden_size
+    cfg = MODELS[model]()
+    hidden = (load_config(cfg) if isinstance(cfg, str) else parse_config(cfg)).hidden_size
     for rank in config.stage_ranks(0):
         sent, got = traffic[rank]["pp.send"], traffic[config.stage_peer(rank, 1)]["pp.recv"]
         assert sent == got and sent[1] > 0 and sent[1] % (hidden * 4) == 0
