@@ -4,6 +4,15 @@ and resolves to its place in the cluster from the environment the chart gives it
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
 import pytest
 
 from inference.parallel.cluster import ClusterSpec, cluster_from_args
@@ -11,6 +20,7 @@ from orchestrator.cli import build_parser
 from tests.helm.chart import GPU_INFERENCE, PREFIX, container, env_of, merged, pod_spec, render
 from tests.helm.test_kubernetes_schemas import validate
 
+REPO = Path(__file__).resolve().parents[2]
 NAME = f"{PREFIX}-inference-multinode"
 RDZV = f"{NAME}-rdzv"
 MULTINODE = merged(
@@ -105,3 +115,114 @@ def test_a_world_that_does_not_split_over_the_nodes_is_refused():
 
 def test_off_by_default():
     assert not [k for k in render(merged()) if k[1].startswith(NAME)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(port: int, path: str = "/health") -> int | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _pod_env(docs: dict, c: dict, index: int) -> dict[str, str]:
+    """Pod `index`'s environment as the kubelet builds it; the pods' DNS names reach the loopback."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": "/tmp"}
+    for src in c.get("envFrom", []):
+        env.update(docs[("ConfigMap", src["configMapRef"]["name"])]["data"])
+    for e in c["env"]:
+        ref = e.get("valueFrom", {})
+        if "secretKeyRef" in ref:
+            env[e["name"]] = docs[("Secret", ref["secretKeyRef"]["name"])]["stringData"][
+                ref["secretKeyRef"]["key"]
+            ]
+        elif "fieldRef" in ref:
+            path = ref["fieldRef"]["fieldPath"]
+            env[e["name"]] = {"metadata.name": f"{NAME}-{index}"}.get(path) or {
+                "metadata.labels['apps.kubernetes.io/pod-index']": str(index)
+            }[path]
+        else:
+            env[e["name"]] = e["value"]
+    assert env["MASTER_ADDR"] == f"{NAME}-0.{RDZV}.ns.svc"
+    env["MASTER_ADDR"] = "127.0.0.1"
+    return env
+
+
+def test_the_rendered_pods_run_one_engine_over_two_nodes(tmp_path):
+    """Two pods of the rendered StatefulSet (CPU ranks, random weights) started on 127.0.0.1 with
+    the commands and environment the chart gives them: pod 0 serves completions from an engine
+    whose second pipeline stage runs in pod 1; both probes answer; when pod 1 goes, the engine
+    stops and pod 0's liveness probe says so."""
+    http, rdzv = _free_port(), _free_port()
+    while rdzv + 1 == http:
+        rdzv = _free_port()
+    values = merged(
+        {
+            "inference": {
+                "gpus": 0,
+                "port": http,
+                "maxModelLen": 256,
+                "model": {"source": "dummy", "dummyConfig": "inference/configs/tiny_deepseek_v32.json"},
+            },
+            "inferenceApiKey": "test-key",
+            "inferenceMultinode": {
+                "enabled": True, "nodes": 2, "tensorParallelSize": 1, "pipelineParallelSize": 2,
+                "rendezvousPort": rdzv, "extraArgs": ["--num-blocks", "64"],
+            },
+        }
+    )  # fmt: skip
+    docs = render(values)
+    c = container(docs[("StatefulSet", NAME)])
+    assert (
+        c["args"][c["args"].index("--device") + 1] == "cpu"
+        and "nvidia.com/gpu" not in c["resources"]["limits"]
+    )
+    procs = []
+    health1 = _free_port()  # one host here: pod 1's launcher answers on a port of its own
+    try:
+        for index in (1, 0):
+            args = list(c["args"])
+            if index == 1:
+                args[args.index("--health-port") + 1] = str(health1)
+            log = (tmp_path / f"pod{index}.log").open("w")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "orchestrator.cli", *args], env=_pod_env(docs, c, index),
+                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            )  # fmt: skip
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and (_status(http) != 200 or _status(health1) != 200):
+            assert all(p.poll() is None for p in procs), (tmp_path / "pod0.log").read_text()[-3000:]
+            time.sleep(1)
+        assert _status(http) == 200 and _status(health1) == 200
+        r = httpx.post(
+            f"http://127.0.0.1:{http}/v1/completions",
+            json={"model": "dayzero-small", "prompt": "hello", "max_tokens": 4, "temperature": 0},
+            headers={"Authorization": "Bearer test-key"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        os.killpg(procs[0].pid, signal.SIGKILL)  # pod 1: its launcher and its rank
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _status(http) == 200:
+            httpx.post(  # a request makes the engine meet the lost stage at once
+                f"http://127.0.0.1:{http}/v1/completions",
+                json={"model": "dayzero-small", "prompt": "again", "max_tokens": 2},
+                headers={"Authorization": "Bearer test-key"},
+                timeout=60,
+            )
+            time.sleep(1)
+        assert _status(http) == 503  # the liveness probe restarts pod 0
+        assert "rank 1" in (tmp_path / "pod0.log").read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
