@@ -10,9 +10,10 @@ tiers run once, in the driver).
 
 A step is split into micro-batches (contiguous runs of its requests, balanced by tokens): stage
 `p` runs micro-batch `i` while stage `p + 1` runs micro-batch `i - 1`. The hidden state after a
-stage's last layer (`residual + x`, one `[tokens, hidden]` tensor) goes to the next stage's rank
-at the same `(ep, tp)` coordinates (`StageLink.send`, asynchronous, waited at the end of the
-step); the receiver knows its shape from the step it was sent. The last stage computes the logits
+stage's last layer (`residual + x`, `[tokens, hidden]`, plus one row carrying the sender's
+status) goes to the next stage's rank at the same `(ep, tp)` coordinates (`StageLink.send`,
+asynchronous, waited at the end of the step); the receiver knows its shape from the step it was
+sent. The last stage computes the logits
 of the sampled rows and samples; the other stages sample nothing.
 """
 
@@ -124,31 +125,50 @@ class StageRunner(ModelRunner):
         return x if residual is None else residual + x
 
     def _forward(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> tuple[Tensor | None, None]:
+        """The step's micro-batches through this stage. Activations travel with one extra row
+        whose first value is the sender's status (0 ok, 1 failed): a stage that raises still
+        sends every micro-batch on (flagged), so the later stages fail the same step instead of
+        waiting for it, and the driver sees a step every rank failed (isolated as under TP)."""
         link, model = self.link, self.model
         self.waited = 0.0  # seconds of this step spent waiting for the neighbouring stages
         logits: list[Tensor] = []
         sends = []
+        failure: Exception | None = None
         for group in micro_batches(out.scheduled, self.num_micro_batches):
             part = SchedulerOutput(scheduled=group)
             meta, ids, _ = self.build_meta(part)
             meta.validate()
-            if link.first:
-                x = model.embed(self._to(ids, torch.int64), self._image_embeds(part, requests))
-            else:
-                t0 = time.monotonic()
-                x = link.recv((meta.num_tokens, self.hidden_size), self.dtype, self.device)
-                self.waited += time.monotonic() - t0
-            h = self._stage(x, meta, self.cache)
-            if link.last:
-                if meta.logits_indices is not None:
-                    h = h[meta.logits_indices]
-                logits.append(model.lm_head(model.model.norm(h)))
-            else:
-                sends.append(link.send(h))
+            n = meta.num_tokens
+            h = None
+            try:
+                if link.first:
+                    x = model.embed(self._to(ids, torch.int64), self._image_embeds(part, requests))
+                else:
+                    t0 = time.monotonic()
+                    got = link.recv((n + 1, self.hidden_size), self.dtype, self.device)
+                    self.waited += time.monotonic() - t0
+                    if failure is None and float(got[n, 0]) != 0.0:
+                        failure = RuntimeError("an earlier pipeline stage failed this step")
+                    x = got[:n]
+                if failure is None:
+                    h = self._stage(x, meta, self.cache)
+                    if link.last:
+                        rows = h if meta.logits_indices is None else h[meta.logits_indices]
+                        logits.append(model.lm_head(model.model.norm(rows)))
+            except Exception as exc:
+                failure = failure or exc
+            if not link.last:
+                status = torch.zeros(1, self.hidden_size, dtype=self.dtype, device=self.device)
+                if failure is not None or h is None:
+                    status[0, 0] = 1.0
+                    h = torch.zeros(n, self.hidden_size, dtype=self.dtype, device=self.device)
+                sends.append(link.send(torch.cat([h, status])))
         t0 = time.monotonic()
         for work in sends:
             work.wait()
         self.waited += time.monotonic() - t0
+        if failure is not None:
+            raise failure
         return (torch.cat(logits) if logits else None), None
 
 

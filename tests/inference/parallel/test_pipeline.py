@@ -278,3 +278,61 @@ def test_pipeline_with_offload_tiers_resumes_every_conversation(tmp_path) -> Non
     assert stats["promoted_blocks_disk"] > 0 and stats["promoted_ckpts_disk"] > 0
     for rank in range(2):  # each stage wrote its own layers' shard
         assert list((tmp_path / "kv" / f"rank{rank}").iterdir()), rank
+
+
+class PoisonedEmbedding(RuntimeError):
+    """What the first stage raises for a step holding the marker token."""
+
+
+def _poison_first_stage(model: torch.nn.Module, rank: int, *, marker: int) -> None:
+    """A rank hook (picklable through `functools.partial`): the first stage's embedding raises on
+    a step whose ids hold `marker`; the later stage never sees the ids."""
+    if model.model.embed_tokens is None or model.lm_head is not None:  # not the first stage
+        return
+
+    def fail(module: torch.nn.Module, args: tuple) -> None:
+        if bool((args[0] == marker).any()):
+            raise PoisonedEmbedding(f"marker token {marker} in the step (rank {rank})")
+
+    model.model.embed_tokens.register_forward_pre_hook(fail)
+
+
+def test_a_step_failing_on_the_first_stage_fails_its_request_alone() -> None:
+    """The first stage raises mid-step (steps overlapping); it flags its activations,
+    the last stage fails the same step, and the engine isolates the request as under TP: the
+    poisoned request fails alone, the others' tokens are the single-process engine's."""
+    import functools
+
+    from inference.parallel import StepFailedError
+    from inference.parallel.launch import build_parallel_engine
+    from inference.tokenizer import ByteTokenizer
+
+    from .test_parallel_engine import GREEDY, ROUND1
+
+    single = [r.output_token_ids for r in build_engine(engine_config=CONFIG).generate(ROUND1, GREEDY)]
+    used = {t for p in ROUND1 for t in p} | {t for o in single for t in o}
+    marker = min(set(range(1, 256)) - used)
+    spec = parse_config(small_model_config())
+    engine = build_parallel_engine(
+        spec, ByteTokenizer(), HybridCacheSpec.from_model_spec(spec, torch.float32), CONFIG,
+        tensor_parallel_size=1, expert_parallel_size=1, pipeline_parallel_size=2, model_dir=None,
+        device=torch.device("cpu"), dtype=torch.float32, seed=0,
+        rank_hook=functools.partial(_poison_first_stage, marker=marker),
+    )  # fmt: skip
+    try:
+        rids = [engine.add_request(p, GREEDY) for p in ROUND1]
+        bad = engine.add_request([5, 6, marker, 7], GREEDY)
+        tokens = {r: engine.scheduler.requests[r] for r in rids}
+        failed, errors = [], []
+        while engine.has_unfinished:
+            try:
+                engine.step()
+            except StepFailedError as exc:
+                errors.append(exc)
+                failed += engine.recover_after_failed_step()
+        assert failed == [bad] and errors and "PoisonedEmbedding" in errors[0].traceback
+        assert [tokens[r].output_token_ids for r in rids] == single
+        (again,) = engine.generate([ROUND1[0]], GREEDY)  # the ranks stayed up and in step
+        assert again.output_token_ids == single[0]
+    finally:
+        engine.runner.close()
