@@ -1,6 +1,9 @@
 """Parallel-engine benchmark (issue 19): decode tok/s at batch 32 / 128, prefill of a 32K prompt,
-the time of each collective per decode step (torch profiler) and each rank's memory beside
-`dayzero analyze`'s per-GPU cache figures, at any world size.
+the time of each collective per decode step (torch profiler), the collective and point-to-point
+traffic per step (calls and payload bytes of each op on each rank, from the ranks' own counters:
+`inference/parallel/comm.py`), with pipeline stages each rank's busy fraction in steady decode,
+and each rank's memory beside `dayzero analyze`'s per-GPU cache figures, at any world size
+(TP x EP x PP).
 
 Model: `benchmarks/engine.py`'s 2.7B Kimi-Linear-shaped random config (16 heads for KDA and MLA,
 32 experts), bf16. World size 1 runs today's single-GPU path (CUDA graphs on, no worker process);
@@ -10,9 +13,10 @@ above 1 the engine starts one worker per rank (NCCL; graphs not built under TP/E
     python benchmarks/parallel.py --tp 2 --ep 1 --out $OUT       # 2 GPUs
     python benchmarks/parallel.py --tp 4 --ep 2 --out $OUT       # 8 GPUs
     python benchmarks/parallel.py --quick --tp 2 --ep 2          # CPU smoke run (gloo, tiny model)
+    python benchmarks/parallel.py --quick --pp 2 --tp 2 --sections traffic  # traffic per step
     python benchmarks/parallel.py --plot a.json b.json --out .   # decode/prefill chart of runs
 
-Writes `parallel_tp{T}_ep{E}.json` (and with --plot `parallel.png`).
+Writes `parallel_tp{T}_ep{E}[_pp{P}].json` (and with --plot `parallel.png`).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def make_engine(args, cfg: dict[str, Any], **kw):
     return build_engine(
         config=cfg, engine_config=ec, device=args.device, dtype=args.dtype, fixed_blocks=True,
         tensor_parallel_size=args.tp, expert_parallel_size=args.ep, expert_dispatch=args.expert_dispatch,
+        pipeline_parallel_size=args.pp, micro_batches=args.micro_batches,
     )  # fmt: skip
 
 
@@ -162,6 +167,80 @@ def collectives(eng, args, batch: int) -> dict[str, Any]:
     }
 
 
+def _traffic_of(ranks: list[dict[str, list[int]]], steps: int) -> dict[str, Any]:
+    per_rank = [
+        {k: {"calls": c / steps, "bytes": b / steps} for k, (c, b) in sorted(r.items())} for r in ranks
+    ]
+    total: dict[str, list[float]] = {}
+    for r in ranks:
+        for k, (c, b) in r.items():
+            t = total.setdefault(k, [0, 0])
+            t[0] += c / steps
+            t[1] += b / steps
+    return {
+        "per_rank": per_rank,
+        "all_ranks": {k: {"calls": c, "bytes": b} for k, (c, b) in sorted(total.items())},
+        "all_ranks_bytes": sum(b for _, b in total.values()),
+    }
+
+
+def traffic(eng, args, batch: int) -> dict[str, Any]:
+    """Per decode step at `batch` sequences, and per prefill chunk of `args.chunk` tokens: each
+    rank's collective and point-to-point calls and payload bytes by `<label>.<op>` (an
+    all-reduce's tensor, an all-gather's or all-to-all's sent part, a stage's activations sent and
+    received), and their sum over the ranks. Eager steps are counted exactly; under CUDA graphs a
+    replayed op is not seen. World size 1: no traffic."""
+    take = getattr(eng.runner, "traffic", None)
+    if take is None:
+        return {"batch": batch, "note": "world size 1: no collectives"}
+    _until_decoding(eng, batch, args.prompt, args.profile_steps + 40)
+    take()  # start counting here
+    for _ in range(args.profile_steps):
+        eng.step()
+    decode_traffic = _traffic_of(take(), args.profile_steps)
+    eng.abort(list(eng.scheduler.requests))
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    take()
+    eng.generate(rand_prompts(1, args.chunk, 5), sp)  # one chunk, sampled once
+    return {
+        "batch": batch,
+        "steps": args.profile_steps,
+        "decode_per_step": decode_traffic,
+        "prefill_chunk_tokens": args.chunk,
+        "prefill_per_chunk": _traffic_of(take(), 1),
+    }
+
+
+def stages(eng, args, batch: int) -> dict[str, Any]:
+    """Pipeline stages in steady decode at `batch` sequences: steps in flight at once, and each
+    rank's busy fraction over the timed steps (its step spans, less the time it waited for a
+    neighbouring stage's activations, over the wall time from the first start to the last end);
+    with one step per stage in flight no stage should wait for another."""
+    spans = getattr(eng.runner, "spans", None)
+    if spans is None or getattr(eng, "depth", 1) == 1:
+        return {"batch": batch, "note": "no pipeline stages"}
+    _until_decoding(eng, batch, args.prompt, args.steps + 40)
+    for r in spans:
+        r.clear()
+    for _ in range(args.steps):
+        eng.step()
+    eng.abort(list(eng.scheduler.requests))
+    while eng.has_unfinished:  # the steps still in flight
+        eng.step()
+    rows = [list(r) for r in spans]
+    start = min(a for r in rows for _, a, _, _ in r)
+    end = max(b for r in rows for _, _, b, _ in r)
+    return {
+        "batch": batch,
+        "steps": args.steps,
+        "max_steps_in_flight": eng.max_in_flight,
+        "busy_fraction_per_rank": [
+            round(sum(b - a - w for _, a, b, w in r) / (end - start), 3) for r in rows
+        ],
+        "waiting_fraction_per_rank": [round(sum(w for *_, w in r) / (end - start), 3) for r in rows],
+    }
+
+
 def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
     """Per-rank bytes the runtime holds, beside `dayzero analyze`'s per-GPU figures (its count of
     this mesh's shard by the split rule, in the run's dtype; bf16 KV, at this TP): weights, KV and
@@ -186,7 +265,7 @@ def memory(eng, cfg: dict[str, Any], args) -> dict[str, Any]:
     return {
         "ranks": ranks,
         "rank0_weight_bytes_from_meta_shard": rank_weight_bytes(
-            spec, ParallelConfig(args.tp, args.ep), dtype
+            spec, ParallelConfig(args.tp, args.ep, pipeline_parallel_size=args.pp), dtype
         ),
         "analyze_weight_bytes_per_rank": shard,
         # GPU 0 also holds the driver's vision tower and projector, whole (0 for a text model)
@@ -229,10 +308,11 @@ def plot(paths: list[str], out: Path) -> Path:
             d.text((x, y - 12), f"{v:.0f}", fill="black")
     d.line([left, h - bottom, w - 20, h - bottom], fill="black")
     for ri, r in enumerate(runs):
-        a2a = " a2a" if r.get("expert_dispatch") == "all_to_all" else ""
+        a2a = "a2a " if r.get("expert_dispatch") == "all_to_all" else ""
+        pp = f" pp{r['pp']}" if r.get("pp", 1) > 1 else ""
         d.text(
             (left + 150 * ri, h - 25),
-            f"tp{r['tp']} ep{r['ep']}{a2a} ({r['device']})",
+            f"tp{r['tp']} ep{r['ep']}{pp} {a2a}({r['device']})",
             fill=colors[ri % len(colors)],
         )
     path = out / "parallel.png"
@@ -245,6 +325,8 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--expert-dispatch", choices=["local", "all_to_all"], default="local")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--micro-batches", type=int, default=1, help="per step through the pipeline stages")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batches", default="32,128")
@@ -254,7 +336,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=16384, help="max_num_batched_tokens (prefill chunk)")
     p.add_argument("--num-blocks", type=int, default=4096)
     p.add_argument("--profile-steps", type=int, default=5)
-    p.add_argument("--sections", default="memory,decode,prefill,collectives")
+    p.add_argument("--sections", default="memory,decode,prefill,collectives,traffic,stages")
     p.add_argument("--quick", action="store_true", help="tiny model, small sizes (a CPU smoke run)")
     p.add_argument("--plot", nargs="*", help="only draw the chart of these result files")
     p.add_argument("--out", default=None)
@@ -270,13 +352,14 @@ def main() -> None:
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     cfg = small_model_config() if args.quick else bench_config()
     results: dict[str, Any] = {
-        "tp": args.tp, "ep": args.ep, "expert_dispatch": args.expert_dispatch, "device": args.device,
-        "dtype": args.dtype,
+        "tp": args.tp, "ep": args.ep, "pp": args.pp, "micro_batches": args.micro_batches,
+        "expert_dispatch": args.expert_dispatch, "device": args.device, "dtype": args.dtype,
     }  # fmt: skip
     if args.device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
         results["gpus"] = torch.cuda.device_count()
-    name = f"parallel_tp{args.tp}_ep{args.ep}{'_a2a' if args.expert_dispatch == 'all_to_all' else ''}.json"
+    a2a = "_a2a" if args.expert_dispatch == "all_to_all" else ""
+    name = f"parallel_tp{args.tp}_ep{args.ep}{f'_pp{args.pp}' if args.pp > 1 else ''}{a2a}.json"
 
     def emit() -> None:
         text = json.dumps(results, indent=2)
@@ -300,6 +383,10 @@ def main() -> None:
                     results["memory"] = memory(eng, cfg, args)
                 elif section == "collectives":
                     results["collectives"] = collectives(eng, args, args.batches[0])
+                elif section == "traffic":
+                    results["traffic"] = traffic(eng, args, args.batches[0])
+                elif section == "stages":
+                    results["stages"] = {str(b): stages(eng, args, b) for b in args.batches}
             except Exception as exc:  # one failed section must not lose the others
                 results[section] = {"error": repr(exc), "trace": traceback.format_exc()[-3000:]}
             results.setdefault("section_wall_s", {})[section] = round(time.perf_counter() - t0, 2)
@@ -309,7 +396,7 @@ def main() -> None:
         close = getattr(eng.runner, "close", None)
         if close is not None:
             close()
-    print(json.dumps({k: v for k, v in results.items() if k != "collectives"}, indent=1))
+    print(json.dumps({k: v for k, v in results.items() if k not in ("collectives", "traffic")}, indent=1))
 
 
 if __name__ == "__main__":

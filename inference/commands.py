@@ -43,9 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="weight precision for the plan (default: the checkpoint's quantization_config, else bf16)",
     )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="also plan hosts of this many GPUs: TP x EP inside a host, one pipeline stage per host "
+        "(the stage plan the runtime uses), and say how many hosts",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_analyze)
     _register_infer(sub)
+    _register_node(sub)
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -68,7 +76,7 @@ def _analyze(args: argparse.Namespace) -> int:
             return 0
         result = analyze(
             specs[0], gpus=args.gpus, gpu_mem_gib=args.gpu_mem, context=args.context, weight_dtype=args.weights,
-            sequences=args.sequences,
+            sequences=args.sequences, gpus_per_node=args.gpus_per_node,
         )  # fmt: skip
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -82,6 +90,8 @@ def _analyze(args: argparse.Namespace) -> int:
             print("\nserving (from the checkpoint's files):")
             print("\n".join(f"  {k:<18} {v}" for k, v in serving.items()))
     if result.plan is None or not result.plan.fits:
+        return 1
+    if args.gpus_per_node and (result.nodes is None or not result.nodes.fits):
         return 1
     return 0
 
@@ -100,6 +110,57 @@ def serving_report(path: str | None) -> dict[str, str] | None:
         return load_frontend(load_tokenizer(path), path).describe()
     except TokenizerFilesError as exc:
         return {"refused": str(exc)}
+
+
+def _register_node(sub: argparse._SubParsersAction) -> None:
+    """`dayzero infer-node`: a host other than node 0 of a multi-node engine (spawns its ranks)."""
+    from inference.parallel.cluster import add_cluster_arguments
+
+    p = sub.add_parser(
+        "infer-node",
+        help="run this host's part of a multi-node engine: node 0 the driver command, the others their ranks",
+        description="On node 0, runs the driver command given after the flags (`infer serve ...`, "
+        "which reads the same rendezvous settings from the environment). On any other node, connects "
+        "to node 0's driver (MASTER_ADDR, MASTER_PORT + 1; shared secret DAYZERO_CLUSTER_KEY), receives "
+        "the model and layout, spawns this node's ranks and reports their exits; stops them when the "
+        "driver goes. One command for every pod of a StatefulSet.",
+    )
+    add_cluster_arguments(p, pipeline=False)
+    p.add_argument("--connect-timeout", type=float, default=600.0, help="seconds to wait for the driver")
+    p.add_argument(
+        "--health-port", type=int, default=None,
+        help="serve GET /health on this port on nodes other than 0 (200 while their ranks run)",
+    )  # fmt: skip
+    p.add_argument("driver", nargs=argparse.REMAINDER, help="node 0's command, e.g. infer serve --model ...")
+    p.set_defaults(func=_infer_node)
+
+
+def _infer_node(args: argparse.Namespace) -> int:
+    import logging
+
+    from inference.parallel.cluster import cluster_from_args, node_main
+    from inference.parallel.config import ParallelConfigError
+
+    try:
+        cluster = cluster_from_args(args)
+    except ParallelConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if cluster.node_rank == 0:  # the driver: its command, in this process
+        driver = args.driver[1:] if args.driver[:1] == ["--"] else args.driver
+        if not driver:
+            print("error: node 0 runs the driver: give its command (infer serve ...)", file=sys.stderr)
+            return 2
+        parser = argparse.ArgumentParser(prog="dayzero")
+        register(parser.add_subparsers(dest="command", required=True))
+        driver_args = parser.parse_args(driver)
+        return driver_args.func(driver_args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return node_main(cluster, connect_timeout_s=args.connect_timeout, health_port=args.health_port)
+    except ParallelConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _register_infer(sub: argparse._SubParsersAction) -> None:

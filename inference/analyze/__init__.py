@@ -25,6 +25,7 @@ from inference.analyze.plan import (
     plan_parallel,
     rank_params,
 )
+from inference.analyze.stages import NodePlan, format_nodes, plan_nodes
 from inference.analyze.weights import WeightBytes, weight_bytes
 from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
 
@@ -72,6 +73,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # about the request (`advice`)
     suggestions: list[str] = field(default_factory=list)  # when no plan fits: what would (`advice`)
+    nodes: NodePlan | None = None  # with `gpus_per_node`: one pipeline stage per host
 
 
 def _display_name(s: ModelSpec) -> str:
@@ -87,11 +89,13 @@ def analyze(
     context: int = 131072,
     weight_dtype: str | None = None,
     sequences: int = 1,
+    gpus_per_node: int | None = None,
 ) -> Analysis:
     """Analyse `s` and plan the fewest GPUs (up to `gpus`, default `MAX_GPUS`) that hold it with 20% headroom.
 
     `weight_dtype` (the plan's bytes per weight) defaults to bf16: what this runtime holds, since it
     dequantizes FP8 / INT4 checkpoints at load; `fp8` / `int4` plan a runtime that keeps them.
+    `gpus_per_node`: also plan hosts of that many GPUs, TP x EP inside each, PP across them.
     """
     weight_dtype = weight_dtype or "bf16"
     if weight_dtype not in WEIGHT_BYTES:
@@ -159,10 +163,18 @@ def analyze(
         notes=notes,
         warnings=context_warnings(s, context),
         suggestions=fit_suggestions(
-            s, gpus=gpus, gpu_mem_gib=gpu_mem_gib, context=context, weight_dtype=weight_dtype,
-            sequences=sequences, plan=plans[0] if plans else None,
+            s,
+            gpus=gpus,
+            gpu_mem_gib=gpu_mem_gib,
+            context=context,
+            weight_dtype=weight_dtype,
+            sequences=sequences,
+            plan=plans[0] if plans else None,
         ),
-    )  # fmt: skip
+        nodes=plan_nodes(s, gpus_per_node, gpu_mem_gib, context, weight_dtype, sequences)
+        if gpus_per_node
+        else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +274,8 @@ def format_analysis(a: Analysis) -> str:
             f"weights {_fmt_b(plan.weight_bytes_per_gpu)}/GPU{driver}, KV {_fmt_b(plan.kv_bytes_per_gpu)}, state "
             f"{_fmt_b(plan.state_bytes_per_gpu)} of {_fmt_b(plan.usable_bytes_per_gpu)} usable (20% headroom): {verdict}"
         )
+    if a.nodes is not None:
+        lines += format_nodes(a.nodes, a.weight_dtype, a.context)
     return "\n".join(lines + _suggestion_lines(a))
 
 

@@ -23,10 +23,12 @@ __all__ = [
     "cache_bytes",
     "dsa_params",
     "kv_per_layer",
+    "layer_params",
     "mixer_param_numels",
     "mixer_params",
     "moe_layer_params",
     "parameter_counts",
+    "state_per_layer",
 ]
 
 KV_DTYPE_BYTES = 2  # bf16 KV and conv windows, as the engine allocates them
@@ -126,7 +128,7 @@ def moe_layer_params(s: ModelSpec) -> tuple[int, int, int, int]:
     return router, shared, expert * e.num_experts, expert * e.top_k
 
 
-def _layer_params(s: ModelSpec, i: int) -> int:
+def layer_params(s: ModelSpec, i: int) -> int:
     """One decoder layer: mixer, FFN and its two norms."""
     n = mixer_params(s, s.layer_kinds[i]) + 2 * s.hidden_size
     if s.mlp_kinds[i] == MOE:
@@ -174,7 +176,7 @@ def parameter_counts(s: ModelSpec) -> tuple[dict[str, int], dict[str, int]]:
     if s.mtp is not None:
         # DeepSeek-V3 MTP module: enorm, hnorm, eh_proj (2h -> h), one MoE decoder layer, its head norm;
         # embedding and LM head are the main model's (the checkpoint stores copies of them)
-        head["mtp"] = s.mtp.num_layers * (3 * h + 2 * h * h + _layer_params(s, s.num_layers - 1))
+        head["mtp"] = s.mtp.num_layers * (3 * h + 2 * h * h + layer_params(s, s.num_layers - 1))
     return head, comp
 
 
@@ -186,7 +188,7 @@ def kv_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
     return 0
 
 
-def _state_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
+def state_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
     if kind == KDA:
         k = s.kda
         return (
@@ -203,5 +205,5 @@ def _state_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
 def cache_bytes(s: ModelSpec, kv_dtype_bytes: int = KV_DTYPE_BYTES) -> tuple[int, int]:
     """(KV bytes per token, recurrent-state bytes per sequence), over all layers."""
     kv = sum(kv_per_layer(s, kind, kv_dtype_bytes) for kind in s.layer_kinds)
-    state = sum(_state_per_layer(s, kind, kv_dtype_bytes) for kind in s.layer_kinds)
+    state = sum(state_per_layer(s, kind, kv_dtype_bytes) for kind in s.layer_kinds)
     return kv, state

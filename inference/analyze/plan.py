@@ -100,28 +100,36 @@ def _rank_ffn(h: int, width: int, tp: int) -> int:
     return sum(local_numel(h * width, split, {WIDTH: width}, tp) for split in FFN_SPLITS.values())
 
 
-def rank_params(s: ModelSpec, tp: int, ep: int = 1) -> int:
+def rank_params(
+    s: ModelSpec, tp: int, ep: int = 1, layers: range | None = None, first: bool = True, last: bool = True
+) -> int:
     """Parameters of rank 0's language-model shard (vocab rows padded to `ceil(vocab / tp)`) on the
     runtime's `--tensor-parallel-size tp --expert-parallel-size ep` mesh; `tp` x `ep` must split the
     model. `ep=1` is also what analyze's plans hold: EP = TP over the same GPUs holds each GPU's
-    1/tp of every routed expert as TP's slice of each does. The vision side is `driver_params`."""
+    1/tp of every routed expert as TP's slice of each does. The vision side is `driver_params`.
+    A pipeline stage's rank (`analyze/stages.py`): its `layers`, the embedding if `first` (or a
+    tied LM head's if `last`), the final norm and LM head if `last`."""
     if problem := _split_problem(s, tp) if ep == 1 else split_problem(s, tp, ep):
         mesh = f"TP={tp}" + (f" x EP={ep}" if ep > 1 else "")
         raise ValueError(f"{mesh} does not split this model ({problem}): choose a TP that divides it")
+    layers = range(s.num_layers) if layers is None else layers
     h = s.hidden_size
     rows = vocab_range(s.vocab_size, tp, 0)[2]
-    n = rows * h * (1 if s.tie_word_embeddings else 2) + h * (2 * s.num_layers + 1)  # + norms, whole
-    for kind in s.layer_kinds:
+    tables = (first or (last and s.tie_word_embeddings)) + (last and not s.tie_word_embeddings)
+    n = rows * h * tables + h * (2 * len(layers) + last)  # + norms, whole
+    kinds = [s.layer_kinds[i] for i in layers]
+    mlps = [s.mlp_kinds[i] for i in layers]
+    for kind in kinds:
         n += _rank_mixer(s, kind, tp)
-    if s.moe is not None and MOE in s.mlp_kinds:
+    if s.moe is not None and MOE in mlps:
         e = s.moe
         router, _, _, _ = moe_layer_params(s)
         gate = h if e.shared_expert_gate else 0  # replicated, as the router
         over = tp * ep if shared_expert_over_world(e.shared_width, tp * ep) else tp
         shared = _rank_ffn(h, e.shared_width, over) if e.shared_width else 0
         routed = e.num_experts // ep * _rank_ffn(h, e.intermediate_size, tp)
-        n += s.mlp_kinds.count(MOE) * (router + gate + shared + routed)
-    n += s.mlp_kinds.count(DENSE) * _rank_ffn(h, s.intermediate_size, tp)
+        n += mlps.count(MOE) * (router + gate + shared + routed)
+    n += mlps.count(DENSE) * _rank_ffn(h, s.intermediate_size, tp)
     return n
 
 
@@ -138,7 +146,8 @@ def plan_parallel(
 
     TP splits attention heads and FFN columns, EP (== tp) splits routed experts (the runtime's
     `--tensor-parallel-size tp` slices each expert over the TP group: the same bytes per GPU), PP
-    splits layers (not built in the runtime; counted as an even split of a rank's shard). GPU 0
+    splits layers (counted here as an even split of a rank's shard; `stages.plan_nodes` plans the
+    runtime's own stages, one per host). GPU 0
     also holds the driver's vision tower, and the fewest free bytes, those of GPU 0, size the pool.
     """
     wb = WEIGHT_BYTES[weight_dtype]

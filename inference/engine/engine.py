@@ -14,7 +14,7 @@ import torch
 from inference.cache.coordinator import CacheConfig, MMSpan
 from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
-from inference.engine.scheduler import Scheduler, SchedulerConfig
+from inference.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from inference.engine.stops import TextStops
 from inference.structured.runtime import GrammarRuntime
 from inference.tokenizer import Tokenizer
@@ -247,10 +247,31 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        sched_out, solo = self._schedule()
+        reqs = dict(self.scheduler.requests)
+        t0 = time.monotonic()
+        sampled, logprobs = self.runner.execute(sched_out, reqs, self.token_masks(sched_out))
+        if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
+            # nothing runnable before a promotion lands: wait for it rather than spin
+            self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))
+        return self._complete(sched_out, solo, reqs, sampled, logprobs, t0)
+
+    def token_masks(self, sched_out: SchedulerOutput) -> Any:
+        """The grammar masks of the step's constrained requests, deferred: the runner computes them
+        once the forward is launched (None when none is constrained)."""
+        if self.grammars is None:
+            return None
+        return self.grammars.deferred([s.req_id for s in sched_out.scheduled if s.sample])
+
+    def _schedule(
+        self, busy: frozenset[str] = frozenset(), max_requests: int | None = None
+    ) -> tuple[SchedulerOutput, str | None]:
+        """The next step's scheduler output (see `Scheduler.schedule`), and the suspect it runs
+        alone (if any); `_in_step` becomes its requests."""
         if self.scheduler.solo is not None and self.scheduler.solo not in self.scheduler.requests:
             self._next_solo()  # the suspect finished or was aborted meanwhile
         self.scheduler.transfers_done(self.runner.poll_transfers())
-        sched_out = self.scheduler.schedule()
+        sched_out = self.scheduler.schedule(busy, max_requests)
         self._in_step = {s.req_id: s.start + len(s.token_ids) for s in sched_out.scheduled}
         solo = self.scheduler.solo
         if solo is not None and not self._in_step:
@@ -258,15 +279,19 @@ class Engine:
             # give up isolating rather than stall; a new failure isolates again.
             self._suspects.clear()
             self.scheduler.solo = None
-        reqs = dict(self.scheduler.requests)
-        t0 = time.monotonic()
-        masks = None
-        if self.grammars is not None:  # computed by the runner while the forward runs
-            masks = self.grammars.deferred([s.req_id for s in sched_out.scheduled if s.sample])
-        sampled, logprobs = self.runner.execute(sched_out, reqs, masks)
-        if sched_out.is_empty and self.scheduler.num_transfers_in_flight:
-            # nothing runnable before a promotion lands: wait for it rather than spin
-            self.scheduler.transfers_done(self.runner.poll_transfers(wait=True))
+        return sched_out, solo
+
+    def _complete(
+        self,
+        sched_out: SchedulerOutput,
+        solo: str | None,
+        reqs: dict[str, Request],
+        sampled: dict[str, int],
+        logprobs: dict[str, TokenLogprob],
+        t0: float,
+    ) -> list[RequestOutput]:
+        """Apply a step's sampled tokens (`Scheduler.update`) and build its outputs; `_in_step`
+        must be that step's requests."""
         t1 = time.monotonic()
         for s in sched_out.scheduled:
             if (r := reqs.get(s.req_id)) is not None:
@@ -274,9 +299,7 @@ class Engine:
                 r.timing.record(t0, t1, len(s.token_ids), prefill, s.req_id in sampled)
         before = {rid: reqs[rid].num_output_tokens for rid in sampled}
         finished = {r.request_id: r for r in self.scheduler.update(sched_out, sampled, logprobs)}
-        complete = set()  # requests whose grammar allows nothing more
-        if self.grammars is not None:
-            complete = self.grammars.consume(sampled)
+        complete = self.grammars.consume(sampled) if self.grammars is not None else set()
         self.num_steps += 1
         self.num_prompt_tokens_computed += sum(len(s.token_ids) for s in sched_out.scheduled if not s.sample)
         self.num_generated_tokens += len(sampled)

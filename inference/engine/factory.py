@@ -198,12 +198,18 @@ def build_engine(
     tensor_parallel_size: int = 1,
     expert_parallel_size: int = 1,
     expert_dispatch: str = "local",
+    pipeline_parallel_size: int = 1,
+    micro_batches: int = 1,
+    cluster: Any = None,
 ) -> Engine:
     """`model_dir`: real weights (safetensors) + config.json (+ tokenizer.json if present);
     `config`: a config dict or file with seeded random weights; neither: the bundled small model.
     The pools are planned by `plan_pools` (`mem_fraction` of a CUDA device; the rest is headroom).
-    A world size (`tensor_parallel_size * expert_parallel_size`) above 1 builds no model here:
-    one worker process per rank builds its shard (`inference.parallel.launch`)."""
+    A world size (`tensor_parallel_size * expert_parallel_size * pipeline_parallel_size`) above 1
+    builds no model here: one worker process per rank builds its shard (`inference.parallel.launch`);
+    `micro_batches`: how many micro-batches each step is split into through the pipeline stages
+    (steps themselves overlap there, `parallel.pipeline.PipelinedEngine`);
+    `cluster`: a `parallel.cluster.ClusterSpec` placing the ranks on several hosts (this is node 0)."""
     from inference.config import load_config, parse_config
     from inference.model.cache_tensors import HybridCacheSpec
     from inference.model.factory import build_model
@@ -211,7 +217,7 @@ def build_engine(
     if isinstance(dtype, str):
         dtype = DTYPES[dtype]
     device = torch.device(device)
-    parallel = tensor_parallel_size * expert_parallel_size > 1
+    parallel = tensor_parallel_size * expert_parallel_size * pipeline_parallel_size > 1
     if model_dir is not None:
         spec = load_config(model_dir)
         model = (
@@ -248,7 +254,8 @@ def build_engine(
         engine = build_parallel_engine(
             spec, tokenizer, cache_spec, engine_config,
             tensor_parallel_size=tensor_parallel_size, expert_parallel_size=expert_parallel_size,
-            expert_dispatch=expert_dispatch, mem_fraction=mem_fraction, fixed_blocks=fixed_blocks,
+            expert_dispatch=expert_dispatch, pipeline_parallel_size=pipeline_parallel_size,
+            micro_batches=micro_batches, cluster=cluster, mem_fraction=mem_fraction, fixed_blocks=fixed_blocks,
             model_dir=model_dir, device=device, dtype=dtype, seed=seed,
         )  # fmt: skip
         return _with_checkpoint(engine, model_dir, spec)

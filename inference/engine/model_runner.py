@@ -32,6 +32,8 @@ class MMInputs:
 
 
 class ModelRunner:
+    samples = True  # False on a pipeline stage before the last: it computes no logits
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -237,7 +239,7 @@ class ModelRunner:
             self.cache.copy_slot(src, dst)
         self.copy_blocks(out.snapshot_block_copies)
         sampled_reqs = [s.req_id for s in out.scheduled if s.sample]
-        if not sampled_reqs:
+        if not sampled_reqs or not self.samples:
             self.forward_time += time.perf_counter() - t0
             return {}, {}
         params = [requests[r].sampling for r in sampled_reqs]

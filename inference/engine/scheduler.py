@@ -178,8 +178,14 @@ class Scheduler:
             if snap.block_copy is not None:
                 out.snapshot_block_copies.append(snap.block_copy)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(
+        self, busy: frozenset[str] = frozenset(), max_requests: int | None = None
+    ) -> SchedulerOutput:
+        """The next step. `busy`: requests in a step still running (pipeline parallelism keeps
+        several steps in flight): not scheduled and never preempted until it is back (`update`);
+        `max_requests`: at most this many requests in the step (a pipeline's share of the batch)."""
         out = SchedulerOutput()
+        cap = self.config.max_num_seqs if max_requests is None else max_requests
         self.cache.begin_step()
         for snap in self._deferred:
             out.state_copies.append((snap.src_slot, snap.dst_slot))
@@ -188,9 +194,9 @@ class Scheduler:
         self._deferred.clear()
         budget = self.config.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(out.scheduled) < cap:
             req = self.running[i]
-            if self.solo is not None and req.request_id != self.solo:
+            if (self.solo is not None and req.request_id != self.solo) or req.request_id in busy:
                 i += 1
                 continue
             n = self._num_new(req, budget)
@@ -199,7 +205,10 @@ class Scheduler:
                 continue
             alloc = self.cache.allocate(req.request_id, _NO_HIT, req.num_computed_tokens, n)
             while alloc is None:
-                victim = self.running.pop()
+                victim = self._victim(busy)
+                if victim is None:  # only requests still in flight hold blocks: wait for them
+                    break
+                self.running.remove(victim)
                 self._preempt(victim, out)
                 if victim is req:
                     break
@@ -222,6 +231,7 @@ class Scheduler:
             w < len(self.waiting)
             and budget > 0
             and len(self.running) < self.config.max_num_seqs
+            and len(out.scheduled) < cap
             and not out.preempted
             and (self.solo is None or self.waiting[w].request_id == self.solo)
         ):
@@ -249,6 +259,13 @@ class Scheduler:
             budget -= n
         out.tier_ops = self.cache.take_tier_ops()
         return out
+
+    def _victim(self, busy: frozenset[str]) -> Request | None:
+        """The most recently admitted running request not in flight (the one to preempt)."""
+        for req in reversed(self.running):
+            if req.request_id not in busy:
+                return req
+        return None
 
     def transfers_done(self, transfer_ids: list[int]) -> None:
         """The runner reports promotions finished: their requests may be admitted from now on."""

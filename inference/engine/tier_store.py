@@ -192,7 +192,8 @@ class TierStore:
         `DISK_THREADS` parts run in parallel): `[chunk][part] = (indices, future, previous ops)`.
         A 128K conversation is 2,048 units: per-unit futures and submissions from the engine
         thread cost ~0.5 s of its return's TTFT (the Python work of 4,000 of them, contended)."""
-        per = max(1, self.slab_bytes // self.unit_bytes[kind])
+        # a unit of 0 bytes: a pipeline stage without paged (or recurrent) layers moves nothing
+        per = max(1, self.slab_bytes // max(1, self.unit_bytes[kind]))
         chunks = []
         for b0 in range(0, len(paths), per):
             parts = []

@@ -1,7 +1,7 @@
 """Expert parallelism: routed experts split over the EP group; two dispatch/combine schemes.
 
 Layout: EP rank `e` holds experts `[e * E/ep, (e+1) * E/ep)`, each sliced `tp` ways on its
-intermediate dim (TP inside experts); the shared expert is sliced over the whole world when its
+intermediate dim (TP inside experts); the shared expert is sliced over the whole stage (its TP x EP ranks) when its
 width divides, else over the TP group and run by EP rank 0 only. The router is replicated: every
 rank routes the same replicated tokens (`[T, H]` after the attention all-reduce) to the same ids,
 so every rank knows where every (token, slot) pair goes without asking.
@@ -23,7 +23,7 @@ way and the owner weights and sums them. This is the exchange data-parallel atte
 is kept to measure against "local" (`benchmarks/parallel.py --expert-dispatch`). `all_to_all`
 runs on gloo (checked with torch 2.14; present since torch 1.x) and NCCL.
 
-Either way one all-reduce over the world completes the sublayer: it adds the experts' partial
+Either way one all-reduce over the stage completes the sublayer: it adds the experts' partial
 sums (EP and TP slices) and the sliced shared expert. `all_to_all` reads its split sizes on the
 host, so only "local" EP steps (in their masked form) can be captured in a CUDA graph
 (`worker.decode_graphs_on`). With `ep == 1` every rank has all experts (TP-sliced) and the routed
@@ -90,7 +90,7 @@ class ParallelSparseMoE(SparseMoE):
             out = self._local(x, weights, ids)
         if self.shared_active:
             out = self._shared(x, out)
-        return self.mesh.world.all_reduce(out, "moe")
+        return self.mesh.stage.all_reduce(out, "moe")
 
     def _shared(self, x: Tensor, out: Tensor) -> Tensor:
         """`out` plus this rank's slice of the shared expert."""

@@ -5,7 +5,8 @@ TP on CUDA each rank replays its own decode graphs, `worker.decode_graphs_on`).
 The scheduler and cache bookkeeping stay in the driver; each step its `SchedulerOutput` (ints
 and lists) is pickled once and sent to every rank, with the sampling parameters (and image
 embeddings, from the driver's vision tower) of requests the workers have not seen and the ids
-they can forget. Every rank answers (its step number), rank 0 with the sampled tokens.
+they can forget. Every rank answers (its step number), the sampler rank (`ParallelConfig.
+sampler_rank`: rank 0, or the first rank of the last pipeline stage) with the sampled tokens.
 
 Supervision: the driver never joins a collective, so it never blocks in one. It waits for every
 rank's answer to a step with `multiprocessing.connection.wait` over every rank's pipe and process
@@ -43,11 +44,12 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
@@ -56,6 +58,7 @@ from inference.cache.tiers import TierCapacity
 from inference.engine.model_runner import MMInputs
 from inference.engine.request import Request, TokenLogprob
 from inference.engine.scheduler import SchedulerOutput
+from inference.parallel.cluster import ClusterHub, ClusterSpec
 from inference.parallel.config import StepFailedError, WorkerFailedError
 from inference.parallel.worker import WorkerArgs, decode_graphs_on, worker_main
 
@@ -76,11 +79,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kill(procs: list[Any], conns: list[Connection], closing: threading.Event) -> None:
+def _kill(
+    procs: list[Any], conns: list[Connection], closing: threading.Event, hub: ClusterHub | None
+) -> None:
     closing.set()  # the monitor thread must not report the deaths this causes
     for c in conns:
-        with contextlib.suppress(OSError):
-            c.close()
+        if c is not None:
+            with contextlib.suppress(OSError):
+                c.close()
+    if hub is not None:  # the other nodes' launchers kill their ranks
+        hub.close()
+    procs = [p for p in procs if isinstance(p, BaseProcess)]  # this host's ranks
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -113,11 +122,16 @@ class ParallelRunner:
         start_timeout_s: float = 600.0,
         agree_timeout_s: float = AGREE_TIMEOUT_S,
         model: torch.nn.Module | None = None,
+        cluster: ClusterSpec | None = None,
     ) -> None:
+        """`cluster`: the ranks' hosts (`cluster.py`); this process is node 0's driver and spawns
+        node 0's ranks, the other nodes' launchers spawn theirs."""
         world = args.config.world_size
+        self.cluster = cluster = cluster or ClusterSpec()
         self.model = model
         self.device = torch.device(args.device_type)
         self.world_size = world
+        self.sampler_rank = args.config.sampler_rank  # the rank that answers with the tokens
         self.forward_time = 0.0
         # rank 0's decode-graph counts, for `Engine.stats` (None: the ranks run eagerly)
         self.graphs: RankGraphs | None = RankGraphs() if decode_graphs_on(args) else None
@@ -133,24 +147,35 @@ class ParallelRunner:
         self._landed: Counter[int] = Counter()  # promotion -> ranks that reported it landed
         self._tmp: tempfile.TemporaryDirectory | None = None  # the disk tier's default folder
         self._known: set[str] = set()  # requests whose sampling params the workers have
+        self._sent: deque[int] = deque()  # steps submitted, not collected
+        self._stash: dict[int, dict[int, tuple]] = {}  # answers read ahead of their collect
+        # each rank's recent steps: (step, monotonic start, end, seconds waiting for other stages)
+        self.spans: list[deque[tuple[int, float, float, float]]] = [deque(maxlen=512) for _ in range(world)]
         self._drops: list[str] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
         ctx = get_context("spawn")  # CUDA cannot be forked; spawn everywhere for one behaviour
-        args = replace(args, init_method=args.init_method or f"tcp://127.0.0.1:{_free_port()}")
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
-        for rank in range(world):
+        init = cluster.init_method if cluster.nnodes > 1 else f"tcp://127.0.0.1:{_free_port()}"
+        args = replace(
+            args, init_method=args.init_method or init, ranks_per_node=cluster.ranks_per_node(world)
+        )
+        # the other nodes' launchers connect here (before any rank can try to)
+        self._hub = ClusterHub(cluster, world) if cluster.nnodes > 1 else None
+        self.procs: list[Any] = [None] * world  # a local Process, or a `RemoteRank`
+        self.conns: list[Connection] = [None] * world
+        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing, self._hub)
+        for rank in cluster.ranks_of(0, world):
             parent, child = ctx.Pipe()
             p = ctx.Process(
                 target=worker_main, args=(rank, args, child), name=f"dayzero-rank{rank}", daemon=True
             )
             p.start()
             child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
-        self._finalizer = weakref.finalize(self, _kill, self.procs, self.conns, self._closing)
+            self.procs[rank] = p
+            self.conns[rank] = parent
         try:
+            if self._hub is not None:
+                self._hub.connect(args, self.procs, self.conns, start_timeout_s, self._local_alive)
             plans = self._gather("plan", start_timeout_s, "starting")
             # every rank allocates the same pools: the smallest any of them fits
             self.plan = min(plans, key=lambda p: p.num_blocks)
@@ -182,15 +207,19 @@ class ParallelRunner:
         """Fail for the death of `rank`, naming every rank found dead with it (a peer's death can
         take a rank down too; which died first is not known)."""
         p = self.procs[rank]
-        p.join(0.5)
+        p.join(0.5)  # a remote rank: until its launcher reports the exit code
         time.sleep(0.1)  # let a death caused by this one show
         also = [
-            f"rank {r} (pid {q.pid}, exit code {q.exitcode})"
+            f"rank {r} (pid {q.pid}{self._where(r)}, exit code {q.exitcode})"
             for r, q in enumerate(self.procs)
             if r != rank and not q.is_alive()
         ]
         tail = f"; also gone: {', '.join(also)}" if also else ""
-        return self._fail(rank, f"process {p.pid} exited (exit code {p.exitcode}){tail}")
+        return self._fail(rank, f"process {p.pid}{self._where(rank)} exited (exit code {p.exitcode}){tail}")
+
+    def _where(self, rank: int) -> str:
+        c = self.cluster
+        return f" on node {c.node_of(rank, self.world_size)}" if c.nnodes > 1 else ""
 
     def _peer_death(self, rank: int, grace_s: float = 1.0) -> int | None:
         """A rank other than `rank` found dead within `grace_s` (a collective can fail on the
@@ -202,14 +231,44 @@ class ParallelRunner:
                 return dead[0] if dead else None
             time.sleep(0.05)
 
+    def _local_alive(self) -> None:
+        """Raise for a rank of this host that died (while waiting for the other nodes)."""
+        for r, p in enumerate(self.procs):
+            if isinstance(p, BaseProcess) and not p.is_alive():
+                raise self._death(r)
+
     def _watch(self) -> None:
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
-        ready = wait(list(sentinels))
-        if not self._closing.is_set() and ready:
-            self._death(sentinels[ready[0]])
+        """Between steps: a local rank's exit (its sentinel) or another node's launcher reporting
+        one of its ranks' exit (or its own loss) fails the engine."""
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs) if p.sentinel is not None}
+        agents = list(self._hub.agents.values()) if self._hub is not None else []
+        while not self._closing.is_set():
+            try:
+                ready = wait([*sentinels, *agents])
+            except (OSError, ValueError):  # closed by a failure elsewhere
+                return
+            for obj in ready:
+                if obj in sentinels:
+                    rank, why = sentinels[obj], ""
+                else:
+                    report = self._hub.poll(obj)
+                    if report is None:
+                        continue
+                    rank, why = report
+                    if why:
+                        agents.remove(obj)
+                if self._closing.is_set():
+                    return
+                if why:
+                    self._fail(rank, why)
+                else:
+                    self._death(rank)
+                return
 
     def _gather(self, kind: str, timeout_s: float, what: str) -> list[Any]:
-        """Every rank's next message, which must be `kind`: their payloads in rank order."""
+        """Every rank's next message, which must be `kind`: their payloads in rank order (the
+        answers to steps still in flight come first: read ahead for their `collect`)."""
+        self._read_ahead()
         got: dict[int, Any] = {}
         while len(got) < self.world_size:  # ranks answer in any order
             rank, msg = self._next(set(range(self.world_size)) - set(got), timeout_s, what)
@@ -219,14 +278,23 @@ class ParallelRunner:
         return [got[r] for r in range(self.world_size)]
 
     def _wait(self, rank: int, timeout_s: float | None, what: str) -> tuple:
+        self._read_ahead()
         return self._next({rank}, timeout_s, what)[1]
 
+    def _read_ahead(self) -> None:
+        """Take every rank's answers to the steps still in flight (each rank answers in order)."""
+        for step in self._sent:
+            if step not in self._stash:
+                self._stash[step] = self._step_answers(step)
+
     def _next(self, ranks: set[int], timeout_s: float | None, what: str) -> tuple[int, tuple]:
-        """`(rank, message)`: the next message of one of `ranks`; any other rank's message is an
-        error report; a dead rank (or `timeout_s` passing) fails the runner."""
+        """`(rank, message)`: the next message of one of `ranks` (the others' wait until asked: a
+        rank may have answered a later step already); a dead rank, one reporting an error (or
+        `timeout_s` passing) fails the runner."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        watched = {c: r for r, c in enumerate(self.conns)}
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        # only the ranks asked: another may already have answered a later step (pipelining)
+        watched = {c: r for r, c in enumerate(self.conns) if r in ranks}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs) if p.sentinel is not None}
         while True:
             if self.failure is not None:
                 raise self.failure
@@ -250,9 +318,7 @@ class ParallelRunner:
                         if dead is not None:  # a peer's death broke this rank's collective: blame it
                             raise self._death(dead) from None
                         raise self._fail(r, f"raised while {what}:\n{msg[1]}")
-                    if r in ranks:
-                        return r, msg
-                    raise self._fail(r, f"sent an unexpected {msg[0]!r} while {what}")
+                    return r, msg
             for obj in ready:
                 if obj in sentinels:
                     raise self._death(sentinels[obj])
@@ -309,7 +375,14 @@ class ParallelRunner:
     def execute(
         self, out: SchedulerOutput, requests: Mapping[str, Request], token_masks: Any = None
     ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        """Run one scheduled step on every rank; rank 0's sampled tokens (and logprobs)."""
+        """Run one scheduled step on every rank; the sampler rank's tokens (and logprobs)."""
+        self.submit(out, requests, token_masks)
+        return self.collect()
+
+    def submit(self, out: SchedulerOutput, requests: Mapping[str, Request], token_masks: Any = None) -> None:
+        """Send one step to every rank without waiting for it (`collect` takes the answers, in
+        order): pipeline stages then work on several steps at once. `token_masks`: the grammar
+        masks of its constrained requests (or a callable giving them), which travel with it."""
         new = {}
         for s in out.scheduled:
             if s.req_id not in self._known:
@@ -326,16 +399,26 @@ class ParallelRunner:
         if out.tier_ops is not None:
             self._in_flight += [t.id for t in out.tier_ops.transfers]
         self._step += 1
-        step = self._step
-        answers = self._step_answers(step)
+        self._sent.append(self._step)
+
+    @torch.inference_mode()
+    def collect(self) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        """The oldest submitted step's outcome: the sampler rank's tokens, or `StepFailedError`
+        (after the steps sent behind it were answered too, so the check collective is next in
+        every rank's queue)."""
+        step = self._sent.popleft()
+        answers = self._stash.pop(step, None) or self._step_answers(step)
         for a in answers.values():
             self._landed.update(a[-1])
         failed = {r: a for r, a in answers.items() if a[0] == "step_failed"}
         if failed:
+            self._read_ahead()
             self._check_in_step(step, failed[min(failed)][2])
             self._unstarted_after_failure(step, {r: a[3] for r, a in failed.items()})
             raise StepFailedError(step, failed[min(failed)][2])
-        sampled, logprobs, seconds, counts = answers[0][2]
+        for r, a in answers.items():
+            self.spans[r].append((step, *a[3]))
+        sampled, logprobs, seconds, counts = answers[self.sampler_rank][2]
         self.forward_time += seconds
         if self.graphs is not None and counts is not None:
             self.graphs.num_captured, self.graphs.num_replays = counts
@@ -403,15 +486,23 @@ class ParallelRunner:
         self._broadcast(("memory",))
         return self._gather("memory", 60.0, "reporting memory")
 
+    def traffic(self) -> list[dict[str, list[int]]]:
+        """Every rank's collective and point-to-point `[calls, payload bytes]` by `<label>.<op>`
+        since the last call (`comm.take_traffic`), in rank order."""
+        self._broadcast(("traffic",))
+        return self._gather("traffic", 60.0, "reporting its traffic")
+
     def close(self) -> None:
         """Stop the workers (idempotent)."""
         self._closing.set()
         if self.failure is None:
             for c in self.conns:
-                with contextlib.suppress(OSError):
-                    c.send(("stop",))
-            for p in self.procs:
-                p.join(5.0)
+                if c is not None:
+                    with contextlib.suppress(OSError):
+                        c.send(("stop",))
+            for p in self.procs:  # this host's; the other nodes' launchers reap theirs
+                if isinstance(p, BaseProcess):
+                    p.join(5.0)
         self._finalizer()
         if self._tmp is not None:  # after the ranks stopped: none writes into it any more
             self._tmp.cleanup()

@@ -208,8 +208,8 @@ def _shard_moe(
     shared, active = getattr(moe, attr), True
     if shared is not None:
         width = shared.gate_proj.out_features
-        if shared_expert_over_world(width, mesh.world.size):
-            _shard_dense(shared, f"{prefix}{attr}.", plan, mesh.world, row_parallel=False)
+        if shared_expert_over_world(width, mesh.stage.size):
+            _shard_dense(shared, f"{prefix}{attr}.", plan, mesh.stage, row_parallel=False)
         else:  # sliced over the TP group; one EP replica adds it
             _shard_dense(shared, f"{prefix}{attr}.", plan, mesh.tp, row_parallel=False)
             active = mesh.ep.rank == 0
@@ -241,7 +241,7 @@ def shard_model(model: KimiLinearForCausalLM, mesh: MeshGroups) -> ShardPlan:
     plan = ShardPlan()
     tp = mesh.tp
     spec = model.spec
-    if mesh.config.world_size == 1:
+    if mesh.config.stage_size == 1:  # pipeline stages alone: whole layers, nothing split
         return plan
     emb = model.model.embed_tokens
     start, stop, _ = vocab_shard(spec.vocab_size, tp)

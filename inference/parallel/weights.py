@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from inference.analyze.stages import StagePlan, plan_stages
 from inference.config import ModelSpec
 from inference.loader import copy_shard, load_weights_sharded
 from inference.model.factory import _cast, dummy_tensor_values
@@ -95,10 +96,28 @@ def fill_dummy_shard(model: nn.Module, full: nn.Module, plan: ShardPlan, seed: i
 def rank_weight_bytes(spec: ModelSpec, config: ParallelConfig, dtype: torch.dtype, rank: int = 0) -> int:
     """Bytes of `rank`'s parameters and buffers, from its shard built on the meta device (nothing
     allocated): the runtime's own figure to set beside `dayzero analyze`'s per-GPU weights."""
-    model = _meta_model(spec, dtype)
-    shard_model(model, MeshGroups.layout_only(config, rank))
+    mesh = MeshGroups.layout_only(config, rank)
+    model, _ = _meta_shard(spec, mesh, dtype, plan_stages(spec, config.pipeline_parallel_size))
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _names(model: nn.Module) -> list[str]:
+    return [n for n, _ in (*model.named_parameters(), *model.named_buffers())]
+
+
+def _meta_shard(
+    spec: ModelSpec, mesh: MeshGroups, dtype: torch.dtype, stages: StagePlan
+) -> tuple[nn.Module, ShardPlan]:
+    """This rank's shard on the meta device: its TP/EP slices of its pipeline stage's layers."""
+    from inference.parallel.pipeline import cut_stage
+
+    model = _meta_model(spec, dtype)
+    full = _names(model)
+    plan = shard_model(model, mesh)
+    if stages.num_stages > 1:
+        cut_stage(model, full, stages, mesh.pp.index, plan.elsewhere)
+    return model, plan
 
 
 def build_sharded_model(
@@ -110,12 +129,14 @@ def build_sharded_model(
     dtype: torch.dtype,
     device: torch.device,
     seed: int,
+    stages: StagePlan | None = None,
 ) -> nn.Module:
-    """This rank's model in eval mode (the checkpoint's manifest is checked by the driver)."""
-    model = _meta_model(spec, dtype)
-    plan = shard_model(model, mesh)
+    """This rank's model in eval mode (the checkpoint's manifest is checked by the driver);
+    with `stages`, only its pipeline stage's part (`pipeline.cut_stage`)."""
+    model, plan = _meta_shard(spec, mesh, dtype, stages or plan_stages(spec, 1))
     model = model.to_empty(device=device)
-    model.tie_weights()
+    if model.lm_head is not None:  # a stage before the last has none
+        model.tie_weights()
     prefix = _rank_prefix(spec)
     if load_format == "dummy":
         fill_dummy_shard(model, _meta_full(spec, dtype), plan, seed, prefix)

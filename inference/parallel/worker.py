@@ -2,8 +2,11 @@
 steps the driver sends (the same scheduler output to every rank) until told to stop.
 
 Every rank runs the whole step (cache operations on its own pools, the forward with its
-collectives, the sampler on the all-gathered logits) and answers it: rank 0 with the sampled
-tokens, the others with their step number only, so the driver knows every rank's outcome.
+collectives, the sampler on the all-gathered logits) and answers it: the sampler rank (rank 0, or
+with pipeline stages the first rank of the last stage) with the sampled tokens, the others with
+their step number only, so the driver knows every rank's outcome. A pipeline stage's rank runs
+the step through its own layers (`pipeline.StageRunner`, micro-batched; activations
+point-to-point between stages).
 
 An exception raised inside a step (`ModelRunner.execute`) is answered as `step_failed` and the
 rank stays up: it forgets the block tables the step built (the engine's recovery recomputes those
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from inference.analyze.stages import StagePlan
 from inference.config import ModelSpec
 from inference.engine.engine import EngineConfig
 from inference.engine.request import SamplingParams
@@ -54,12 +58,15 @@ class WorkerArgs:
 
     config: ParallelConfig
     spec: ModelSpec
+    stages: StagePlan  # the pipeline stages' layers (one stage without pipeline parallelism)
     load_format: str
     path: str | None
     dtype: torch.dtype
-    device_type: str  # "cpu" or "cuda" (rank r uses cuda:r)
+    device_type: str  # "cpu" or "cuda" (rank r uses its host's cuda:r % ranks_per_node)
     seed: int
-    cache_spec: HybridCacheSpec  # this rank's (sharded) cache
+    cache_spec: (
+        HybridCacheSpec  # this rank's TP-sharded cache, all layers (`rank_cache_spec` cuts its stage's)
+    )
     engine_config: EngineConfig  # pool sizes (num_blocks: the configured or starting value)
     mem_fraction: float  # of each GPU, as the single-GPU plan uses it
     fixed_blocks: bool  # keep num_blocks (checked) instead of sizing the KV pool from memory
@@ -67,6 +74,7 @@ class WorkerArgs:
     init_method: str
     collective_timeout_s: float
     threads: int
+    ranks_per_node: int = 0  # rank r uses its host's device r % ranks_per_node (0: one host)
     # called as `rank_hook(model, rank)` once the rank's shard is built (instrumentation, and the
     # tests' fault injection); must be picklable (a module-level function)
     rank_hook: Callable[[torch.nn.Module, int], None] | None = None
@@ -162,6 +170,7 @@ def decode_graphs_on(args: WorkerArgs) -> bool:
     "all_to_all" reads its split sizes on the host, which a graph cannot replay."""
     return (
         args.device_type == "cuda"
+        and args.config.pipeline_parallel_size == 1
         and args.engine_config.enable_cuda_graphs
         and (args.config.expert_parallel_size == 1 or args.config.expert_dispatch == "local")
     )
@@ -180,24 +189,45 @@ def worker_main(rank: int, args: WorkerArgs, conn: Connection) -> None:
         model, device, mesh = _setup(rank, args)
         if args.rank_hook is not None:
             args.rank_hook(model, rank)
-        conn.send(("plan", _plan(model, args, device)))
+        cache_spec = rank_cache_spec(args, mesh.pp.index)
+        conn.send(("plan", _plan(model, args, cache_spec, device)))
         kind, num_blocks = conn.recv()  # the driver's choice: the smallest pool any rank fits
         if kind != "pools":
             raise RuntimeError(f"expected the pool size from the driver, got {kind!r}")
-        from inference.engine.model_runner import ModelRunner
-
-        cfg = args.engine_config
-        runner = ModelRunner(
-            model, args.cache_spec, num_blocks=num_blocks, block_size=cfg.cache.block_size,
-            num_slots=cfg.cache.num_state_slots, device=device, dtype=args.dtype, vocab_size=args.vocab_size,
-            cuda_graphs=decode_graphs_on(args), short_graph_tokens=cfg.short_graph_tokens,
-            short_graph_row_keys=cfg.short_graph_row_keys,
-        )  # fmt: skip
+        runner = _runner(model, args, cache_spec, num_blocks, device, mesh)
         conn.send(("ready", rank))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
     _loop(rank, runner, conn, mesh, args.device_type == "cuda")
+
+
+def rank_cache_spec(args: WorkerArgs, stage: int) -> HybridCacheSpec:
+    """The cache a rank of pipeline stage `stage` allocates: its stage's layers, TP-sharded."""
+    from inference.parallel.pipeline import stage_cache_spec
+
+    return stage_cache_spec(args.cache_spec, args.stages, stage)
+
+
+def _runner(
+    model: torch.nn.Module, args: WorkerArgs, cache_spec: HybridCacheSpec, num_blocks: int,
+    device: torch.device, mesh: MeshGroups,
+) -> ModelRunner:  # fmt: skip
+    from inference.engine.model_runner import ModelRunner
+    from inference.parallel.pipeline import StageRunner
+
+    cfg = args.engine_config
+    common = dict(
+        num_blocks=num_blocks, block_size=cfg.cache.block_size, num_slots=cfg.cache.num_state_slots,
+        device=device, dtype=args.dtype, vocab_size=args.vocab_size,
+    )  # fmt: skip
+    if args.config.pipeline_parallel_size > 1:
+        micro = args.config.micro_batches
+        return StageRunner(model, cache_spec, plan=args.stages, link=mesh.pp, micro_batches=micro, **common)
+    return ModelRunner(
+        model, cache_spec, cuda_graphs=decode_graphs_on(args), short_graph_tokens=cfg.short_graph_tokens,
+        short_graph_row_keys=cfg.short_graph_row_keys, **common,
+    )  # fmt: skip
 
 
 def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device, MeshGroups]:
@@ -206,8 +236,9 @@ def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device, 
     from inference.parallel.weights import build_sharded_model
 
     if args.device_type == "cuda":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
+        local = rank % (args.ranks_per_node or args.config.world_size)
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
         backend = "nccl"
     else:
         device = torch.device("cpu")
@@ -215,12 +246,12 @@ def _setup(rank: int, args: WorkerArgs) -> tuple[torch.nn.Module, torch.device, 
     mesh = init_mesh(args.config, rank, args.init_method, backend, args.collective_timeout_s)
     model = build_sharded_model(
         args.spec, mesh, load_format=args.load_format, path=Path(args.path) if args.path else None,
-        dtype=args.dtype, device=device, seed=args.seed,
+        dtype=args.dtype, device=device, seed=args.seed, stages=args.stages,
     )  # fmt: skip
     return model, device, mesh
 
 
-def _plan(model: torch.nn.Module, args: WorkerArgs, device: torch.device) -> Any:
+def _plan(model: torch.nn.Module, args: WorkerArgs, cache_spec: HybridCacheSpec, device: torch.device) -> Any:
     """This rank's `MemoryPlan`, by the single-GPU rule (`plan_pools`: on CUDA a profiled forward
     of the largest step, run by every rank in step, and what `mem_fraction` leaves for the KV
     pool; on CPU the configured pools)."""
@@ -228,7 +259,7 @@ def _plan(model: torch.nn.Module, args: WorkerArgs, device: torch.device) -> Any
     from inference.tokenizer import ByteTokenizer
 
     _, plan = plan_pools(
-        model, ByteTokenizer(), args.cache_spec, args.engine_config, device, args.dtype,
+        model, ByteTokenizer(), cache_spec, args.engine_config, device, args.dtype,
         mem_fraction=args.mem_fraction, fixed_blocks=args.fixed_blocks,
     )  # fmt: skip
     return plan
@@ -239,8 +270,11 @@ def _check_in_step(mesh: MeshGroups, step: int, device: torch.device) -> None:
     groups. It returns only if every rank of every group joins it and all count the same steps;
     a collective the failed step left half-done shows as a hang (the driver's timeout) or a wrong
     sum here, never as a later step silently mixing data of two steps."""
-    comms = [mesh.world]
-    comms += [c for c in (mesh.tp, mesh.ep) if c.size > 1 and c.group is not None]  # None: the world
+    from inference.parallel.comm import Comm
+
+    comms = [Comm(mesh.config.world_size, mesh.rank)]  # the default group: every rank
+    # a subgroup's None handle is the default group, checked already
+    comms += [c for c in (mesh.stage, mesh.tp, mesh.ep) if c.size > 1 and c.group is not None]
     for comm in comms:
         probe = torch.tensor([step, 1], dtype=torch.int64, device=device)
         comm.all_reduce(probe, "step_check")
@@ -251,6 +285,7 @@ def _check_in_step(mesh: MeshGroups, step: int, device: torch.device) -> None:
 
 
 def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> None:
+    sampler = mesh.config.sampler_rank
     import torch.distributed as dist
 
     requests: dict[str, _Req] = {}
@@ -272,7 +307,7 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     requests.pop(rid, None)
                 for rid, (sp, mm) in new_requests.items():
                     requests[rid] = _Req(sp, mm)
-                t0 = time.perf_counter()
+                t0, start = time.perf_counter(), time.monotonic()
                 try:
                     sampled, logprobs = runner.execute(out, requests, token_masks)
                 except Exception:
@@ -287,8 +322,9 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     continue
                 promotions.started(out, [])
                 dt = time.perf_counter() - t0
-                answer = (sampled, logprobs, dt, _graph_counts(runner)) if rank == 0 else None
-                conn.send(("done", step, answer, promotions.landed()))
+                answer = (sampled, logprobs, dt, _graph_counts(runner)) if rank == sampler else None
+                span = (start, time.monotonic(), getattr(runner, "waited", 0.0))  # waited: for other stages
+                conn.send(("done", step, answer, span, promotions.landed()))
             elif kind == "tiers":
                 runner.attach_tiers(msg[1], rank_disk_url(msg[2], rank))
                 conn.send(("tiers_ready", rank))
@@ -310,6 +346,10 @@ def _loop(rank: int, runner, conn: Connection, mesh: MeshGroups, cuda: bool) -> 
                     conn.send(("profile", rows))
             elif kind == "memory":  # every rank answers
                 conn.send(("memory", rank_memory(runner.model, runner.cache)))
+            elif kind == "traffic":  # every rank answers: its counts since the last ask
+                from inference.parallel.comm import take_traffic
+
+                conn.send(("traffic", take_traffic()))
             elif kind == "stop":
                 break
     except BaseException:

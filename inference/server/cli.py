@@ -95,6 +95,9 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         "--expert-dispatch", choices=["local", "all_to_all"], default="local",
         help="how tokens reach the experts' ranks: picked locally from the replicated tokens, or exchanged",
     )  # fmt: skip
+    from inference.parallel.cluster import add_cluster_arguments
+
+    add_cluster_arguments(s)  # --pipeline-parallel-size, --micro-batches, --nnodes, --node-rank, --master-*
     s.add_argument(
         "--api-key",
         default=os.environ.get("DAYZERO_INFERENCE_API_KEY") or None,
@@ -176,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inference.chat import ChatOptions
     from inference.engine.factory import build_engine
+    from inference.parallel.cluster import cluster_from_args
     from inference.server.guard import ServerLimits
     from inference.server.images import ImageSources
     from inference.server.serve import run_server
@@ -200,6 +204,9 @@ def _serve(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         expert_parallel_size=args.expert_parallel_size,
         expert_dispatch=args.expert_dispatch,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        micro_batches=args.micro_batches,
+        cluster=cluster_from_args(args),
     )
     name = served_model_name(args)
     limits = ServerLimits(api_key=args.api_key, max_body_bytes=args.max_request_bytes)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from inference.chat import load_frontend
 from inference.chat.conversations import ConversationCache
 from inference.demo_model.spec import DEMO_DIR
