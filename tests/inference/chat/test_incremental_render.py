@@ -4,6 +4,7 @@ extend what the key last rendered (edited history, other tools) takes the full p
 
 from __future__ import annotations
 
+import json
 import random
 
 from inference.chat import load_frontend
@@ -18,7 +19,11 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"typ
 def frontends(tmp_path):
     yield "byte", load_frontend(ByteTokenizer(), None)
     yield "demo", load_frontend(load_tokenizer(DEMO_DIR), DEMO_DIR)
-    for name, make in (("kimi", checkpoints.kimi_layout), ("deepseek", checkpoints.deepseek_layout), ("qwen", checkpoints.qwen_layout)):
+    for name, make in (
+        ("kimi", checkpoints.kimi_layout),
+        ("deepseek", checkpoints.deepseek_layout),
+        ("qwen", checkpoints.qwen_layout),
+    ):
         d = make(tmp_path / name)
         yield name, load_frontend(load_tokenizer(d), d)
 
@@ -26,17 +31,31 @@ def frontends(tmp_path):
 def turns(seed: int, n: int):
     """A growing agent conversation: user asks, assistant calls a tool, the tool answers, ..."""
     rng = random.Random(seed)
-    words = ["report", "Ünïcödé", "東京", "17 * 23", "  spaced  ", "tail\n", "{\"a\": 1}"]
-    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "start " + rng.choice(words)}]
+    words = ["report", "Ünïcödé", "東京", "17 * 23", "  spaced  ", "tail\n", '{"a": 1}']
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "start " + rng.choice(words)},
+    ]
     for i in range(n):
         yield list(msgs)
-        call = {"id": f"functions.search:{i}", "type": "function", "function": {"name": "search", "arguments": '{"q": "%d"}' % i}}
+        call = {
+            "id": f"functions.search:{i}",
+            "type": "function",
+            "function": {"name": "search", "arguments": json.dumps({"q": str(i)})},
+        }
         msgs += [
             {"role": "assistant", "content": rng.choice(words), "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "content": " ".join(rng.choices(words, k=rng.randint(1, 30)))},
+            {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "content": " ".join(rng.choices(words, k=rng.randint(1, 30))),
+            },
         ]
         if i % 3 == 2:
-            msgs += [{"role": "assistant", "content": "done " + rng.choice(words)}, {"role": "user", "content": rng.choice(words)}]
+            msgs += [
+                {"role": "assistant", "content": "done " + rng.choice(words)},
+                {"role": "user", "content": rng.choice(words)},
+            ]
 
 
 def test_keyed_turns_equal_full_renders(tmp_path):
@@ -58,13 +77,22 @@ def test_a_turn_that_does_not_extend_the_key_renders_in_full():
     r = front.renderer
     msgs = next(iter(turns(0, 1)))
     r.render(msgs, TOOLS, conversation="k")
-    edited = [*msgs[:-1], {"role": "user", "content": "something else"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+    edited = [
+        *msgs[:-1],
+        {"role": "user", "content": "something else"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "b"},
+    ]
     before = dict(r.stats)
     assert r.render(edited, TOOLS, conversation="k").token_ids == r.render(edited, TOOLS).token_ids
     assert r.stats["full"] == before["full"] + 1  # edited history
     longer = [*edited, {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]
     assert not r.render(longer, None, conversation="k").incremental  # other tools
-    assert r.render([*longer, {"role": "assistant", "content": "e"}, {"role": "user", "content": "f"}], None, conversation="k").incremental
+    assert r.render(
+        [*longer, {"role": "assistant", "content": "e"}, {"role": "user", "content": "f"}],
+        None,
+        conversation="k",
+    ).incremental
 
 
 def test_the_store_is_bounded_in_tokens():
@@ -72,5 +100,12 @@ def test_the_store_is_bounded_in_tokens():
     front = load_frontend(ByteTokenizer(), None)
     r = type(front.renderer)(front.template, front.tokenizer, conversations=cache)
     for i in range(20):
-        r.render([{"role": "user", "content": "x" * 300}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}], conversation=f"c{i}")
+        r.render(
+            [
+                {"role": "user", "content": "x" * 300},
+                {"role": "assistant", "content": "y"},
+                {"role": "user", "content": "z"},
+            ],
+            conversation=f"c{i}",
+        )
     assert cache._tokens <= 2000 and len(cache._items) < 20
