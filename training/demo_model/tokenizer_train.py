@@ -2,9 +2,10 @@
 
 The chat template encodes each piece of a conversation separately (role names, message texts, tool
 call ids, arguments, the tools JSON), so the BPE is trained on exactly those pieces, collected by
-rendering corpus conversations through `ChatTemplate` with a recording tokenizer.
+rendering corpus conversations (`training.demo_model.render`) with a recording tokenizer.
 
-Pre-tokenization: every digit is its own piece (a number is copied digit by digit from the question
+Pre-tokenization: an attachment id (a UUID) is a piece of its own, so it has the same tokens in an
+image's label and in the tool call that copies it; every digit is its own piece (a number is copied digit by digit from the question
 into the tool call and from the tool result into the answer, which a small model learns easily);
 every capitalised word is its own piece, so a made-up name (`Quador`) becomes the same tokens
 wherever it stands (in the question, the search query, the passage, the answer) and copying it is
@@ -19,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from inference.chat import ChatTemplate
 from inference.tokenizer import KIMI_SPECIAL_TOKENS
+from training.demo_model.render import render
 
-__all__ = ["collect_segments", "train_tokenizer"]
+__all__ = ["UUID_PATTERN", "collect_segments", "train_tokenizer"]
+
+UUID_PATTERN = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
 class _Recorder:
@@ -50,12 +53,11 @@ class _Recorder:
         return False
 
 
-def collect_segments(conversations: Iterable[tuple[list[dict], list[dict]]]) -> Iterator[str]:
-    """(messages, tools) pairs -> the text pieces the chat template would encode."""
+def collect_segments(conversations: Iterable[tuple[list[dict], list[dict], dict[str, int]]]) -> Iterator[str]:
+    """(messages, tools, image placeholder counts) -> the text pieces the chat template encodes."""
     rec = _Recorder()
-    template = ChatTemplate(rec)  # type: ignore[arg-type]
-    for messages, tools in conversations:
-        template.render(messages, tools, add_generation_prompt=True)
+    for messages, tools, image_tokens in conversations:
+        render(rec, messages, tools, image_tokens)
         yield from rec.pieces
         rec.pieces.clear()
 
@@ -67,6 +69,7 @@ def train_tokenizer(pieces: Iterable[str], vocab_size: int, out: str | Path) -> 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(UUID_PATTERN), behavior="isolated"),
             pre_tokenizers.Split(Regex("[A-Z][a-z]+"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
