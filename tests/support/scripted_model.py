@@ -20,9 +20,10 @@ def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
     for m in messages:
         if m.get("role") == "user":
             content = m.get("content")
-            text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content or [])
-            if "script:" in text:
-                return json.loads(text.split("script:", 1)[1])
+            texts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+            for text in texts:  # the goal's own part (an image's label is a part of its own)
+                if "script:" in text:
+                    return json.loads(text.split("script:", 1)[1])
     return {"cycles": 0}
 
 

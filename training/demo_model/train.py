@@ -51,10 +51,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inference.demo_model.spec import DEMO_DIR, TRAIN_SEED, demo_config
+from inference.demo_model.spec import TRAIN_SEED, demo_config
 from training.demo_model.train_forward import text_model, train_hidden
 
-__all__ = ["TrainConfig", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
+# the tokenizer the corpus is encoded with (the trainer copies it next to the weights)
+TOKENIZER = Path(__file__).resolve().parent / "weights" / "tokenizer.json"
+
+__all__ = ["TOKENIZER", "TrainConfig", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,9 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument(
-        "--tokenizer", type=Path, default=DEMO_DIR / "tokenizer.json", help="trained here if absent"
-    )
+    p.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="trained there if absent")
     p.add_argument("--kda", choices=("fla", "ref"), default="ref", help="KDA path (see the module docstring)")
     p.add_argument(
         "--corpus", type=Path, default=None, help="encoded corpus file: read if present, else written"
