@@ -11,6 +11,7 @@ Targets: success >= 90% overall and in each category, 100% valid calls, no speci
     python benchmarks/demo_eval.py                                  # 20 tasks per category, the bundled model
     python benchmarks/demo_eval.py --per-category 30 --workers 2 --model-dir DIR --out result.json
     python benchmarks/demo_eval.py --categories image,document
+    python benchmarks/demo_eval.py --out after.json --baseline before.json --chart success.png
 
 Results: `docs/results/demo_eval.json` (this script's `--out`, for the bundled model and the one
 before it). The full stack (REST + runner + Celery + `dayzero infer serve`) runs the same tasks
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--out", type=Path, default=None, help="also write the summary and every outcome here")
     p.add_argument("--show-failures", type=int, default=10)
+    p.add_argument("--chart", type=Path, default=None, help="draw per-category success here (PNG)")
+    p.add_argument("--baseline", type=Path, default=None, help="an earlier --out file drawn beside this run")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     cats = tuple(c for c in args.categories.split(",") if c)
@@ -54,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             json.dumps({"category": o.category, "answer": o.answer, "problems": o.problems}), file=sys.stderr
         )
+    if args.chart:
+        from training.demo_model.plot import save_success_bars
+
+        runs = {}
+        if args.baseline:
+            runs[f"baseline ({args.baseline.name})"] = json.loads(args.baseline.read_text())["summary"]
+        runs[str(args.model_dir)[-40:]] = summary
+        save_success_bars(runs, args.chart)
     if args.out:
         args.out.write_text(
             json.dumps({"summary": summary, "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n"

@@ -6,10 +6,10 @@
 
 Everything that decides the result is in `TrainConfig` (committed defaults, written next to the
 weights as `train_config.json`): the corpus seeds and size, the tokenizer's vocabulary, the
-optimiser and its schedule. The committed checkpoint is the two-step run above: the corpus encoded
-on a CPU machine (building it runs the real tools, PDF parser and image preprocessing, which a
-bare GPU machine lacks), then trained from that file on one GPU (`train_log.json` records the
-device, steps and seconds). The tokenizer is trained only when `--tokenizer` names no existing
+optimiser and its schedule. A checkpoint is made in the two steps above: the corpus encoded on a
+CPU machine (building it runs the real tools, PDF parser and image preprocessing, which a bare GPU
+machine lacks), then trained from that file on one GPU (`train_log.json` records the device,
+steps and seconds). The tokenizer is trained only when `--tokenizer` names no existing
 file (`tokenizer_train.py`; reusing the committed `tokenizer.json` keeps its ids). Sample `i`
 comes from seed `corpus_seed + i`, so the corpus is the same however many worker processes build it.
 
