@@ -80,10 +80,14 @@ def _expression(rng: random.Random, locale: str) -> tuple[str, str]:
 _CALC_TRAIN = {
     "en": ("What is {e}?", "what is {e}", "Compute {e}.", "Calculate {e}", "What's {e}?", "{e} = ?",
            "How much is {e}?", "Evaluate {e}.", "Can you calculate {e} for me?", "Work out {e}.",
-           "Please compute {e}", "{e}"),
-    "fr": ("Combien font {e} ?", "Calcule {e}.", "Combien fait {e} ?", "Quel est le résultat de {e} ?"),
-    "de": ("Was ist {e}?", "Wie viel ist {e}?", "Berechne {e}.", "Rechne {e} aus."),
-    "es": ("¿Cuánto es {e}?", "Calcula {e}.", "¿Cuál es el resultado de {e}?", "Resuelve {e}."),
+           "Please compute {e}", "{e}", "Could you compute {e}?", "Tell me what {e} is.",
+           "I need the value of {e}.", "What does {e} come to?", "Quick question: what is {e}?"),
+    "fr": ("Combien font {e} ?", "Calcule {e}.", "Combien fait {e} ?", "Quel est le résultat de {e} ?",
+           "Tu peux calculer {e} ?", "Que vaut {e} ?"),
+    "de": ("Was ist {e}?", "Wie viel ist {e}?", "Berechne {e}.", "Rechne {e} aus.", "Was ergibt {e}?",
+           "Kannst du {e} berechnen?", "Bitte {e} ausrechnen."),
+    "es": ("¿Cuánto es {e}?", "Calcula {e}.", "¿Cuál es el resultado de {e}?", "Resuelve {e}.",
+           "¿Qué da {e}?", "¿Puedes calcular {e}?", "Calcúlame {e}."),
 }  # fmt: skip
 _CALC_HELD = {
     "en": ("Please calculate {e}.", "Could you tell me what {e} comes to?", "I need {e} worked out.",
@@ -123,16 +127,17 @@ def _calc_recover(c: Conv, rng: random.Random) -> Turn:
 _WORD_OPS = {  # op -> (train templates, held-out templates)
     "*": (("Multiply {a} by {b}.", "What is {a} times {b}?", "Compute {a} multiplied by {b}.",
            "What do you get if you multiply {a} by {b}?", "How much is {a} times {b}?",
-           "{A} times {b} is how much?"),
+           "{A} times {b} is how much?", "Find the product of {a} and {b}."),
           ("Multiply {a} by {b}, please.", "What's the product of {a} and {b}?")),
     "+": (("Add {a} and {b}.", "What is {a} plus {b}?", "What is the sum of {a} and {b}?",
-           "How much is {a} plus {b}?", "Add {a} to {b}.", "{A} plus {b} equals?"),
+           "How much is {a} plus {b}?", "Add {a} to {b}.", "{A} plus {b} equals?",
+           "Put {a} and {b} together: what is the total?"),
           ("Please add {a} and {b} together.", "{A} plus {b} makes what?")),
     "-": (("Subtract {b} from {a}.", "What is {a} minus {b}?", "Take {b} away from {a}.",
-           "How much is {a} minus {b}?", "{A} minus {b} equals?"),
+           "How much is {a} minus {b}?", "{A} minus {b} equals?", "Find the difference of {a} and {b}."),
           ("What's the difference between {a} and {b}?", "{A} minus {b}, please.")),
     "/": (("Divide {a} by {b}.", "What is {a} divided by {b}?", "How much is {a} divided by {b}?",
-           "{A} divided by {b} equals?"),
+           "{A} divided by {b} equals?", "Divide {a} into {b} equal parts."),
           ("Split {a} into {b} equal parts: how big is each?", "{A} divided by {b} is what?")),
 }  # fmt: skip
 
@@ -189,6 +194,8 @@ _STRUCTURES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "Tickets cost {a} dollars each. How much do {b} tickets cost?",
         "A farm packs {b} crates of {a} {i}. How many {i} in total?",
         "{n} saves {a} euros a week for {b} weeks. How much is saved?",
+        "Each bag holds {a} {i}. How many {i} fit in {b} bags?",
+        "A machine prints {a} labels per minute for {b} minutes. How many labels does it print?",
     ), (
         "If one bag holds {a} {i}, how many {i} are in {b} bags?",
         "A printer prints {a} pages every minute. How many pages after {b} minutes?",
@@ -197,6 +204,8 @@ _STRUCTURES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "{n} has {a} euros, spends {b} euros on books and {c} euros on lunch. How much money is left?",
         "A tank holds {a} litres. {b} litres are used on Monday and {c} on Tuesday. How much is left?",
         "{n} had {a} {i}, gave {b} to a friend and lost {c}. How many are left?",
+        "{n} starts with {a} dollars and pays {b} dollars for shoes and {c} dollars for a coat. What is left?",
+        "A shop had {a} {i}; {b} were sold and {c} broken. How many remain?",
     ), (
         "Starting with {a} dollars, {n} pays {b} dollars for a coat and {c} dollars for shoes. What remains?",
     )),
@@ -204,6 +213,8 @@ _STRUCTURES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "{n} pays with a {a}-dollar note for {b} items costing {c} dollars each. How much change?",
         "{n} has {a} euros and buys {b} tickets at {c} euros each. How much money is left?",
         "A roll of {a} metres of ribbon is cut into {b} pieces of {c} metres. How much ribbon is left?",
+        "{n} hands over {a} dollars for {b} sandwiches at {c} dollars apiece. How much comes back?",
+        "{n} has {a} dollars in a wallet and buys {b} pens at {c} dollars each. What change is left?",
     ), (
         "I hand over ${a} for {b} sandwiches at ${c} apiece. What change do I get back?",
         "With {a} dollars in my wallet I buy {b} books costing {c} dollars each. How much do I have left?",
@@ -211,12 +222,14 @@ _STRUCTURES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "group_cost": ("({a} + {b}) * {c}", (
         "A shop sells {a} {i} on Monday and {b} on Tuesday at {c} cents each. How many cents did it earn?",
         "{n} buys {a} red and {b} blue {i}; each costs {c} dollars. What is the total cost?",
+        "{a} adults and {b} children see a show, and a ticket costs {c} euros. What do they pay in all?",
     ), (
         "There are {a} adults and {b} children, and every ticket is {c} euros. What do all tickets cost?",
     )),
     "net": ("{a} * {b} - {c}", (
         "A factory makes {a} cars a day for {b} days, and {c} of them are rejected. How many good cars?",
         "{n} buys {a} packs of {b} {i} and gives away {c}. How many {i} are left?",
+        "A store has {b} shelves with {a} {i} on each and sells {c} of them. How many remain?",
     ), (
         "{b} shelves hold {a} {i} each, and {c} {i} are sold. How many {i} remain?",
     )),
@@ -224,18 +237,22 @@ _STRUCTURES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "{n} shares {a} {i} equally among {b} friends. How many does each friend get?",
         "A rope of {a} metres is cut into {b} equal pieces. How long is each piece?",
         "{a} euros are split evenly between {b} people. How much does each person get?",
+        "{a} {i} are divided fairly among {b} kids. How many does each kid get?",
     ), (
         "How many {i} does each of {b} kids get if {a} {i} are divided fairly?",
     )),
     "sum": ("{a} + {b} + {c}", (
         "{n} walks {a} metres, then {b} metres, then {c} metres. How far in total?",
         "A library has {a} novels, {b} atlases and {c} comics. How many books altogether?",
+        "A bag weighs {a} grams, a box {b} grams and a jar {c} grams. What is their total weight?",
     ), (
         "Three boxes weigh {a}, {b} and {c} grams. What is their combined weight?",
     )),
     "more": ("{a} - {b}", (
         "{n} has {a} {i} and a friend has {b}. How many more does {n} have?",
         "A mountain is {a} metres high and a hill is {b} metres high. How much higher is the mountain?",
+        "{n} scored {a} points and a friend scored {b}. By how much did {n} win?",
+        "How much more is {a} than {b}?",
     ), (
         "By how much does {a} exceed {b}?",
     )),
@@ -274,7 +291,8 @@ def _word_problem(held: bool):
 _STEP1 = {"*": "multiply {a} by {b}", "+": "add {a} and {b}", "-": "subtract {b} from {a}"}
 _STEP2 = {"*": "multiply the result by {c}", "+": "add {c}", "-": "subtract {c}", "/": "divide by {c}"}
 _MULTI = (("First {s1}, then {s2}.", "{S1}, then {s2}.", "Please {s1} and then {s2}.",
-           "Step by step: {s1}, then {s2}. What do you get?"),
+           "Step by step: {s1}, then {s2}. What do you get?", "First {s1}. After that, {s2}.",
+           "Start with this: {s1}; then {s2}.", "{S1} and afterwards {s2}."),
           ("Start by doing this: {s1}. After that, {s2}.", "Can you {s1}, and {s2} afterwards?"))  # fmt: skip
 
 

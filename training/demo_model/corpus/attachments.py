@@ -34,17 +34,22 @@ def make_image(rng: random.Random) -> File:
 _IMG_Q = {
     "size": (("What is the size of the attached image?", "How big is this image?",
               "What are the dimensions of the image?", "Size of the attached picture?",
-              "What resolution is this image?", "Tell me the image's dimensions."),
+              "What resolution is this image?", "Tell me the image's dimensions.",
+              "I sent an image: how big is it?", "Width and height of the photo, please."),
              ("How many pixels is this picture, width by height?", "What size is the photo I sent?")),
-    "width": (("How wide is the image?", "What is the width of this picture?", "Image width?"),
+    "width": (("How wide is the image?", "What is the width of this picture?", "Image width?",
+               "How many pixels wide is the image?", "Width of the photo across, in pixels?"),
               ("How many pixels across is the attached image?",)),
-    "height": (("How tall is the image?", "What is the height of the attached picture?"),
+    "height": (("How tall is the image?", "What is the height of the attached picture?",
+                "How many pixels tall is this photo?", "What's the height of the image in pixels?"),
                ("What's the pixel height of this photo?",)),
     "format": (("What format is this image?", "What is the file format of the attached image?",
-                "Is this a PNG or a JPEG?", "Which image type is this?"),
+                "Is this a PNG or a JPEG?", "Which image type is this?", "What kind of image is this?",
+                "What file type did I attach?", "Format of the picture?"),
                ("What kind of image file did I attach?", "Tell me the format of the picture.")),
 }  # fmt: skip
-_CONTENT_Q = (("What is in this picture?", "Describe this image.", "What does the photo show?"),
+_CONTENT_Q = (("What is in this picture?", "Describe this image.", "What does the photo show?",
+               "What do you see in this photo?", "Tell me what the image shows."),
               ("Can you tell me what you see in the image?",))  # fmt: skip
 
 
@@ -95,25 +100,29 @@ _GOODS = (
 # (attribute, sentence, value kind, train questions, held-out questions)
 _ATTRS = (
     ("capital", "The capital of {e} is {v}.", "word",
-     ("What is the capital of {e}?", "Which city is the capital of {e}?", "Name the capital of {e}."),
+     ("What is the capital of {e}?", "Which city is the capital of {e}?", "Name the capital of {e}.",
+      "What is {e}'s capital?"),
      ("What city serves as {e}'s capital?",)),
     ("population", "The population of {e} is {v}.", "int",
-     ("What is the population of {e}?", "How many people live in {e}?", "Population of {e}?"),
+     ("What is the population of {e}?", "How many people live in {e}?", "Population of {e}?",
+      "How large is {e}'s population?"),
      ("How large is the population of {e}?",)),
     ("founded", "{e} was founded in {v}.", "year",
-     ("When was {e} founded?", "In which year was {e} founded?", "What year was {e} founded?"),
+     ("When was {e} founded?", "In which year was {e} founded?", "What year was {e} founded?",
+      "What is the founding year of {e}?", "How old is {e}?"),
      ("How old is {e}, i.e. what is its founding year?",)),
     ("export", "The main export of {e} is {v}.", "good",
-     ("What is the main export of {e}?", "What does {e} mainly export?"),
+     ("What is the main export of {e}?", "What does {e} mainly export?", "What is {e}'s chief export?"),
      ("Which product is {e}'s chief export?",)),
     ("river", "The longest river of {e} is the {v}.", "word",
-     ("What is the longest river of {e}?", "Which river is the longest in {e}?"),
+     ("What is the longest river of {e}?", "Which river is the longest in {e}?", "Name the longest river of {e}."),
      ("Name {e}'s longest river.",)),
     ("currency", "The currency of {e} is the {v}.", "word",
-     ("What is the currency of {e}?", "Which currency is used in {e}?"),
+     ("What is the currency of {e}?", "Which currency is used in {e}?", "What money is used in {e}?"),
      ("What money do people pay with in {e}?",)),
 )  # fmt: skip
-_DOC_PREFIX = (("", "According to the attached document, ", "Using the attached file: ", "From the PDF: "),
+_DOC_PREFIX = (("", "According to the attached document, ", "Using the attached file: ", "From the PDF: ",
+                "Look at the PDF. ", "Based on the attached notes, "),
                ("", "Look at the document I attached. ", "Based on the report, "))  # fmt: skip
 _DOC_STEMS = ("report", "notes", "atlas", "factsheet", "summary", "country_profile", "brief")
 
