@@ -13,14 +13,15 @@ Targets: success >= 90% overall and in each category, 100% valid calls, no speci
     python benchmarks/demo_eval.py --categories image,document
     python benchmarks/demo_eval.py --out after.json --baseline before.json --chart success.png
 
-Results: `docs/results/demo_eval.json` (this script's `--out`, for the bundled model and the one
-before it). The full stack (REST + runner + Celery + `dayzero infer serve`) runs the same tasks
+Results: `docs/results/demo_eval_*.json` (this script's `--out`; `checkpoint` is the SHA-256 of the
+measured checkpoint's `model.safetensors.index.json`) and `--chart` PNGs. The full stack (REST + runner + Celery + `dayzero infer serve`) runs the same tasks
 in `benchmarks/demo_eval_stack.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     summary["machine"] = {"cpus": os.cpu_count(), "workers": args.workers}
     summary["model_dir"] = str(args.model_dir)
+    summary["checkpoint"] = hashlib.sha256(
+        (args.model_dir / "model.safetensors.index.json").read_bytes()
+    ).hexdigest()
     print(json.dumps(summary, indent=2))
     for o in [o for o in outcomes if not o.success][: args.show_failures]:
         print(

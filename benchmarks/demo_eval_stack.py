@@ -15,6 +15,7 @@ result and transcript with the same check as the embedded eval (`training.demo_m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 MODEL = "dayzero-demo"
+DEMO_INDEX = REPO / "inference" / "demo_model" / "weights" / "model.safetensors.index.json"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 
 
@@ -198,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     summary["machine"] = {"cpus": os.cpu_count(), "device": "cpu"}
     summary["logs"] = str(work)
+    index = DEMO_INDEX.read_bytes()
+    summary["checkpoint"] = hashlib.sha256(index).hexdigest()
     print(json.dumps(summary, indent=2))
     if args.out:
         rows = [asdict(o) for o in outcomes]
