@@ -1,33 +1,32 @@
-"""Demo model eval (issue 14): held-out generated agent tasks, embedded engine on CPU, greedy.
+"""Demo model eval: held-out paraphrase families run through `dayzero run`, per category.
 
-Per category (calc, calc_multi, calc_word, search, image_info, plain, followup): task success (every
-final answer correct) and the share of tool calls whose JSON parsed and matched the tool's schema.
-Targets: success >= 95% and valid calls >= 99.5% in every category.
+Each task comes from a family the model was never trained on (`training.demo_model.corpus`:
+other wordings of its skills) and runs as `dayzero run "<question>" [--image FILE]` runs it: the
+same submission code, a local runner with SQLite and in-process tools, the embedded engine on the
+CPU, greedy; images and PDFs are real files attached as `--image` attaches them. Per category:
+task success (status SUCCEEDED, the expected values in the answer, the expected tool or none),
+the share of tool calls that parsed and matched their schema, and answers holding a special token.
+Targets: success >= 90% overall and in each category, 100% valid calls, no special tokens.
 
-    python benchmarks/demo_eval.py                         # 50 tasks per category (350), the committed model
-    python benchmarks/demo_eval.py --per-category 43 --workers 2 --model-dir DIR --out result.json
-    python benchmarks/demo_eval.py --device cuda --dtype bfloat16 --workers 1   # an accuracy check of that path
+    python benchmarks/demo_eval.py                                  # 20 tasks per category, the bundled model
+    python benchmarks/demo_eval.py --per-category 30 --workers 2 --model-dir DIR --out result.json
+    python benchmarks/demo_eval.py --categories image,document
+    python benchmarks/demo_eval.py --out after.json --baseline before.json --chart success.png
 
-Recorded run (2026-12-01, CPU box, 2 shared cores, 2 workers; the committed checkpoint: trained on
-the H200 in 348 s, 1,579 steps of 16K tokens, final loss 0.009), `--per-category 43` = 301 tasks in
-97 s: task success 96.3% overall (calc 97.7%, calc_multi 100%, calc_word 100%, search 81.4%,
-image_info 97.7%, plain 100%, followup 97.7%); valid tool calls 100% (350 calls); right tool chosen
-99.7%. Overall success (>= 95%) and valid calls (>= 99.5%) meet the targets; search does not: half
-its 8 misses are a lower-case value (`The main export of X is tin.` answered with another good;
-those words still merge with their neighbours in the BPE, unlike names), the rest a wrong name.
-Before (the CPU-fallback checkpoint, 38 min on the CPU box): 75.1% success, 99.4% valid calls.
-bf16 vs fp32 (same machine, `--per-category 10` = 70 tasks, `--dtype bfloat16`): 95.7% success in
-both, 69 of 70 final answers identical, the same verdict on all 70 (outcomes are in task order, so
-two runs' `--out` files compare task by task).
+Results: `docs/results/demo_eval_*.json` (this script's `--out`; `checkpoint` is the SHA-256 of the
+measured checkpoint's `model.safetensors.index.json`) and `--chart` PNGs. The full stack (REST + runner + Celery + `dayzero infer serve`) runs the same tasks
+in `benchmarks/demo_eval_stack.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,37 +34,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: list[str] | None = None) -> int:
     from inference.demo_model.spec import DEMO_DIR
+    from training.demo_model.corpus import CATEGORIES
     from training.demo_model.evaluate import evaluate
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", type=Path, default=DEMO_DIR)
-    p.add_argument("--per-category", type=int, default=50)
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
-    p.add_argument("--out", type=Path, default=None, help="also write the summary and failures here")
+    p.add_argument("--per-category", type=int, default=20)
+    p.add_argument("--categories", default=",".join(CATEGORIES))
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--out", type=Path, default=None, help="also write the summary and every outcome here")
     p.add_argument("--show-failures", type=int, default=10)
-    p.add_argument("--device", default="cpu", help="cpu (the embedded default) or cuda")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--chart", type=Path, default=None, help="draw per-category success here (PNG)")
+    p.add_argument("--baseline", type=Path, default=None, help="an earlier --out file drawn beside this run")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    summary, outcomes = evaluate(
-        args.model_dir, args.per_category, args.workers, device=args.device, dtype=args.dtype
-    )
+    cats = tuple(c for c in args.categories.split(",") if c)
+    summary, outcomes = evaluate(args.model_dir, args.per_category, args.workers, categories=cats)
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
-    summary["machine"] = {"cpus": os.cpu_count(), "workers": args.workers, "device": args.device}
-    summary["dtype"] = args.dtype
-    failures = [
-        {"category": o.category, "answers": o.answers, "problems": o.problems}
-        for o in outcomes
-        if not o.success or o.valid_calls < o.calls
-    ]
-    from dataclasses import asdict
-
+    summary["machine"] = {"cpus": os.cpu_count(), "workers": args.workers}
+    summary["model_dir"] = str(args.model_dir)
+    summary["checkpoint"] = hashlib.sha256(
+        (args.model_dir / "model.safetensors.index.json").read_bytes()
+    ).hexdigest()
     print(json.dumps(summary, indent=2))
-    for f in failures[: args.show_failures]:
-        print(json.dumps(f), file=sys.stderr)
+    for o in [o for o in outcomes if not o.success][: args.show_failures]:
+        print(
+            json.dumps({"category": o.category, "answer": o.answer, "problems": o.problems}), file=sys.stderr
+        )
+    if args.chart:
+        from training.demo_model.plot import save_success_bars
+
+        runs = {}
+        if args.baseline:
+            runs[f"baseline ({args.baseline.name})"] = json.loads(args.baseline.read_text())["summary"]
+        runs[str(args.model_dir)[-40:]] = summary
+        save_success_bars(runs, args.chart)
     if args.out:
-        rows = [asdict(o) for o in outcomes]
-        args.out.write_text(json.dumps({"summary": summary, "outcomes": rows}, indent=1) + "\n")
+        args.out.write_text(
+            json.dumps({"summary": summary, "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -1,29 +1,21 @@
-"""Demo model eval through the full stack (issue 14): REST API + runner + Celery tool worker +
-`dayzero infer serve`, each its own process, on a scratch PostgreSQL database. Prints JSON.
+"""Demo model eval through the full stack: REST API + runner + Celery workers (tools and
+preprocessing) + `dayzero infer serve` serving the bundled model, each its own process, on a
+scratch PostgreSQL database (and Redis on 127.0.0.1:6379). Prints JSON.
 
-Each held-out task (the same generator and seeds as `benchmarks/demo_eval.py`) is submitted as
-`POST /v1/tasks` with its question as the goal (greedy sampling), run by `dayzero runner` against
-the inference server, its tool calls executed by `dayzero worker` on the Celery `tools` queue, and
-judged on the task's `result` with the same check as the embedded eval. A follow-up's second turn
-is a new task whose `messages` are the first task's own transcript (read from the database).
+The tasks are `benchmarks/demo_eval.py`'s (held-out paraphrase families, same seeds). Each task's
+files are uploaded with `POST /v1/attachments` (images and PDFs, as a client sends them), the task
+is submitted with `POST /v1/tasks` (its question as the goal, the uploads as its attachments, the
+default sampling: greedy), preprocessed by the workers, run by `dayzero runner` against the
+inference server (processed images by reference, the shared blob store), and judged on its status,
+result and transcript with the same check as the embedded eval (`training.demo_model.evaluate.judge`).
 
-Categories: calc, calc_multi, calc_word, plain and followup. Search and image tasks are left out
-because the REST API cannot carry them as the model was trained: it accepts no text/plain
-attachments (documents are PDFs, parsed by the preprocess workers), names attachments by UUIDs
-(the corpus's questions name `img-xxxxxx` / `doc-xxxxxx`), and sends images to the model as image
-parts, which the demo model (vision tower untrained) never saw in training.
-
-    python benchmarks/demo_eval_stack.py [--per-category 3] [--categories calc,plain]
-
-Recorded run (2026-12-01, CPU box, 2 shared cores; the committed checkpoint), `--per-category 20`
-= 100 tasks in 69 s: 99% success (calc 95%, calc_multi, calc_word, plain, followup 100%), the same
-tasks right and wrong as `benchmarks/demo_eval.py --per-category 20` on the embedded engine (its
-one miss, a calc task, gives the same wrong answer on both paths).
+    python benchmarks/demo_eval_stack.py [--per-category 3] [--categories image,document] [--out F]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -32,6 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +33,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STACK_CATEGORIES = ("calc", "calc_multi", "calc_word", "plain", "followup")
 MODEL = "dayzero-demo"
+DEMO_INDEX = REPO / "inference" / "demo_model" / "weights" / "model.safetensors.index.json"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 
 
@@ -109,11 +102,12 @@ def stack(db_url: str, work: Path, redis_db: int) -> Iterator[tuple[str, Stack]]
                 "--device", "cpu", "--served-model-name", MODEL, "--max-model-len", "4096",
                 "--num-blocks", "512", "--block-size", "16", "--max-num-seqs", "4")  # fmt: skip
         s.start("api", "serve", "--port", str(ports["api"]), "--log-level", "warning")
-        s.start("worker", "worker", "--queues", "tools", "--pool", "solo", "--metrics-port", str(ports["worker"]),
+        s.start("worker", "worker", "--queues", "tools,preprocess", "--pool", "solo", "--metrics-port", str(ports["worker"]),
                 "--hostname", f"demo-eval-{uuid.uuid4().hex[:8]}@%h")  # fmt: skip
         s.wait_http("inference", infer + "/health")
         s.start("runner", "runner", "--metrics-port", str(ports["runner"]),
-                DAYZERO_INFERENCE_URL=infer, DAYZERO_INFERENCE_MODEL=MODEL)  # fmt: skip
+                DAYZERO_INFERENCE_URL=infer, DAYZERO_INFERENCE_MODEL=MODEL,
+                DAYZERO_INFERENCE_IMAGES_BY_REFERENCE="1")  # fmt: skip
         api = f"http://127.0.0.1:{ports['api']}"
         s.wait_http("api", api + "/readyz")
         s.wait_http("worker", f"http://127.0.0.1:{ports['worker']}/metrics")
@@ -137,39 +131,41 @@ def run_task(client: httpx.Client, body: dict[str, Any], timeout_s: float) -> di
     return {"id": task_id, "status": "NOT_FINISHED", "result": None, "steps": []}
 
 
-def evaluate(api: str, key: str, db_url: str, tasks: list[Any], timeout_s: float) -> list[dict[str, Any]]:
+def evaluate(api: str, key: str, db_url: str, tasks: list[Any], timeout_s: float) -> list[Any]:
+    """Upload each task's files, submit it, wait for it, judge it; returns `TaskOutcome`s."""
     from orchestrator.db.engine import make_engine
     from orchestrator.store import list_messages
-    from training.demo_model.evaluate import answer_ok
+    from training.demo_model.evaluate import judge
+    from workers.tool_jobs import build_registry
 
     engine = make_engine(db_url)
-    sampling = {"temperature": 0, "max_tokens": 160}
-    rows = []
+    registry = build_registry()
+    outcomes = []
     with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
         for task in tasks:
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"category": task.category, "success": True, "answers": [], "tools": []}
-            messages: list[dict[str, Any]] = []
-            for turn in task.turns:
-                out = run_task(
-                    client, {"goal": turn.user, "messages": messages, "sampling": sampling}, timeout_s
-                )
-                row["answers"].append(out.get("result"))
-                row["tools"] += [s.get("tool_name") for s in out.get("steps", []) if s.get("kind") == "tool"]
-                if out["status"] != "SUCCEEDED" or not answer_ok(out.get("result"), turn):
-                    row["success"] = False
-                    row["problem"] = f"{out['status']}: {out.get('result')!r}, expected {turn.expected!r}"
-                    break
-                with engine.connect() as conn:  # the model's own transcript, for the next turn
-                    messages = [
-                        {k: v for k, v in m.items() if k in ("role", "content", "tool_calls", "tool_call_id")}
-                        for m in list_messages(conn, out["id"])
-                    ]
-            row["seconds"] = round(time.perf_counter() - t0, 2)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+            turn = task.turns[-1]
+            uploads = []
+            for f in turn.files:
+                r = client.post(
+                    "/v1/attachments", params={"filename": f.name}, content=f.data,
+                    headers={"Content-Type": f.media_type},
+                )  # fmt: skip
+                r.raise_for_status()
+                uploads.append({"upload_id": r.json()["id"]})
+            body: dict[str, Any] = {"goal": turn.user}
+            if uploads:
+                body["attachments"] = uploads
+            out = run_task(client, body, timeout_s)
+            with engine.connect() as conn:
+                messages = list_messages(conn, out["id"])
+            o = judge(task, out["status"], out.get("result"), messages, registry)
+            o.seconds = round(time.perf_counter() - t0, 2)
+            outcomes.append(o)
+            print(json.dumps({"category": o.category, "success": o.success, "problems": o.problems}),
+                  file=sys.stderr, flush=True)  # fmt: skip
     engine.dispose()
-    return rows
+    return outcomes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,20 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.auth import create_api_key
     from orchestrator.db import migrate
     from orchestrator.db.engine import make_engine
-    from training.demo_model.corpus import ToolBox, eval_tasks
+    from training.demo_model.corpus import CATEGORIES, ToolBox, eval_tasks
+    from training.demo_model.evaluate import summarise
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--per-category", type=int, default=3)
-    p.add_argument("--categories", default=",".join(STACK_CATEGORIES))
+    p.add_argument("--categories", default=",".join(CATEGORIES))
     p.add_argument("--task-timeout", type=float, default=120.0)
     p.add_argument("--redis-db", type=int, default=13)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    cats = args.categories.split(",")
-    unknown = set(cats) - set(STACK_CATEGORIES)
-    if unknown:
-        p.error(f"categories the stack eval can carry: {', '.join(STACK_CATEGORIES)}; not {sorted(unknown)}")
-    tasks = [t for t in eval_tasks(ToolBox(), args.per_category) if t.category in cats]
+    cats = tuple(c for c in args.categories.split(",") if c)
+    tasks = eval_tasks(ToolBox(), args.per_category, cats)
     work = Path(f"/tmp/dz-demo-stack-{uuid.uuid4().hex[:6]}")
     work.mkdir(parents=True)
     t0 = time.perf_counter()
@@ -201,28 +195,17 @@ def main(argv: list[str] | None = None) -> int:
             key = create_api_key(conn, "demo-eval").key
         engine.dispose()
         with stack(db_url, work, args.redis_db) as (api, _):
-            rows = evaluate(api, key, db_url, tasks, args.task_timeout)
-    per = {}
-    for c in cats:
-        xs = [r for r in rows if r["category"] == c]
-        per[c] = {
-            "tasks": len(xs),
-            "success": round(sum(r["success"] for r in xs) / len(xs), 4) if xs else None,
-        }
-    summary = {
-        "benchmark": "demo_eval_stack",
-        "overall": {
-            "tasks": len(rows),
-            "success": round(sum(r["success"] for r in rows) / max(len(rows), 1), 4),
-        },
-        "per_category": per,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "machine": {"cpus": os.cpu_count(), "device": "cpu"},
-        "logs": str(work),
-    }
+            outcomes = evaluate(api, key, db_url, tasks, args.task_timeout)
+    summary = {"benchmark": "demo_eval_stack", **summarise(outcomes)}
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    summary["machine"] = {"cpus": os.cpu_count(), "device": "cpu"}
+    summary["logs"] = str(work)
+    index = DEMO_INDEX.read_bytes()
+    summary["checkpoint"] = hashlib.sha256(index).hexdigest()
     print(json.dumps(summary, indent=2))
     if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "tasks": rows}, indent=1) + "\n")
+        rows = [asdict(o) for o in outcomes]
+        args.out.write_text(json.dumps({"summary": summary, "outcomes": rows}, indent=1) + "\n")
     return 0
 
 

@@ -9,6 +9,8 @@ What a model request carries for an image attachment (`resolve_images`), one rul
   `dayzero-processed:<processed_sha256>`, and feeds those very patches to its vision tower;
 - any other server gets image bytes: the redacted image the workers stored when redaction is on
   (never the original), the original bytes when it is off.
+Each image is followed by its label (`image_label`): the model sees the file name and the attachment
+id that the image tools (`image_info`, `image_crop_zoom`) take.
 A PDF becomes its text, page by page, with the page images (scans, figures) placed after their
 page's text by the same rule (rendered pages: the model-size PNG, there is no original).
 """
@@ -124,8 +126,14 @@ def resolve_images(
                 parts.append({"type": "text", "text": f"[file {att.get('filename') or att['id']}]\n{text}"})
             else:
                 parts.append(_image_part(att, store, by_reference))
+                parts.append({"type": "text", "text": image_label(att)})
         out.append({**m, "content": parts})
     return out
+
+
+def image_label(att: Mapping[str, Any]) -> str:
+    """The text after an image part naming its file and the id the image tools take."""
+    return f"\n[image {att.get('filename') or att['id']}, attachment_id {att['id']}]\n"
 
 
 def _document_parts(att: Mapping[str, Any], store: Any, by_reference: bool) -> list[dict[str, Any]]:

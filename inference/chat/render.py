@@ -171,9 +171,11 @@ class PromptRenderer:
         kwargs: Mapping[str, Any] | None = None,
         image_handler: ImageHandler | None = None,
         conversation: str | None = None,
+        every_message_end: bool = False,
     ) -> RenderedPrompt:
         """`conversation`: the client's key for this conversation (`prompt_cache_key`): a turn
-        that extends what this key last rendered tokenizes only its new messages."""
+        that extends what this key last rendered tokenizes only its new messages.
+        `every_message_end`: mark the end of every message, not a bounded set (training masks)."""
         msgs = _check_messages(messages)
         has_images = any(
             isinstance(m.get("content"), list) and any(p["type"] in IMAGE_PART_TYPES for p in m["content"])
@@ -190,7 +192,7 @@ class PromptRenderer:
             msgs = _map_strings(msgs, self._swap)
         text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
         ids, real_text = self._encode(text, forged)
-        ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged)
+        ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged, every_message_end)
         out = RenderedPrompt(ids, real_text, message_ends=ends)
         if keyed and not forged:
             self._remember(conversation, msgs, tools, kwargs, text, ids, ends)
@@ -308,9 +310,11 @@ class PromptRenderer:
         real_text: str,
         ids: list[int],
         forged: bool,
+        every: bool = False,
     ) -> list[int]:
         n = len(msgs)
-        wanted = sorted({k for k in (0, 1, 2) if k <= n} | set(range(max(1, n - RECENT_ENDS + 1), n + 1)))
+        recent = range(1 if every else max(1, n - RECENT_ENDS + 1), n + 1)
+        wanted = sorted({k for k in (0, 1, 2) if k <= n} | set(recent))
         table = self.tok.token_bytes()
         cum = list(accumulate(len(table[t]) if 0 <= t < len(table) else 0 for t in ids)) if table else None
         ends: list[int] = []
@@ -319,7 +323,7 @@ class PromptRenderer:
                 prefix = self.render_text(msgs[:k], tools, add_generation_prompt=False, kwargs=kwargs)
             except ValueError:  # a template may refuse a conversation cut short (e.g. no user turn)
                 continue
-            if not prefix or not text.startswith(prefix) or len(prefix) >= len(text):
+            if not prefix or not text.startswith(prefix) or len(prefix) > len(text):
                 continue
             nbytes = len(real_text[: len(prefix)].encode("utf-8"))
             if cum is not None:

@@ -24,31 +24,31 @@ EVAL_SEED = 9_000_000_000
 
 
 def demo_config(vocab_size: int, image_token_id: int) -> dict[str, Any]:
-    """Kimi-Linear-shaped hybrid (KDA layers 1, 2, 4 + MLA layers 3, 5, dense first FFN then MoE with a
-    shared expert) with a two-layer MoonViT and projector: about 5.2M parameters in all, most of them
-    in the 16 routed experts per MoE layer (top-2 active). Two attention layers with four heads
-    each, because the tasks are mostly copying (numbers, names, ids) from earlier in the
-    conversation, which attention does by matching and the second layer makes reliable."""
+    """Kimi-Linear-shaped hybrid (KDA layers 1, 2, 4, 5 + MLA layers 3, 6, dense first FFN then MoE
+    with a shared expert) with a two-layer MoonViT and projector: about 11M parameters in all, most of
+    them in the 16 routed experts per MoE layer (top-2 active). Two attention layers with four
+    heads each, because the tasks are mostly copying (numbers, names, attachment ids) from earlier
+    in the conversation, which attention does by matching and the second layer makes reliable."""
     text = {
         "model_type": "kimi_linear",
         "vocab_size": vocab_size,
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 5,
+        "hidden_size": 192,
+        "intermediate_size": 512,
+        "num_hidden_layers": 6,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 64,
+        "q_lora_rank": 96,
+        "kv_lora_rank": 96,
         "qk_nope_head_dim": 32,
         "qk_rope_head_dim": 16,
         "v_head_dim": 32,
         "mla_use_nope": True,
         "num_experts": 16,
         "num_experts_per_token": 2,
-        "moe_intermediate_size": 128,
+        "moe_intermediate_size": 160,
         "num_shared_experts": 1,
         "routed_scaling_factor": 1.0,
         "moe_renormalize": True,
@@ -58,9 +58,9 @@ def demo_config(vocab_size: int, image_token_id: int) -> dict[str, Any]:
         "first_k_dense_replace": 1,
         "moe_layer_freq": 1,
         "linear_attn_config": {
-            "kda_layers": [1, 2, 4],
-            "full_attn_layers": [3, 5],
-            "num_heads": 2,
+            "kda_layers": [1, 2, 4, 5],
+            "full_attn_layers": [3, 6],
+            "num_heads": 3,
             "head_dim": 64,
             "short_conv_kernel_size": 4,
         },

@@ -10,6 +10,7 @@ import argparse
 import json
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -31,14 +32,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
+def submit_local(
+    db: Any,
+    settings: Any,
+    goal: str,
+    files: Sequence[str] = (),
+    *,
+    tools: Sequence[str] | None = None,
+    max_steps: int | None = None,
+) -> str:
+    """Create the local tenant's task for `goal` with `files` attached (the command's `--image`),
+    as `dayzero run` does; returns the task id. `benchmarks/demo_eval.py` submits through here."""
+    from orchestrator.attachments import attach_files
+    from orchestrator.tasks.create import NewTask, create_task
+
+    with db.begin() as conn:
+        att_ids = attach_files(conn, settings, "local", files) if files else []
+        task_id, _ = create_task(
+            conn,
+            NewTask(
+                tenant="local", goal=goal, allowed_tools=tools, max_steps=max_steps, attachment_ids=att_ids
+            ),
+            settings.budgets,
+        )
+    return task_id
+
+
 def _run(args: argparse.Namespace) -> int:
     from orchestrator.app import make_runner
-    from orchestrator.attachments import attach_files
     from orchestrator.commands.transcript import console as transcript_console
     from orchestrator.commands.transcript import outcome
     from orchestrator.config import Settings
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
-    from orchestrator.tasks.create import NewTask, create_task
     from orchestrator.tasks.queries import get_task, list_messages
     from orchestrator.tracing import setup_tracing
 
@@ -48,19 +73,14 @@ def _run(args: argparse.Namespace) -> int:
     with console.status("starting (database, tools, model)"):
         parts = make_runner(settings, upgrade=True)
     try:
-        with parts.engine.begin() as conn:
-            att_ids = attach_files(conn, settings, "local", args.image) if args.image else []
-            task_id, _ = create_task(
-                conn,
-                NewTask(
-                    tenant="local",
-                    goal=args.goal,
-                    allowed_tools=args.tools.split(",") if args.tools else None,
-                    max_steps=args.max_steps,
-                    attachment_ids=att_ids,
-                ),
-                settings.budgets,
-            )
+        task_id = submit_local(
+            parts.engine,
+            settings,
+            args.goal,
+            args.image,
+            tools=args.tools.split(",") if args.tools else None,
+            max_steps=args.max_steps,
+        )
         console.print(f"task {task_id}")
 
         def done() -> bool:

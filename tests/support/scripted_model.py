@@ -20,10 +20,11 @@ def _script(messages: list[dict[str, Any]]) -> dict[str, Any]:
     for m in messages:
         if m.get("role") in ("system", "user"):  # a system prompt can carry it, under a plain goal
             content = m.get("content")
-            text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content or [])
-            if "script:" in text:
-                # raw_decode: text after the script (an attachment's extracted text) is not part of it
-                return json.JSONDecoder().raw_decode(text.split("script:", 1)[1])[0]
+            texts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+            for text in texts:  # the goal's own part (an image's label is a part of its own)
+                if "script:" in text:
+                    # raw_decode: text after the script (an attachment's extracted text) is not part of it
+                    return json.JSONDecoder().raw_decode(text.split("script:", 1)[1])[0]
     return {"cycles": 0}
 
 

@@ -1,39 +1,41 @@
-"""Held-out evaluation of the demo model: the embedded engine, greedy, real tools, per category.
+"""Held-out evaluation of the demo model through the product: each task is run as `dayzero run`
+runs it (the same submission code, runner, tools and embedded engine, greedy), its files attached
+as `--image` attaches them, and judged on what the task ends with.
 
-Each task runs as an agent would: the model's turn through `EmbeddedEngineClient.chat`, every tool
-call it makes checked (the Kimi parser's errors, then the tool's JSON schema) and executed by the
-real tool, its result appended as the runner appends it, until the model answers without a call.
-Follow-up tasks then add their second user turn to the model's own transcript.
+A task succeeds when it ends SUCCEEDED, its answer holds the expected values (numbers matched as
+whole numbers) or, for a turn without values (greetings, refusals), equals the expected reply,
+and the model called the expected tool (or none). Also counted: tool calls that parsed and matched
+their tool's schema (`valid`), and answers holding a special token.
 
-A task succeeds when every turn's final answer holds the expected values (numbers matched as whole
-numbers), or, for turns without values (greetings, refusals), equals the expected reply.
+Tasks come from the corpus's held-out paraphrase families only (`corpus.eval_tasks`).
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from training.demo_model.corpus import CATEGORIES, Task, ToolBox, Turn, eval_tasks
 
-__all__ = ["EXPECTED_TOOL", "TaskOutcome", "answer_ok", "evaluate", "run_task", "summarise"]
-
-MAX_MODEL_TURNS = 6
+__all__ = ["TaskOutcome", "answer_ok", "evaluate", "judge", "summarise"]
 
 
 @dataclass
 class TaskOutcome:
     category: str
+    family: str
     success: bool
+    status: str = ""
     calls: int = 0
     valid_calls: int = 0
-    model_turns: int = 0
+    special_tokens: bool = False
     tools_used: list[str] = field(default_factory=list)
-    answers: list[str] = field(default_factory=list)
+    answer: str = ""
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -52,75 +54,52 @@ def answer_ok(answer: str | None, turn: Turn) -> bool:
     return True
 
 
-def run_task(client: Any, box: ToolBox, task: Task, *, max_tokens: int = 160) -> TaskOutcome:
-    """Run one task end to end through `client.chat` (an `EmbeddedEngineClient`)."""
+def _special_tokens() -> tuple[str, ...]:
+    from inference.tokenizer import KIMI_SPECIAL_TOKENS
+
+    return tuple(KIMI_SPECIAL_TOKENS)
+
+
+def judge(
+    task: Task, status: str, result: str | None, messages: Sequence[Mapping[str, Any]], registry: Any
+) -> TaskOutcome:
+    """The verdict on one finished task from its status, result and transcript."""
     from tools.base import ToolError
 
-    t0 = time.perf_counter()
-    out = TaskOutcome(task.category, success=True)
-    messages: list[dict[str, Any]] = []
-    for turn in task.turns:
-        messages.append({"role": "user", "content": turn.user})
-        answer = None
-        for _ in range(MAX_MODEL_TURNS):
-            resp = client.chat(
-                {"messages": messages, "tools": box.tools, "temperature": 0, "max_tokens": max_tokens}
-            )
-            out.model_turns += 1
-            msg = resp["choices"][0]["message"]
-            errors = (resp.get("dayzero") or {}).get("tool_call_errors") or []
-            calls = msg.get("tool_calls") or []
-            out.calls += len(calls) + len(errors)
-            out.problems += [f"parse: {e}" for e in errors]
-            messages.append({k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")})
-            if errors:
-                break
-            if not calls:
-                answer = msg.get("content")
-                break
-            for c in calls:
-                name, raw = c["function"]["name"], c["function"]["arguments"]
-                out.tools_used.append(name)
-                try:
-                    box.registry.parse_arguments(name, raw)
-                    out.valid_calls += 1
-                except ToolError as exc:
-                    out.problems.append(f"schema: {exc}")
-                messages.append(
-                    {"role": "tool", "tool_call_id": c["id"], "content": box.run(name, raw, task.attachments)}
-                )
-        out.answers.append(answer or "")
-        if not answer_ok(answer, turn):
-            out.success = False
-            out.problems.append(f"answer {answer!r}, expected {turn.expected!r}")
-            break
-    out.seconds = time.perf_counter() - t0
+    turn = task.turns[-1]
+    out = TaskOutcome(task.category, task.family, success=False, status=status, answer=result or "")
+    specials = _special_tokens()
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        content = m.get("content") if isinstance(m.get("content"), str) else ""
+        if any(t in content for t in specials):  # a call (or reply) the parser could not read
+            out.calls += "<|tool_call" in content
+            out.problems.append(f"special tokens in a reply: {content[:120]!r}")
+        for c in m.get("tool_calls") or []:
+            fn = c.get("function") or {}
+            out.calls += 1
+            out.tools_used.append(fn.get("name", "?"))
+            try:
+                registry.parse_arguments(fn.get("name", ""), fn.get("arguments", ""))
+                out.valid_calls += 1
+            except ToolError as exc:
+                out.problems.append(f"invalid call: {exc}")
+    out.special_tokens = any(t in (result or "") for t in specials)
+    right_tool = set(out.tools_used) == ({turn.tool} if turn.tool else set())
+    if status != "SUCCEEDED":
+        out.problems.append(f"task ended {status}")
+    if not right_tool:
+        out.problems.append(f"tools {out.tools_used}, expected {turn.tool}")
+    if not answer_ok(result, turn):
+        out.problems.append(f"answer {result!r}, expected {turn.expected!r}")
+    out.success = status == "SUCCEEDED" and right_tool and answer_ok(result, turn) and not out.special_tokens
     return out
 
 
-# the tool each category's tasks need (None: answer without one)
-EXPECTED_TOOL = {
-    "calc": "calculator",
-    "calc_multi": "calculator",
-    "calc_word": "calculator",
-    "followup": "calculator",
-    "search": "search_documents",
-    "image_info": "image_info",
-    "plain": None,
-}
-
-
-def _right_tool(o: TaskOutcome) -> bool:
-    """Whether the model called only the category's tool (and at least once), or none for `plain`."""
-    want = EXPECTED_TOOL[o.category]
-    if want is None:
-        return not o.tools_used
-    return bool(o.tools_used) and set(o.tools_used) == {want}
-
-
 def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
-    """Per category and overall: tasks, success rate, tool calls, valid-call rate, share of tasks
-    that used the right tool (`EXPECTED_TOOL`), seconds per task."""
+    """Per category and overall: tasks, success rate, tool calls, valid-call rate, answers with
+    special tokens, seconds per task."""
 
     def agg(xs: Sequence[TaskOutcome]) -> dict[str, Any]:
         calls = sum(x.calls for x in xs)
@@ -129,7 +108,7 @@ def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
             "success": round(sum(x.success for x in xs) / len(xs), 4) if xs else None,
             "tool_calls": calls,
             "valid_tool_calls": round(sum(x.valid_calls for x in xs) / calls, 4) if calls else None,
-            "right_tool": round(sum(_right_tool(x) for x in xs) / len(xs), 4) if xs else None,
+            "special_token_answers": sum(x.special_tokens for x in xs),
             "s_per_task": round(sum(x.seconds for x in xs) / len(xs), 3) if xs else None,
         }
 
@@ -137,41 +116,74 @@ def summarise(outcomes: Sequence[TaskOutcome]) -> dict[str, Any]:
     return {"overall": agg(outcomes), "per_category": {c: v for c, v in per.items() if v["tasks"]}}
 
 
-def _client(model_dir: str, device: str, dtype: str) -> Any:
-    """The embedded client on the CPU in fp32 (what `dayzero run` uses), or the same engine
-    configuration on another device / in another dtype (an accuracy check of that path)."""
-    from inference.embedded import EMBEDDED_ENGINE_CONFIG, EmbeddedEngineClient
+def _run_cli(model_dir: str, tasks: Sequence[Task], workdir: Path, timeout_s: float) -> list[TaskOutcome]:
+    """Every task through `dayzero run`'s code path: one local runner (SQLite, in-process tools, the
+    embedded engine on `model_dir`), each task submitted by `submit_local` with its files."""
+    from inference.embedded import EmbeddedEngineClient
+    from orchestrator.app import make_runner
+    from orchestrator.commands.run import submit_local
+    from orchestrator.config import Settings
+    from orchestrator.inference_client import EmbeddedChatClient
+    from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
+    from orchestrator.tasks.queries import get_task, list_messages
 
-    if device == "cpu" and dtype == "float32":
-        return EmbeddedEngineClient.from_model_dir(model_dir)
-    from inference.engine.factory import build_engine
-
-    engine = build_engine(
-        model_dir=model_dir, engine_config=EMBEDDED_ENGINE_CONFIG, device=device, dtype=dtype
+    settings = Settings(
+        DATABASE_URL=f"sqlite:///{workdir / 'eval.db'}",
+        DAYZERO_BLOB_DIR=str(workdir / "blobs"),
+        DAYZERO_WORKSPACE_DIR=str(workdir / "workspaces"),
     )
-    return EmbeddedEngineClient(engine, model_name=Path(model_dir).name)
+    engine_client = EmbeddedEngineClient.from_model_dir(model_dir, blob_url=settings.blob_dir)
+    parts = make_runner(settings, inference=EmbeddedChatClient(engine_client, "dayzero-demo"), upgrade=True)
+    outcomes = []
+    try:
+        for n, task in enumerate(tasks):
+            t0 = time.perf_counter()
+            turn = task.turns[-1]
+            folder = workdir / "files" / str(n)
+            folder.mkdir(parents=True)
+            paths = []
+            for f in turn.files:
+                (folder / f.name).write_bytes(f.data)
+                paths.append(str(folder / f.name))
+            task_id = submit_local(parts.engine, settings, turn.user, paths)
+
+            def done(task_id: str = task_id) -> bool:
+                with parts.engine.connect() as c:
+                    return TaskStatus(get_task(c, task_id).status) in TERMINAL_TASK_STATUSES
+
+            parts.runner.run_until_idle(timeout_s=timeout_s, until=done)
+            with parts.engine.connect() as conn:
+                row = get_task(conn, task_id)
+                messages = list_messages(conn, task_id)
+            o = judge(task, row.status, row.result, messages, parts.tools)
+            o.seconds = round(time.perf_counter() - t0, 3)
+            outcomes.append(o)
+    finally:
+        parts.close()
+    return outcomes
 
 
-def _worker(args: tuple[str, int, int, int, str, str]) -> list[dict[str, Any]]:
-    model_dir, per_category, rank, world, device, dtype = args
+def _worker(args: tuple[str, int, tuple[str, ...], int, int, float]) -> list[dict[str, Any]]:
+    model_dir, per_category, categories, rank, world, timeout_s = args
     import torch
 
     torch.set_num_threads(1)
-    client = _client(model_dir, device, dtype)
-    box = ToolBox()
-    try:
-        tasks = eval_tasks(box, per_category)[rank::world]
-        return [asdict(run_task(client, box, t)) for t in tasks]
-    finally:
-        client.close()
+    tasks = eval_tasks(ToolBox(), per_category, categories)[rank::world]
+    with tempfile.TemporaryDirectory(prefix="dayzero-eval-") as tmp:
+        return [asdict(o) for o in _run_cli(model_dir, tasks, Path(tmp), timeout_s)]
 
 
 def evaluate(
-    model_dir: str | Path, per_category: int, workers: int = 1, *, device: str = "cpu", dtype: str = "float32"
+    model_dir: str | Path,
+    per_category: int,
+    workers: int = 1,
+    *,
+    categories: tuple[str, ...] = CATEGORIES,
+    timeout_s: float = 120.0,
 ) -> tuple[dict[str, Any], list[TaskOutcome]]:
-    """Evaluate `per_category` held-out tasks of every category; returns (summary, outcomes).
-    Outcomes are in task order (`eval_tasks`), whatever the number of workers."""
-    jobs = [(str(model_dir), per_category, r, workers, device, dtype) for r in range(workers)]
+    """Run `per_category` held-out tasks of each category through `dayzero run`'s path; returns
+    (summary, outcomes in task order, whatever the number of workers)."""
+    jobs = [(str(model_dir), per_category, categories, r, workers, timeout_s) for r in range(workers)]
     if workers <= 1:
         rows = _worker(jobs[0])
     else:

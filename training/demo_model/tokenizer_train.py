@@ -3,7 +3,8 @@
 The BPE is trained on the text between special tokens of corpus conversations rendered through the
 model's chat template (`chat_template.jinja`): what the tokenizer meets when it serves.
 
-Pre-tokenization: every digit is its own piece (a number is copied digit by digit from the question
+Pre-tokenization: an attachment id (a UUID) is a piece of its own, so it has the same tokens in an
+image's label and in the tool call that copies it; every digit is its own piece (a number is copied digit by digit from the question
 into the tool call and from the tool result into the answer, which a small model learns easily);
 every capitalised word is its own piece, so a made-up name (`Quador`) becomes the same tokens
 wherever it stands (in the question, the search query, the passage, the answer) and copying it is
@@ -22,15 +23,20 @@ from pathlib import Path
 from inference.chat import BUNDLED_TEMPLATE_DIR, load_chat_template
 from inference.tokenizer import KIMI_SPECIAL_TOKENS
 
-__all__ = ["collect_segments", "train_tokenizer"]
+__all__ = ["UUID_PATTERN", "collect_segments", "train_tokenizer"]
+
+UUID_PATTERN = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
-def collect_segments(conversations: Iterable[tuple[list[dict], list[dict]]]) -> Iterator[str]:
-    """(messages, tools) pairs -> the text between special tokens of their rendered prompts."""
+def collect_segments(conversations: Iterable[tuple[list[dict], list[dict], dict[str, int]]]) -> Iterator[str]:
+    """(messages, tools, image placeholder counts) -> the text between special tokens of their
+    rendered prompts (an image is one special token there: its count does not matter)."""
     template = load_chat_template(BUNDLED_TEMPLATE_DIR)
     split = re.compile("|".join(map(re.escape, KIMI_SPECIAL_TOKENS)))
-    for messages, tools in conversations:
-        yield from (p for p in split.split(template.render(messages, tools)) if p)
+    for messages, tools, _ in conversations:
+        yield from (
+            p for p in split.split(template.render(messages, tools, add_generation_prompt=False)) if p
+        )
 
 
 def train_tokenizer(pieces: Iterable[str], vocab_size: int, out: str | Path) -> Path:
@@ -40,6 +46,7 @@ def train_tokenizer(pieces: Iterable[str], vocab_size: int, out: str | Path) -> 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(UUID_PATTERN), behavior="isolated"),
             pre_tokenizers.Split(Regex("[A-Z][a-z]+"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -1,17 +1,21 @@
 """Train the demo model: corpus -> tokenizer -> hybrid model -> safetensors + manifest + loss curve.
 
-    python -m training.demo_model.train --out DIR [--device cuda] [--steps N] [--time-budget S]
-    python -m training.demo_model.train --out DIR --wall-budget 390 --corpus FILE   # the H200 run
+    python -m training.demo_model.train --out DIR --encode-only --corpus FILE   # on a CPU machine
+    python -m training.demo_model.train --out DIR --device cuda --kda ref --corpus FILE --wall-budget 440
     python -m training.demo_model.train --out DIR --device cpu --tokens-per-batch 2048 --ref-chunk 8
 
 Everything that decides the result is in `TrainConfig` (committed defaults, written next to the
 weights as `train_config.json`): the corpus seeds and size, the tokenizer's vocabulary, the
-optimiser and its schedule. The defaults are the H200 run that made the committed checkpoint
-(`--device cuda --kda ref --wall-budget 390`, the corpus encoded beforehand with `--encode-only
---corpus FILE` on a CPU machine and read with `--corpus FILE`: 348 s of training). The
-tokenizer is trained only when `--tokenizer` names no existing file (the committed
-`tokenizer.json` is reused, so retraining keeps its ids). Sample `i` comes from seed
-`corpus_seed + i`, so the corpus is the same however many worker processes build it.
+optimiser and its schedule. A checkpoint is made in the two steps above: the corpus encoded on a
+CPU machine (building it runs the real tools, PDF parser and image preprocessing, which a bare GPU
+machine lacks), then trained from that file on one GPU (`train_log.json` records the device,
+steps and seconds). The tokenizer is trained only when `--tokenizer` names no existing
+file (`tokenizer_train.py`; reusing the committed `tokenizer.json` keeps its ids). Sample `i`
+comes from seed `corpus_seed + i`, so the corpus is the same however many worker processes build it.
+
+Image placeholders get a zero input embedding, and the saved checkpoint's projector ends in a zero
+layer, so the engine feeds zeros there too: the model reads an image's size and format through
+`image_info`, never its pixels, and training matches serving exactly.
 
 The learning-rate schedule runs on `progress = max(step / steps, elapsed / time_budget)`: a run
 that is slower than planned still warms down fully before its time budget ends. `--wall-budget S`
@@ -50,7 +54,10 @@ import torch.nn.functional as F
 from inference.demo_model.spec import TRAIN_SEED, demo_config, write_chat_files
 from training.demo_model.train_forward import text_model, train_hidden
 
-__all__ = ["TrainConfig", "assistant_mask", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
+# the tokenizer the corpus is encoded with (the trainer copies it next to the weights)
+TOKENIZER = Path(__file__).resolve().parent / "weights" / "tokenizer.json"
+
+__all__ = ["TOKENIZER", "TrainConfig", "encode_corpus", "load_corpus", "main", "save_corpus", "train"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +66,13 @@ class TrainConfig:
     num_samples: int = 200_000
     vocab_size: int = 4096
     tokenizer_samples: int = 6000
-    max_len: int = 320
-    bucket: int = 32  # sequences are padded to a multiple of this
-    tokens_per_batch: int = 16_384
+    max_len: int = 1280  # an image alone takes up to 841 placeholders (sides up to 800 px)
+    bucket: int = 64  # sequences are padded to a multiple of this
+    tokens_per_batch: int = 24_576
     steps: int = 100_000  # in practice the time budget ends the run (see the module docstring)
     time_budget_s: float = 330.0
     ref_chunk: int = 32  # the `kda="ref"` chunk (8 is cheaper on a CPU)
-    lr: float = 5e-3
+    lr: float = 4e-3
     min_lr_ratio: float = 0.02
     warmup_steps: int = 100
     weight_decay: float = 0.05
@@ -74,46 +81,26 @@ class TrainConfig:
     seed: int = 0
 
 
-def assistant_mask(ids: Sequence[int], assistant_id: int, middle_id: int, end_id: int) -> list[bool]:
-    """True at the tokens the model must produce: each assistant message after its
-    `<|im_assistant|>assistant<|im_middle|>` header, through its `<|im_end|>`."""
-    mask = [False] * len(ids)
-    state = 0  # 0 outside, 1 in an assistant header, 2 in an assistant body
-    for i, t in enumerate(ids):
-        if state == 0 and t == assistant_id:
-            state = 1
-        elif state == 1 and t == middle_id:
-            state = 2
-        elif state == 2:
-            mask[i] = True
-            if t == end_id:
-                state = 0
-    return mask
-
-
 def _encode_range(args: tuple[str, int, int, int]) -> list[tuple[list[int], list[bool]]]:
     tokenizer_path, seed0, start, stop = args
     torch.set_num_threads(1)
-    from inference.chat import BUNDLED_TEMPLATE_DIR, PromptRenderer, load_chat_template
     from inference.tokenizer import HFTokenizer
     from training.demo_model.corpus import ToolBox, make_task
+    from training.demo_model.render import example
 
     tok = HFTokenizer(tokenizer_path)
-    template = PromptRenderer(load_chat_template(BUNDLED_TEMPLATE_DIR), tok)
-    a, m, e = (tok.token_id(x) for x in ("<|im_assistant|>", "<|im_middle|>", "<|im_end|>"))
     box = ToolBox()
     out = []
     for i in range(start, stop):
         task = make_task(box, seed0 + i)
-        ids = template.render(task.messages, box.tools, add_generation_prompt=False).token_ids
-        out.append((ids, assistant_mask(ids, a, m, e)))
+        out.append(example(tok, task.messages, box.tools, task.image_tokens))
     return out
 
 
 def encode_corpus(
     tokenizer_path: str, seed0: int, n: int, workers: int
 ) -> list[tuple[list[int], list[bool]]]:
-    """Samples `seed0 .. seed0 + n - 1` rendered with the chat template, in seed order."""
+    """Samples `seed0 .. seed0 + n - 1` as (ids, loss mask), in seed order."""
     chunk = 2000
     jobs = [(tokenizer_path, seed0, s, min(s + chunk, n)) for s in range(0, n, chunk)]
     if workers <= 1:
@@ -125,37 +112,38 @@ def encode_corpus(
 
 
 def save_corpus(samples: list[tuple[list[int], list[bool]]], path: Path) -> None:
-    """Token ids of encoded samples, LZMA-compressed: `{"lengths", "tokens"}` as uint16 arrays."""
+    """Encoded samples, LZMA-compressed: `{"lengths", "tokens", "masks"}` (uint32, uint16, uint8)."""
     import array
     import base64
     import lzma
 
     lengths = array.array("I", (len(s) for s, _ in samples))
     tokens = array.array("H", (t for s, _ in samples for t in s))
+    masks = array.array("B", (int(b) for _, m in samples for b in m))
     blob = {
         k: base64.b64encode(lzma.compress(v.tobytes())).decode()
-        for k, v in (("lengths", lengths), ("tokens", tokens))
+        for k, v in (("lengths", lengths), ("tokens", tokens), ("masks", masks))
     }
     path.write_text(json.dumps(blob))
 
 
-def load_corpus(path: Path, tokenizer: object) -> list[tuple[list[int], list[bool]]]:
-    """`save_corpus`'s file -> samples, the loss masks recomputed from the ids."""
+def load_corpus(path: Path) -> list[tuple[list[int], list[bool]]]:
+    """`save_corpus`'s file -> samples."""
     import array
     import base64
     import lzma
 
     blob = json.loads(path.read_text())
-    lengths = array.array("I")
-    lengths.frombytes(lzma.decompress(base64.b64decode(blob["lengths"])))
-    tokens = array.array("H")
-    tokens.frombytes(lzma.decompress(base64.b64decode(blob["tokens"])))
-    a, m, e = (tokenizer.token_id(x) for x in ("<|im_assistant|>", "<|im_middle|>", "<|im_end|>"))  # type: ignore[attr-defined]
+    arrays = {}
+    for key, code in (("lengths", "I"), ("tokens", "H"), ("masks", "B")):
+        arrays[key] = array.array(code)
+        arrays[key].frombytes(lzma.decompress(base64.b64decode(blob[key])))
     out, pos = [], 0
-    for n in lengths:
-        ids = tokens[pos : pos + n].tolist()
+    for n in arrays["lengths"]:
+        out.append(
+            (arrays["tokens"][pos : pos + n].tolist(), [bool(b) for b in arrays["masks"][pos : pos + n]])
+        )
         pos += n
-        out.append((ids, assistant_mask(ids, a, m, e)))
     return out
 
 
@@ -233,7 +221,8 @@ def train(
 
         box = ToolBox()
         tasks = (make_task(box, cfg.corpus_seed + i) for i in range(cfg.tokenizer_samples))
-        train_tokenizer(collect_segments((t.messages, box.tools) for t in tasks), cfg.vocab_size, tokenizer)
+        convs = ((t.messages, box.tools, t.image_tokens) for t in tasks)
+        train_tokenizer(collect_segments(convs), cfg.vocab_size, tokenizer)
     tok = HFTokenizer(tokenizer)
     (out / "tokenizer.json").write_bytes(tokenizer.read_bytes())
     config = demo_config(tok.vocab_size, tok.token_id("<|media_pad|>"))
@@ -241,7 +230,7 @@ def train(
     write_chat_files(out, {t: tok.token_id(t) for t in ("[BOS]", "[EOS]", "<|im_end|>")})
 
     if corpus is not None and corpus.is_file():
-        samples = load_corpus(corpus, tok)[: cfg.num_samples]
+        samples = load_corpus(corpus)[: cfg.num_samples]
     else:
         samples = encode_corpus(str(tokenizer), cfg.corpus_seed, cfg.num_samples, workers)
         if corpus is not None:
@@ -298,7 +287,13 @@ def train(
             ids, mask = ids.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
             loads: list[torch.Tensor] = []
             hidden = train_hidden(
-                model, ids, prefix=prefix_t, kda=kda, expert_loads=loads, ref_chunk=cfg.ref_chunk
+                model,
+                ids,
+                prefix=prefix_t,
+                kda=kda,
+                expert_loads=loads,
+                ref_chunk=cfg.ref_chunk,
+                zero_token_id=config["image_token_id"],
             )
             # logits only where there is a target: each row's first token is predicted from the
             # prefix's last position, which is never an assistant token
@@ -329,13 +324,16 @@ def train(
                 bar.update(task_bar, completed=step + 1)
     train_s = time.perf_counter() - t0
     model.eval()
+    with torch.no_grad():  # image embeddings are zero, as in training (see train_hidden)
+        model.mm_projector.proj[-1].weight.zero_()
+        model.mm_projector.proj[-1].bias.zero_()
     state = {
         k: v.detach().to(torch.bfloat16)
         if v.is_floating_point() and not k.endswith(("A_log", "dt_bias", "e_score_correction_bias"))
         else v.detach()
         for k, v in model.state_dict().items()
     }
-    save_sharded(state, out)
+    save_sharded(state, out, max_shard_bytes=12 << 20)  # shards small enough to copy anywhere
     try:
         from training.demo_model.plot import save_loss_curve
 
@@ -362,9 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument(
-        "--tokenizer", type=Path, default=Path(__file__).resolve().parent / "weights" / "tokenizer.json"
-    )
+    p.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="trained there if absent")
     p.add_argument("--kda", choices=("fla", "ref"), default="ref", help="KDA path (see the module docstring)")
     p.add_argument(
         "--corpus", type=Path, default=None, help="encoded corpus file: read if present, else written"

@@ -182,6 +182,7 @@ def train_hidden(
     kda: str = "ref",
     expert_loads: list[Tensor] | None = None,
     ref_chunk: int = REF_CHUNK,
+    zero_token_id: int | None = None,
 ) -> Tensor:
     """Final normalised hidden states `[B, L, hidden]` of rows `input_ids` `[B, L]`, each one
     sequence `prefix + row` from empty state.
@@ -191,6 +192,8 @@ def train_hidden(
     engine's prefix cache does at serving time. `expert_loads`, when given, receives each MoE
     layer's per-expert token counts (for the router-bias balancing update). `ref_chunk`: the
     chunk length of the `kda="ref"` path (the result does not depend on it beyond rounding).
+    `zero_token_id`: a token whose input embedding is zero (the image placeholder: the demo model's
+    projector is zero, so every image embedding the engine feeds in is zero too).
     """
     if kda not in KDA_MODES:
         raise ValueError(f"kda must be one of {KDA_MODES}, got {kda!r}")
@@ -208,6 +211,8 @@ def train_hidden(
         for i, layer in enumerate(lm.model.layers):
             xp, starts[i] = _layer(layer, xp, 1, prefix.shape[0], kda, None, None, ref_chunk)
     x = lm.model.embed_tokens(input_ids.reshape(-1))
+    if zero_token_id is not None:
+        x = x.masked_fill((input_ids.reshape(-1) == zero_token_id)[:, None], 0.0)
     for i, layer in enumerate(lm.model.layers):
         x, _ = _layer(layer, x, b, length, kda, expert_loads, starts[i], ref_chunk)
     return lm.model.norm(x).view(b, length, -1)

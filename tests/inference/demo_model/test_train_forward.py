@@ -10,7 +10,6 @@ from inference.demo_model.spec import demo_config, dsa_variant
 from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
 from inference.model.factory import build_model
 from inference.model.forward_meta import ForwardMeta
-from training.demo_model.train import assistant_mask
 from training.demo_model.train_forward import text_model, train_logits
 
 
@@ -68,7 +67,7 @@ def test_train_forward_gradients_reach_every_text_parameter():
     # experts no token was routed to get no gradient in this tiny batch; everything else must
     no_grad = [n for n in no_grad if ".experts." not in n]
     assert no_grad == []
-    assert len(loads) == 4 and all(int(x.sum()) == 2 * 24 * 2 for x in loads)
+    assert len(loads) == 5 and all(int(x.sum()) == 2 * 24 * 2 for x in loads)
 
 
 def test_train_forward_rejects_bad_input():
@@ -84,12 +83,31 @@ def test_train_forward_rejects_bad_input():
         train_logits(dsa, torch.zeros(1, 4, dtype=torch.long))
 
 
-def test_assistant_mask_covers_assistant_bodies_only():
-    A, M, E = 1, 2, 3
-    #      user turn          assistant header  body   end  tool turn      assistant  body end
-    ids = [9, 7, M, 5, E, A, 8, M, 4, 4, E, 9, 7, M, 6, E, A, 8, M, 4, E]
-    want = [False] * 8 + [True, True, True] + [False] * 8 + [True, True]
-    assert assistant_mask(ids, A, M, E) == want
+def test_zero_image_embeddings_match_the_engine_with_a_zeroed_projector():
+    """Training gives image placeholders a zero embedding; the engine feeds the projector's output
+    there, which is zero once the projector's last layer is (as the trainer saves it)."""
+    cfg = _small()
+    model = build_model(parse_config(cfg), seed=6)
+    with torch.no_grad():
+        model.mm_projector.proj[-1].weight.zero_()
+        model.mm_projector.proj[-1].bias.zero_()
+    pad = cfg["image_token_id"]
+    ids = torch.randint(0, 290, (1, 40), generator=torch.Generator().manual_seed(3))
+    ids[0, 10:30] = pad
+    spec = text_model(model).spec
+    cache = HybridCacheTensors.allocate(
+        HybridCacheSpec.from_model_spec(spec, torch.float32), 4, 16, 1, "cpu", torch.float32
+    )
+    meta = ForwardMeta.for_sequences([40], [0], [[1, 2, 3]], 16, [0])
+    merged = torch.rand(20 * 4, model.mm_projector.pre_norm.normalized_shape[0])
+    with torch.no_grad():
+        image_embeds = model.mm_projector(merged.view(20, 4, -1))
+        assert not image_embeds.any()
+        want = model(ids.reshape(-1), meta, cache, image_embeds=image_embeds).view(1, 40, -1)
+        got = train_logits(model, ids, kda="ref", zero_token_id=pad)
+        other = train_logits(model, ids, kda="ref")
+    assert (got - want).norm() / want.norm() < 1e-4
+    assert (other - want).norm() / want.norm() > 1e-3  # the placeholder's own embedding differs
 
 
 def test_dense_expert_combine_equals_the_per_expert_reference():
@@ -99,7 +117,7 @@ def test_dense_expert_combine_equals_the_per_expert_reference():
 
     model = build_model(parse_config(_small()), seed=5)
     moe = next(m for m in model.modules() if isinstance(m, SparseMoE))
-    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(37, _small()["text_config"]["hidden_size"], generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         weights, ids = moe.gate(x)
         want = moe_experts_reference(
