@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.api.schemas import Problem
-from orchestrator.db.engine import DB_UNAVAILABLE
+from core.outage import is_outage
+from orchestrator.db.engine import DB_ERRORS
 from orchestrator.tasks.errors import IdempotencyConflict, TaskNotFound
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,9 @@ def install(app: FastAPI) -> None:
             "idempotency-conflict",
         )
 
-    async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    async def _db_error(request: Request, exc: Exception) -> JSONResponse:
+        if not is_outage(exc):  # the database refused this request's data: a bug to look at
+            return await _unhandled(request, exc)
         # The database is down, restarting or out of connections: the request may succeed in a
         # moment, so say when to retry (the client libraries and load balancers honour it).
         log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
@@ -138,8 +141,8 @@ def install(app: FastAPI) -> None:
             headers={"Retry-After": str(retry_after)},
         )
 
-    for exc_type in DB_UNAVAILABLE:
-        app.add_exception_handler(exc_type, _db_unavailable)
+    for exc_type in DB_ERRORS:
+        app.add_exception_handler(exc_type, _db_error)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

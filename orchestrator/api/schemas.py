@@ -4,6 +4,7 @@ REST (`POST /v1/tasks`) and Kafka (`dayzero.tasks`: the same JSON plus `tenant`)
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -14,6 +15,7 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 MAX_GOAL_CHARS = 32_000
 MAX_MESSAGES = 256
@@ -43,8 +45,18 @@ class _Strict(BaseModel):
 
 
 def check_text(value: Any, where: str = "body") -> Any:
-    """Reject NUL and unpaired surrogates anywhere: neither can be stored in PostgreSQL text/JSONB."""
-    if isinstance(value, str):
+    """Reject NUL and unpaired surrogates anywhere (neither can be stored in PostgreSQL text/JSONB),
+    and non-finite numbers (`NaN`, `Infinity`, `1e400`, which Python's JSON parser reads as
+    inf/nan): JSON has no such values and JSONB refuses them. The error's type is
+    `invalid_number` (Kafka ingest dead-letters the record under that reason)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PydanticCustomError(
+                "invalid_number",
+                "{where}: numbers must be finite (no NaN, Infinity or overflow)",
+                {"where": where},
+            )
+    elif isinstance(value, str):
         if "\x00" in value:
             raise ValueError(f"{where}: NUL characters are not allowed")
         try:

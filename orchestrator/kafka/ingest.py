@@ -23,15 +23,17 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from core.backoff import Backoff
+from core.outage import Stopped, is_outage, wait_out
 from orchestrator.api.schemas import KafkaTaskMessage
 from orchestrator.auth import known_tenants
 from orchestrator.config import KafkaSettings, Settings
 from orchestrator.db.tables import tasks_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
-from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.probes import Health
 from orchestrator.statemachine import TaskStatus
 from orchestrator.tasks.create import NewTask, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict
@@ -48,7 +50,7 @@ MAX_KEY_CHARS = 255
 class Rejected:
     record: Any
     # machine-readable: oversize, bad_json, too_deep, schema, tenant_not_allowed, unknown_tenant,
-    # bad_key, idempotency_conflict, invalid, …
+    # bad_key, idempotency_conflict, invalid_number, invalid_data, invalid, …
     reason: str
     detail: str
 
@@ -122,20 +124,26 @@ class Ingestor:
 
     def run_forever(self, until: Callable[[], bool] | None = None) -> None:
         """Loop until `stop()`. A database or broker outage is waited out with backoff (readiness
-        reports it); the batch in hand is retried as it is, so nothing is skipped."""
+        reports it); the batch in hand is retried as it is, so nothing is skipped. An error of
+        one record (data the database refuses) is never an outage: that record is dead-lettered."""
         backoff = Backoff()
         while not self._stop.is_set() and not (until is not None and until()):
             try:
-                self.run_once()
-            except outage_errors() as exc:
-                delay = backoff.next_delay()
-                self.stats["outages"] += 1
-                self.health.set_unready(f"{type(exc).__name__}")
-                log.warning("ingest: %s (%s); retrying in %.1f s", type(exc).__name__, exc, delay)
-                self._stop.wait(delay)
-                continue
-            backoff.reset()
-            self.health.set_ready()
+                wait_out(
+                    "ingest",
+                    self.run_once,
+                    stop=self._stop,
+                    readiness=self.health,
+                    backoff=backoff,
+                    classify=self._is_outage,
+                )
+            except Stopped:
+                return
+
+    def _is_outage(self, exc: BaseException) -> bool:
+        outage = is_outage(exc)
+        self.stats["outages"] += outage
+        return outage
 
     def run_once(self) -> int:
         """One poll → one DB transaction → one offset commit. Returns the records handled.
@@ -177,7 +185,7 @@ class Ingestor:
         if len(value) > self.max_message_bytes:
             return Rejected(record, "oversize", f"{len(value)} bytes > limit {self.max_message_bytes}")
         try:
-            data = jsonlimits.loads(value)
+            data = jsonlimits.loads(value, self.settings.ingress.max_json_depth)
         except jsonlimits.JSONTooDeep as exc:
             return Rejected(record, "too_deep", str(exc))
         except ValueError as exc:  # includes UnicodeDecodeError
@@ -185,8 +193,10 @@ class Ingestor:
         try:
             msg = KafkaTaskMessage.model_validate(data)
         except ValidationError as exc:
-            errs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            return Rejected(record, "schema", errs[:1000])
+            errors = exc.errors(include_input=False)
+            errs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
+            reason = "invalid_number" if any(e["type"] == "invalid_number" for e in errors) else "schema"
+            return Rejected(record, reason, errs[:1000])
         if record.key is None:
             key = f"kafka:{record.topic}:{record.partition}:{record.offset}"
         else:
@@ -219,13 +229,15 @@ class Ingestor:
         try:
             with self.engine.begin() as conn:
                 rejected += self._create(conn, accepted)
-        except IntegrityError:
-            # Another writer (REST, a rebalanced peer) inserted one of these keys meanwhile.
-            log.info("bulk insert raced on an idempotency key; retrying one by one")
+        except DBAPIError as exc:
+            if is_outage(exc):
+                raise
+            # Another writer (REST, a rebalanced peer) inserted one of these keys meanwhile, or
+            # the database refused one record's data: one by one, so that only that record fails.
+            log.info("batch insert failed (%s); retrying one by one", type(exc).__name__)
             rejected = [p for p in parsed if isinstance(p, Rejected)]
             for a in accepted:
-                with self.engine.begin() as conn:
-                    rejected += self._create(conn, [a])
+                rejected += self._create_one(a)
         INGEST_BATCH_SECONDS.observe(time.perf_counter() - t0)
         self.stats["batches"] += 1
         for rj in rejected:
@@ -237,6 +249,16 @@ class Ingestor:
         self._spans = {}
         if rejected:
             self._dead_letter(rejected)
+
+    def _create_one(self, a: Accepted) -> list[Rejected]:
+        try:
+            with self.engine.begin() as conn:
+                return self._create(conn, [a])
+        except DBAPIError as exc:
+            if is_outage(exc) or isinstance(exc, IntegrityError):
+                raise  # an outage is waited out; a key race cannot happen twice for one record
+            detail = f"the database refused this record: {type(exc.orig).__name__}: {exc.orig}"
+            return [Rejected(a.record, "invalid_data", detail[:1000])]
 
     def _start_span(self, a: Accepted) -> Accepted:
         r = a.record

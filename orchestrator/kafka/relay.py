@@ -33,13 +33,15 @@ from opentelemetry.trace import SpanKind
 from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
+from core.backoff import Backoff
+from core.outage import Stopped, is_outage, wait_out
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import events_t, relay_cursors_t, tasks_t
 from orchestrator.events import TERMINAL_EVENT_TYPES, event_record
 from orchestrator.failpoints import failpoint
 from orchestrator.kafka.outbox_cursor import OutboxCursor
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
-from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.probes import Health
 from orchestrator.tasks.queries import read_events_past
 from orchestrator.tracing import context_of, kafka_headers, tracer
 
@@ -72,9 +74,14 @@ class Relay:
         config: RelayConfig | None = None,
         *,
         health: Health | None = None,
+        producer_factory: Callable[[], Any] | None = None,
     ):
         self.engine = engine
         self.producer = producer
+        # Builds a fresh producer after a broker error: a producer can be left in a state it never
+        # leaves (a restarted broker forgot its producer id: every later send fails).
+        self.producer_factory = producer_factory
+        self._producer_suspect = False
         self.config = config or RelayConfig()
         self.health = health or Health()
         self.outages = 0
@@ -88,24 +95,51 @@ class Relay:
     def run_forever(self) -> None:
         """Publish until `stop()`. A database or broker outage is waited out with backoff: the
         unacked round is simply published again (at-least-once), and the active-relay lock is
-        taken anew, since a lost connection released it and a standby may hold it now."""
-        backoff = Backoff()
-        while not self._stop.is_set():
-            try:
-                with self._active_lock() as still_active:
-                    while not self._stop.is_set():
-                        still_active()
-                        n = self.publish_batch()
-                        backoff.reset()
-                        self.health.set_ready()
-                        if n == 0:
-                            self._stop.wait(self.config.idle_sleep_s)
-            except outage_errors() as exc:
-                delay = backoff.next_delay()
-                self.outages += 1
-                self.health.set_unready(type(exc).__name__)
-                log.warning("relay: %s (%s); retrying in %.1f s", type(exc).__name__, exc, delay)
-                self._stop.wait(delay)
+        taken anew, since a lost connection released it and a standby may hold it now. After a
+        broker error the producer is replaced (`producer_factory`) before the next round."""
+        self._backoff = Backoff()
+        try:
+            wait_out(
+                "relay",
+                self._run_active,
+                stop=self._stop,
+                readiness=self.health,
+                backoff=self._backoff,
+                classify=self._on_error,
+            )
+        except Stopped:
+            return
+
+    def _run_active(self) -> None:
+        if self._producer_suspect:
+            self._renew_producer()
+        with self._active_lock() as still_active:
+            while not self._stop.is_set():
+                still_active()
+                n = self.publish_batch()
+                self._backoff.reset()
+                self.health.set_ready()
+                if n == 0:
+                    self._stop.wait(self.config.idle_sleep_s)
+
+    def _on_error(self, exc: BaseException) -> bool:
+        outage = is_outage(exc)
+        if outage:
+            self.outages += 1
+            kafka_error = _kafka_error_types()
+            if kafka_error and isinstance(exc, kafka_error):
+                self._producer_suspect = True  # renewed before the next round
+        return outage
+
+    def _renew_producer(self) -> None:
+        if self.producer_factory is None:
+            return
+        old, self.producer = self.producer, None
+        with suppress(Exception):  # it is being replaced because it is broken
+            old.close(timeout=0)
+        self.producer = self.producer_factory()  # raises while the broker is away: waited out
+        self._producer_suspect = False
+        log.info("relay: new producer after a broker error")
 
     def run_until_drained(self, timeout_s: float = 30.0) -> int:
         total, end = 0, time.monotonic() + timeout_s
@@ -219,6 +253,14 @@ class Relay:
         RELAY_PUBLISHED.labels(cfg.events_topic).inc(len(rows))
         if n_results:
             RELAY_PUBLISHED.labels(cfg.results_topic).inc(n_results)
+
+
+def _kafka_error_types() -> tuple[type[BaseException], ...]:
+    try:
+        from kafka.errors import KafkaError
+    except ImportError:  # a look-alike producer without kafka-python
+        return ()
+    return (KafkaError,)
 
 
 # -- the outbox past the cursor ------------------------------------------------------------------

@@ -26,12 +26,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from core.backoff import Backoff
+from core.outage import Stopped, wait_out
 from orchestrator.attachments import local_blob_path
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.inference_client import InferenceClient
 from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
-from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.probes import Health
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
@@ -104,22 +106,19 @@ class Runner:
         self._heartbeat.close()
 
     def run_forever(self) -> None:
-        """Loop until `stop()`. A lost database connection is logged and retried with backoff: the
-        lease of whatever was in flight expires and the work resumes from the last commit.
-        `health` (the probes) follows: unready while the database is away."""
+        """Loop until `stop()`. An outage (the database, a broker) is waited out with backoff
+        (`core.outage`): the lease of whatever was in flight expires and the work resumes from
+        the last commit. `health` (the probes) follows: unready while a dependency is away. Any
+        other error is a bug and ends the process."""
         backoff = Backoff()
         try:
             while not self._stop.is_set():
                 try:
-                    worked = self.run_once()
-                    backoff.reset()
-                    self.health.set_ready()
-                except outage_errors() as exc:
-                    delay = backoff.next_delay()
-                    self.health.set_unready(type(exc).__name__)
-                    log.warning("database error (%s); retrying in %.1f s", exc.__class__.__name__, delay)
-                    self._stop.wait(delay)
-                    continue
+                    worked = wait_out(
+                        "runner", self.run_once, stop=self._stop, readiness=self.health, backoff=backoff
+                    )
+                except Stopped:
+                    break
                 if not worked:
                     self._stop.wait(self.config.poll_interval_s)
         finally:

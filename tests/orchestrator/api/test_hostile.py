@@ -121,3 +121,20 @@ def _wait_for_lock_waiters(db, n: int, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"{n} requests did not reach the lock")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"goal": "x", "metadata": {"n": 1e400}}',
+        b'{"goal": "x", "metadata": {"n": NaN}}',
+        b'{"goal": "x", "metadata": {"n": -Infinity}}',
+        b'{"goal": "x", "messages": [{"role": "user", "content": [{"type": "text", "text": "t", "w": 1e999}]}]}',
+    ],
+    ids=["overflow", "nan", "neg-infinity", "content-part"],
+)
+def test_non_finite_numbers_are_422_not_500(api, body):
+    # Before: the JSONB insert raised DataError: a 500.
+    r = api.client.post("/v1/tasks", content=body, headers={**api.h(), "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert any(e["type"] == "invalid_number" for e in r.json()["errors"])
