@@ -12,8 +12,10 @@ import logging
 import queue
 import threading
 import time
+from contextlib import suppress
 from typing import Any, Protocol
 
+from core.outage import OutageOutlasted, wait_out
 from tools.base import ErrorKind
 from workers.payloads import PreprocessJob, ToolJob
 
@@ -25,6 +27,20 @@ def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
         "ok": False,
         "error": {"error": f"tool timed out after {timeout_s:g} s", "kind": ErrorKind.TIMEOUT.value},
         "duration_ms": (time.perf_counter() - started) * 1000,
+    }
+
+
+def not_sent_outcome(queue: str, reason: BaseException) -> dict[str, Any]:
+    """The job never reached its queue (the broker was away until the attempt's deadline): it
+    is known not to have run, so even a tool that is not safe to repeat may be tried again."""
+    return {
+        "ok": False,
+        "error": {
+            "error": f"the job could not be sent to the {queue} queue ({reason}); it did not run",
+            "kind": ErrorKind.RETRYABLE.value,
+            "started": False,
+            "code": "queue_unavailable",
+        },
     }
 
 
@@ -104,19 +120,35 @@ class CeleryDispatcher:
                 log.warning("could not delete the result of %s", res.id, exc_info=True)
 
     def run_tool(self, job: ToolJob) -> dict[str, Any]:
+        """One attempt. A broker or result backend that is down or restarting is waited out
+        within the attempt's timeout (`core.outage`): a send that failed is known not to have
+        happened (`not_sent_outcome`), never an error that ends the runner."""
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         started = time.perf_counter()
+        until = time.monotonic() + job.timeout_s
         deadline = job.not_after
         expires = dt.datetime.fromtimestamp(deadline, dt.UTC) if deadline is not None else None
-        with _publish_span("tools", "dayzero.run_tool"):  # its context rides in the Celery headers
-            res = self._app.send_task(
-                "dayzero.run_tool", args=[job.to_dict()], queue="tools", expires=expires
-            )
+
+        def send() -> Any:
+            with _publish_span("tools", "dayzero.run_tool"):  # its context rides in the Celery headers
+                return self._app.send_task(
+                    "dayzero.run_tool", args=[job.to_dict()], queue="tools", expires=expires
+                )
+
         try:
-            return res.get(timeout=job.timeout_s, propagate=True)
-        except CeleryTimeout:
-            res.revoke(terminate=True)
+            res = wait_out("tool queue", send, deadline=until)
+        except OutageOutlasted as exc:
+            return not_sent_outcome("tools", exc.last)
+        try:
+            return wait_out(
+                "tool result backend",
+                lambda: res.get(timeout=max(0.001, until - time.monotonic()), propagate=True),
+                deadline=until,
+            )
+        except (CeleryTimeout, OutageOutlasted):
+            with suppress(Exception):  # the broker may still be away: the job's `expires` bounds it
+                res.revoke(terminate=True)
             return timeout_outcome(job.timeout_s, started)
         finally:
             self._read.put(res)

@@ -20,6 +20,7 @@ import httpx
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from core.outage import DependencyUnavailable
 from orchestrator.tracing import trace_error, tracer
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -31,6 +32,14 @@ class InferenceError(Exception):
     def __init__(self, message: str, *, retryable: bool):
         super().__init__(message)
         self.retryable = retryable
+
+
+class InferenceUnavailable(InferenceError, DependencyUnavailable):
+    """The model server is down or restarting (connection refused or cut, 502/503/504, 429): an
+    outage to wait out (`core.outage`), not a failed attempt of the step."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +219,9 @@ class OpenAIChatClient:
     ):
         self.images_by_reference = images_by_reference
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        # OpenAI clients are configured with the `/v1` base; requests here name the full path.
+        base = base_url.rstrip("/").removesuffix("/v1")
+        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout_s)
         self._model = model
 
     def chat(
@@ -231,11 +242,18 @@ class OpenAIChatClient:
         try:
             resp = self._http.post("/v1/chat/completions", json=body, headers=headers)
         except httpx.TimeoutException as exc:
+            # Slow, not gone: a failed attempt (the same request may be too big to finish in time).
             raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
+        except httpx.TransportError as exc:  # refused, reset, or closed mid-answer (a restart)
+            raise InferenceUnavailable(f"inference server unreachable: {exc}") from exc
         except httpx.HTTPError as exc:
-            raise InferenceError(f"inference server unreachable: {exc}", retryable=True) from exc
+            raise InferenceError(f"inference request failed: {exc}", retryable=True) from exc
         elapsed_ms = (time.perf_counter() - t0) * 1000
-        if resp.status_code >= 500 or resp.status_code == 429:
+        if resp.status_code in (429, 502, 503, 504):  # overloaded, starting, or behind a proxy that lost it
+            raise InferenceUnavailable(
+                f"inference server unavailable ({resp.status_code}): {resp.text[:300]}"
+            )
+        if resp.status_code >= 500:
             raise InferenceError(
                 f"inference server error {resp.status_code}: {resp.text[:300]}", retryable=True
             )

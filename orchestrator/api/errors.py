@@ -11,8 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.api.schemas import Problem
 from core.outage import is_outage
+from orchestrator.api.schemas import Problem
 from orchestrator.db.engine import DB_ERRORS
 from orchestrator.tasks.errors import IdempotencyConflict, TaskNotFound
 

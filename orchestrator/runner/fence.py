@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from orchestrator.clock import utcnow
 from core.outage import is_outage
+from orchestrator.clock import utcnow
 from orchestrator.statemachine import StepStatus
 from orchestrator.tasks.queries import step_state
 from workers.fence import Refusal

@@ -101,6 +101,11 @@ class Runner:
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
 
     # -- outer loop --------------------------------------------------------------------------
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once `stop()` was called: waits inside a step end on it."""
+        return self._stop
+
     def stop(self) -> None:
         self._stop.set()
         self._heartbeat.close()

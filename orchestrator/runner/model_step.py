@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
+from core.outage import OutageOutlasted, wait_out
 from orchestrator.attachments import AttachmentError, resolve_images
-from orchestrator.inference_client import InferenceError, Sampling
+from orchestrator.clock import utcnow
+from orchestrator.inference_client import AssistantTurn, InferenceError, Sampling
 from orchestrator.metrics import MODEL_TOKENS, MODEL_TTFT
 from orchestrator.retry import decide
 from orchestrator.runner.boundary import budget_error, schedule_retry
@@ -18,6 +21,23 @@ from tools.base import ErrorKind
 
 if TYPE_CHECKING:
     from orchestrator.runner.loop import Runner
+
+
+def _chat_waiting_out_outages(
+    r: Runner, task: TaskView, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> AssistantTurn:
+    """The model call; a model server that is down or restarting is waited out (readiness says
+    so), up to the task's deadline, like the database and the brokers: a restart of the server
+    must not cost the step its attempts."""
+    deadline = time.monotonic() + (task.deadline_at - utcnow()).total_seconds()
+    sampling = Sampling.from_mapping(task.sampling)
+    return wait_out(
+        "inference",
+        lambda: r.inference.chat(messages, tools, sampling),
+        stop=r.stopping,
+        readiness=r.health,
+        deadline=deadline,
+    )
 
 
 def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
@@ -31,8 +51,10 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
             messages = resolve_images(
                 messages, task.attachments, r.config.blob_url, by_reference=by_reference
             )
-        turn = r.inference.chat(messages, tools, Sampling.from_mapping(task.sampling))
+        turn = _chat_waiting_out_outages(r, task, messages, tools)
         error: InferenceError | None = None
+    except OutageOutlasted:
+        return  # the model server was away until the deadline: the next loop turn times the task out
     except InferenceError as exc:
         turn, error = None, exc
     except AttachmentError as exc:  # the same transcript can never resolve: permanent

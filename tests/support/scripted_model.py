@@ -4,7 +4,8 @@ The first user message carries the script as JSON after `script:`. With `{"cycle
 calls a tool N times (one call per turn), then answers. Other keys shape the tool calls:
 `tool` (name), `args` (arguments object, `{i}` in string values becomes the cycle number),
 `raw_args` (arguments text sent verbatim: malformed JSON), `parallel` (calls per turn),
-`pad` (bytes of filler in the final answer). The reply is a pure function of the transcript, so a
+`pad` (bytes of filler in the final answer), `sleep_s` (the server waits that long before each
+answer: a request in flight to kill the server under). The reply is a pure function of the transcript, so a
 repeated call returns the same thing.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -84,6 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", 0))
         try:
             body = json.loads(self.rfile.read(length))
+            delay = float(_script(body["messages"]).get("sleep_s", 0))
+            if delay:
+                time.sleep(delay)
             out = json.dumps(reply(body["messages"])).encode()
             code = 200
         except (ValueError, KeyError) as exc:
@@ -105,8 +110,8 @@ class _QuietServer(ThreadingHTTPServer):
 class ScriptedModelServer:
     """Serve on 127.0.0.1 on a free port in a background thread."""
 
-    def __init__(self) -> None:
-        self._httpd = _QuietServer(("127.0.0.1", 0), _Handler)
+    def __init__(self, port: int = 0) -> None:
+        self._httpd = _QuietServer(("127.0.0.1", port), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.traceparents = []
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
@@ -128,9 +133,8 @@ class ScriptedModelServer:
 
 if __name__ == "__main__":
     import sys
-    import time
 
-    with ScriptedModelServer() as srv:
+    with ScriptedModelServer(int(sys.argv[1]) if len(sys.argv) > 1 else 0) as srv:
         print(srv.url, flush=True)
         sys.stdout.flush()
         while True:
