@@ -32,6 +32,7 @@ from orchestrator.auth import known_tenants
 from orchestrator.config import KafkaSettings, Settings
 from orchestrator.db.tables import tasks_t
 from orchestrator.failpoints import failpoint
+from orchestrator.kafka.renewal import Renewable
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
 from orchestrator.probes import Health
 from orchestrator.statemachine import TaskStatus
@@ -101,10 +102,12 @@ class Ingestor:
         *,
         max_message_bytes: int,
         health: Health | None = None,
+        producer_factory: Callable[[], Any] | None = None,
     ):
         self.engine = engine
         self.consumer = consumer
-        self.producer = producer
+        # The dead-letter producer, replaced after a broker error (`renewal`).
+        self._producer = Renewable(producer, producer_factory, "dead-letter producer")
         self.settings = settings
         self.kafka = kafka
         self.max_message_bytes = max_message_bytes
@@ -143,7 +146,13 @@ class Ingestor:
     def _is_outage(self, exc: BaseException) -> bool:
         outage = is_outage(exc)
         self.stats["outages"] += outage
+        if outage:
+            self._producer.note(exc)
         return outage
+
+    @property
+    def producer(self) -> Any:
+        return self._producer.current
 
     def run_once(self) -> int:
         """One poll → one DB transaction → one offset commit. Returns the records handled.
@@ -324,6 +333,7 @@ class Ingestor:
         return to_new_task(m, m.tenant, idempotency_key=a.key, attachment_ids=[], traceparent=a.traceparent)
 
     def _dead_letter(self, rejected: list[Rejected]) -> None:
+        self._producer.renew_if_suspect()
         futures = []
         for rj in rejected:
             r = rj.record
@@ -420,6 +430,8 @@ def make_dlq_producer(bootstrap: str, **overrides: Any) -> Any:
         "bootstrap_servers": bootstrap,
         "acks": "all",
         "linger_ms": 5,
+        "request_timeout_ms": 10_000,  # a broker that is away shows within 20 s, as for the relay
+        "delivery_timeout_ms": 20_000,
         "client_id": "dayzero-dlq",
     }
     cfg.update(overrides)

@@ -40,6 +40,7 @@ from orchestrator.db.tables import events_t, relay_cursors_t, tasks_t
 from orchestrator.events import TERMINAL_EVENT_TYPES, event_record
 from orchestrator.failpoints import failpoint
 from orchestrator.kafka.outbox_cursor import OutboxCursor
+from orchestrator.kafka.renewal import Renewable
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
 from orchestrator.probes import Health
 from orchestrator.tasks.queries import read_events_past
@@ -77,17 +78,22 @@ class Relay:
         producer_factory: Callable[[], Any] | None = None,
     ):
         self.engine = engine
-        self.producer = producer
-        # Builds a fresh producer after a broker error: a producer can be left in a state it never
-        # leaves (a restarted broker forgot its producer id: every later send fails).
-        self.producer_factory = producer_factory
-        self._producer_suspect = False
+        # Replaced after a broker error (`renewal`): a restarted broker can leave it unusable.
+        self._producer = Renewable(producer, producer_factory, "relay producer")
         self.config = config or RelayConfig()
         self.health = health or Health()
         self.outages = 0
         self._stop = threading.Event()
         self._cursor: OutboxCursor | None = None  # read from the table when (re)activated
         self._saved_low_water: int | None = None
+
+    @property
+    def producer(self) -> Any:
+        return self._producer.current
+
+    @producer.setter
+    def producer(self, producer: Any) -> None:
+        self._producer.current = producer
 
     def stop(self) -> None:
         self._stop.set()
@@ -111,8 +117,7 @@ class Relay:
             return
 
     def _run_active(self) -> None:
-        if self._producer_suspect:
-            self._renew_producer()
+        self._producer.renew_if_suspect()
         with self._active_lock() as still_active:
             while not self._stop.is_set():
                 still_active()
@@ -126,20 +131,8 @@ class Relay:
         outage = is_outage(exc)
         if outage:
             self.outages += 1
-            kafka_error = _kafka_error_types()
-            if kafka_error and isinstance(exc, kafka_error):
-                self._producer_suspect = True  # renewed before the next round
+            self._producer.note(exc)
         return outage
-
-    def _renew_producer(self) -> None:
-        if self.producer_factory is None:
-            return
-        old, self.producer = self.producer, None
-        with suppress(Exception):  # it is being replaced because it is broken
-            old.close(timeout=0)
-        self.producer = self.producer_factory()  # raises while the broker is away: waited out
-        self._producer_suspect = False
-        log.info("relay: new producer after a broker error")
 
     def run_until_drained(self, timeout_s: float = 30.0) -> int:
         total, end = 0, time.monotonic() + timeout_s
@@ -255,14 +248,6 @@ class Relay:
             RELAY_PUBLISHED.labels(cfg.results_topic).inc(n_results)
 
 
-def _kafka_error_types() -> tuple[type[BaseException], ...]:
-    try:
-        from kafka.errors import KafkaError
-    except ImportError:  # a look-alike producer without kafka-python
-        return ()
-    return (KafkaError,)
-
-
 # -- the outbox past the cursor ------------------------------------------------------------------
 _EVENT_ROW = (
     select(
@@ -345,6 +330,10 @@ def make_relay_producer(bootstrap: str, **overrides: Any) -> Any:
         "linger_ms": 5,
         "retries": 5,
         "max_in_flight_requests_per_connection": 1,  # retries never reorder a task's events
+        # A broker that is away shows within 20 s (the default, 120 s, kept the relay in one
+        # flush, saying nothing, through a whole restart); the round is then sent again.
+        "request_timeout_ms": 10_000,
+        "delivery_timeout_ms": 20_000,
         "client_id": "dayzero-relay",
     }
     cfg.update(overrides)
