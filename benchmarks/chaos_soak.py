@@ -50,7 +50,6 @@ def main() -> int:
         chaos_s=args.chaos_s,
         outages=args.outages,
         outage_s=args.outage_s,
-        drain_timeout_s=max(300.0, args.chaos_s),
         seed=args.seed,
     )
     with scratch_database() as url, run_tansu() as broker, ScriptedModelServer() as model:

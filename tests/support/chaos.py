@@ -64,7 +64,11 @@ class ChaosConfig:
     action_gap_s: tuple[float, float] = (0.6, 1.6)
     outages: int = 1  # windows in which the database refuses connections
     outage_s: float = 3.0
-    drain_timeout_s: float = 150.0
+    # Healing is waited for as long as it progresses: "stuck" is no progress at all (no task
+    # created or finished, no event written or published) for `stall_s`; "slow" is progress that
+    # has not finished within `drain_max_s`. A busy machine is slow, never stuck.
+    stall_s: float = 120.0
+    drain_max_s: float = 900.0
     seed: int = 15
 
 
@@ -208,6 +212,42 @@ class RestSubmitter(threading.Thread):
                 time.sleep(self.rng.uniform(0, 2 * self.gap_s))
 
 
+class KafkaSubmitter:
+    """Sends keyed task records as a careful producer: every send's ack is checked, and a send
+    the broker did not acknowledge is sent again (same key: ingest creates the task once)."""
+
+    def __init__(self, bootstrap: str, topic: str, cycles: int):
+        from kafka import KafkaProducer
+
+        self.topic, self.cycles = topic, cycles
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        self.pending: list[tuple[str, Any]] = []
+        self.resent: list[str] = []
+
+    def send(self, key: str) -> None:
+        value = json.dumps({"tenant": TENANT, "goal": _goal(self.cycles)}).encode()
+        self.pending.append((key, self.producer.send(self.topic, key=key.encode(), value=value)))
+
+    def settle(self) -> None:
+        """Wait for the acks of what was sent; send again what failed."""
+        self.producer.flush()
+        failed = []
+        for key, fut in self.pending:
+            try:
+                fut.get(timeout=60)
+            except Exception as exc:  # the broker did not take it: it is not on the topic
+                self.resent.append(f"{key}: {type(exc).__name__}")
+                failed.append(key)
+        self.pending = []
+        for key in failed:
+            self.send(key)
+        if failed:
+            self.settle()
+
+    def close(self) -> None:
+        self.producer.close()
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -268,9 +308,7 @@ def run_chaos(
     figures: dict[str, Any] = {"config": {k: getattr(cfg, k) for k in cfg.__slots__}}
     rest = RestSubmitter(api, api_key, cfg.rest_tasks, cfg.cycles, cfg.chaos_s / max(cfg.rest_tasks, 1), rng)
     kafka_keys = [f"kafka-{i}" for i in range(cfg.kafka_tasks)]
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    kafka_submitter = KafkaSubmitter(bootstrap, topics["tasks"], cfg.cycles)
     send_at = sorted(rng.uniform(0, cfg.chaos_s * 0.8) for _ in kafka_keys)
     outage_at = sorted(rng.uniform(0.2 * cfg.chaos_s, 0.8 * cfg.chaos_s) for _ in range(cfg.outages))
     dbname = db_url.rsplit("/", 1)[1]
@@ -283,10 +321,9 @@ def run_chaos(
         while time.monotonic() - t0 < cfg.chaos_s or sent < len(kafka_keys):
             now = time.monotonic() - t0
             while sent < len(kafka_keys) and send_at[sent] <= now:
-                value = json.dumps({"tenant": TENANT, "goal": _goal(cfg.cycles)}).encode()
-                producer.send(topics["tasks"], key=kafka_keys[sent].encode(), value=value)
+                kafka_submitter.send(kafka_keys[sent])
                 sent += 1
-            producer.flush()
+            kafka_submitter.settle()
             if outage_at and now >= outage_at[0]:
                 outage_at.pop(0)
                 with database_down(dbname):
@@ -304,15 +341,19 @@ def run_chaos(
             time.sleep(0.05)
         rest.join(180)
         chaos_end = time.monotonic()
-        # Heal: everything runs; wait for every task to end and every event to be published.
+        # Heal: everything runs; wait for every task to end and every event to be published,
+        # for as long as that progresses.
         n_expected = cfg.rest_tasks + cfg.kafka_tasks
-        drained = _wait(lambda: (stack.check(), _settled(engine, n_expected))[1], cfg.drain_timeout_s, None)
+        figures["drain"] = _drain(engine, stack, n_expected, cfg.stall_s, cfg.drain_max_s)
         figures["drain_s"] = round(time.monotonic() - chaos_end, 2)
-        results = consume_all(bootstrap, topics["results"], n_expected, timeout_s=30) if drained else []
+        if figures["drain"] != "drained":
+            figures["diagnosis"] = diagnose(engine, rest.keys + kafka_keys, bootstrap, topics, env, work_dir)
+        results = consume_all(bootstrap, topics["results"], n_expected, timeout_s=30)
         stack.check()
     finally:
-        producer.close()
+        kafka_submitter.close()
         stack.stop()
+    figures["kafka_resent"] = kafka_submitter.resent
     figures["wall_s"] = round(time.monotonic() - t0, 1)
     figures["actions"] = dict(actions)
     figures["kills"] = stack.kills()
@@ -344,7 +385,8 @@ def _wait(cond: Any, timeout_s: float, what: str | None) -> bool:
     return False
 
 
-def _settled(engine: Engine, n_expected: int) -> bool:
+def _progress(engine: Engine) -> tuple[int, ...]:
+    """What changes while the stack makes progress: tasks, finished tasks, events, published events."""
     with engine.connect() as conn:
         n = conn.execute(select(func.count()).select_from(Task).where(Task.tenant == TENANT)).scalar_one()
         open_ = conn.execute(
@@ -352,8 +394,88 @@ def _settled(engine: Engine, n_expected: int) -> bool:
             .select_from(Task)
             .where(Task.status.not_in(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]))
         ).scalar_one()
+        last_event = conn.execute(select(func.coalesce(func.max(Event.id), 0))).scalar_one()
         unpublished = unpublished_count(conn)
-    return n >= n_expected and open_ == 0 and unpublished == 0
+    return n, open_, last_event, unpublished
+
+
+def _drain(engine: Engine, stack: Stack, n_expected: int, stall_s: float, max_s: float) -> str:
+    """ "drained", "stuck" (nothing progressed for `stall_s`) or "slow" (still progressing after `max_s`)."""
+    start = last_change = time.monotonic()
+    last: tuple[int, ...] | None = None
+    while True:
+        stack.check()
+        try:
+            now_state = _progress(engine)
+        except Exception:  # the database may still be healing: ask again
+            now_state = last
+        now = time.monotonic()
+        if now_state is not None:
+            n, open_, _, unpublished = now_state
+            if n >= n_expected and open_ == 0 and unpublished == 0:
+                return "drained"
+            if now_state != last:
+                last, last_change = now_state, now
+        if now - last_change > stall_s:
+            return "stuck"
+        if now - start > max_s:
+            return "slow"
+        time.sleep(0.5)
+
+
+def diagnose(
+    engine: Engine,
+    keys: list[str],
+    bootstrap: str,
+    topics: dict[str, str],
+    env: dict[str, str],
+    log_dir: Path,
+) -> dict[str, Any]:
+    """Where a drain that did not finish stands: submissions without a task, unfinished tasks
+    and their open step and lease, the outbox not yet published, ingest's consumer lag per
+    partition, and the tails of the ingest and relay logs."""
+    out: dict[str, Any] = {}
+    with engine.connect() as conn:
+        have = set(conn.execute(select(Task.idempotency_key).where(Task.tenant == TENANT)).scalars())
+        out["no_task"] = [k for k in keys if k not in have]
+        out["unfinished"] = [
+            {k: str(v) for k, v in r._mapping.items()}
+            for r in conn.execute(
+                select(
+                    Task.id, Task.idempotency_key, Task.status, Task.open_step, Task.open_status,
+                    Task.open_attempt, Task.lease_owner, Task.lease_until, Task.next_run_at, Task.updated_at,
+                ).where(Task.status.not_in(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]))
+            )
+        ]  # fmt: skip
+        out["unpublished_events"] = unpublished_count(conn)
+    try:
+        out["ingest_lag"] = _consumer_lag(bootstrap, topics["tasks"], env["DAYZERO_KAFKA_GROUP_ID"])
+    except Exception as exc:  # the report must not hide the failure it explains
+        out["ingest_lag"] = f"unknown: {exc!r}"
+    for name in ("ingest", "relay"):
+        path = log_dir / f"{name}.log"
+        if path.exists():
+            out[f"{name}_log_tail"] = path.read_text(errors="replace").splitlines()[-25:]
+    return out
+
+
+def _consumer_lag(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        committed = admin.list_consumer_group_offsets(group)
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        ends = consumer.end_offsets(tps)
+        return {
+            str(tp.partition): {"committed": getattr(committed.get(tp), "offset", None), "end": ends[tp]}
+            for tp in tps
+        }
+    finally:
+        consumer.close()
+        admin.close()
 
 
 def verify(
