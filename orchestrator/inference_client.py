@@ -84,6 +84,8 @@ class AssistantTurn:
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
+    # Our server's word (`dayzero.tool_call_errors`) on tool calls it could not parse.
+    tool_call_errors: tuple[str, ...] = ()
 
     def message(self) -> dict[str, Any]:
         """The transcript entry, in OpenAI chat format."""
@@ -94,6 +96,25 @@ class AssistantTurn:
                 for c in self.tool_calls
             ]
         return msg
+
+
+# Tool-call markup of the model families we know. A server that failed to parse a call leaves it
+# in the content (third-party servers say nothing else); such a turn is not an answer.
+TOOL_CALL_MARKUP = ("<|tool_call", "<|tool_calls_section", "<tool_call>", "<｜tool▁call", "<｜DSML｜")
+
+
+def output_problem(turn: AssistantTurn) -> str | None:
+    """What makes a model turn unusable, or None: tool calls the server could not parse, tool-call
+    markup left in the content, or a final answer with nothing in it."""
+    if turn.tool_call_errors:
+        return "tool calls that could not be parsed: " + "; ".join(turn.tool_call_errors)[:800]
+    content = turn.content or ""
+    for marker in TOOL_CALL_MARKUP:
+        if marker in content:
+            return f"tool-call markup ({marker!r}) in the answer: a tool call that could not be parsed"
+    if not turn.tool_calls and not content.strip():
+        return "an empty answer (no content and no tool calls)"
+    return None
 
 
 @contextmanager
@@ -174,10 +195,12 @@ def parse_chat_completion(body: Mapping[str, Any], ttft_ms: float | None) -> Ass
     usage = body.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     ext = body.get("dayzero") or {}
+    errors = ext.get("tool_call_errors") if isinstance(ext, Mapping) else None
     return AssistantTurn(
         content=msg.get("content"),
         tool_calls=tuple(calls),
         finish_reason=choice.get("finish_reason"),
+        tool_call_errors=tuple(str(e) for e in errors) if isinstance(errors, list) else (),
         usage=Usage(
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             cached_tokens=int(details.get("cached_tokens") or 0),

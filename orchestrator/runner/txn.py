@@ -83,6 +83,9 @@ class TaskView:
     offered_tools: list[dict[str, Any]] | None = None
     # Attempts this runner started itself and has not executed yet: not in doubt.
     fresh_attempts: set[tuple[int, int]] = field(default_factory=set)
+    # step index -> what was wrong with its last model output, shown to the model on the retry
+    # (read back from the failed attempt when another runner retries it).
+    model_feedback: dict[int, str] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
