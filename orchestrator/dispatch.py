@@ -21,6 +21,12 @@ from workers.payloads import PreprocessJob, ToolJob
 
 log = logging.getLogger(__name__)
 
+_CANCEL_POLL_S = 0.25  # how often a wait for a tool job looks at its task's cancel signal
+
+
+class _Cancelled(Exception):
+    """The task was cancelled while its tool job ran (raised out of Celery's wait)."""
+
 
 def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
     return {
@@ -44,9 +50,19 @@ def not_sent_outcome(queue: str, reason: BaseException) -> dict[str, Any]:
     }
 
 
+def cancelled_outcome() -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": {"error": "the task was cancelled while the tool ran", "kind": ErrorKind.PERMANENT.value},
+        "cancelled": True,
+    }
+
+
 class Dispatcher(Protocol):
-    def run_tool(self, job: ToolJob) -> dict[str, Any]:
-        """Run one tool attempt; waits at most `job.timeout_s`, then returns a timeout outcome."""
+    def run_tool(self, job: ToolJob, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Run one tool attempt; waits at most `job.timeout_s`, then returns a timeout outcome.
+        Once `cancel` is set it stops waiting (revoking the job where it can) and returns
+        `cancelled_outcome()`."""
         ...
 
     def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
@@ -64,18 +80,24 @@ class InProcessDispatcher:
         self._registry = registry
         self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dayzero-job")
 
-    def run_tool(self, job: ToolJob) -> dict[str, Any]:
+    def run_tool(self, job: ToolJob, cancel: threading.Event | None = None) -> dict[str, Any]:
         from workers.tool_jobs import run_tool
 
         if self._inline(job.tool):
             return run_tool(job, self._registry)
         started = time.perf_counter()
+        until = time.monotonic() + job.timeout_s
         fut = self._pool.submit(run_tool, job, self._registry)
-        try:
-            return fut.result(timeout=job.timeout_s)
-        except cf.TimeoutError:
-            fut.cancel()
-            return timeout_outcome(job.timeout_s, started)
+        while True:  # in slices, to see a cancel; the thread is abandoned (it cannot be killed)
+            try:
+                return fut.result(timeout=max(0.0, min(_CANCEL_POLL_S, until - time.monotonic())))
+            except cf.TimeoutError:
+                if cancel is not None and cancel.is_set():
+                    fut.cancel()
+                    return cancelled_outcome()
+                if time.monotonic() >= until:
+                    fut.cancel()
+                    return timeout_outcome(job.timeout_s, started)
 
     def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         from workers.jobs import preprocess_attachment
@@ -119,7 +141,7 @@ class CeleryDispatcher:
             except Exception:  # the backend is away: the result expires instead
                 log.warning("could not delete the result of %s", res.id, exc_info=True)
 
-    def run_tool(self, job: ToolJob) -> dict[str, Any]:
+    def run_tool(self, job: ToolJob, cancel: threading.Event | None = None) -> dict[str, Any]:
         """One attempt. A broker or result backend that is down or restarting is waited out
         within the attempt's timeout (`core.outage`): a send that failed is known not to have
         happened (`not_sent_outcome`), never an error that ends the runner."""
@@ -140,12 +162,26 @@ class CeleryDispatcher:
             res = wait_out("tool queue", send, deadline=until)
         except OutageOutlasted as exc:
             return not_sent_outcome("tools", exc.last)
+
+        def on_interval() -> None:
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled
+
         try:
             return wait_out(
                 "tool result backend",
-                lambda: res.get(timeout=max(0.001, until - time.monotonic()), propagate=True),
+                lambda: res.get(
+                    timeout=max(0.001, until - time.monotonic()),
+                    propagate=True,
+                    interval=_CANCEL_POLL_S,
+                    on_interval=on_interval,
+                ),
                 deadline=until,
             )
+        except _Cancelled:
+            with suppress(Exception):  # the late result, if any, is never read
+                res.revoke(terminate=True)
+            return cancelled_outcome()
         except (CeleryTimeout, OutageOutlasted):
             with suppress(Exception):  # the broker may still be away: the job's `expires` bounds it
                 res.revoke(terminate=True)

@@ -10,12 +10,16 @@ completion tokens, time to first token). Implementations:
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -40,6 +44,45 @@ class InferenceUnavailable(InferenceError, DependencyUnavailable):
 
     def __init__(self, message: str):
         super().__init__(message, retryable=True)
+
+
+class InferenceCancelled(InferenceError):
+    """The call was aborted because its task was cancelled (`abort()`): nothing to record."""
+
+    def __init__(self) -> None:
+        super().__init__("the model call was aborted: the task was cancelled", retryable=False)
+
+
+class _SocketTracker(httpcore.SyncBackend):
+    """httpcore's network backend, remembering the sockets it opened so that `abort` can shut
+    them down: closing a socket does not wake a thread blocked reading it, shutting it down does."""
+
+    def __init__(self) -> None:
+        self._socks: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(*args, **kwargs)
+        if (sock := stream.get_extra_info("socket")) is not None:
+            self._socks.add(sock)
+        return stream
+
+    def abort(self) -> None:
+        for sock in list(self._socks):
+            with suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _AbortableTransport(httpx.HTTPTransport):
+    """`httpx.HTTPTransport` whose open connections `abort()` cuts (a cancelled task's request:
+    the server sees the client go away and frees the request's slot)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sockets = _SocketTracker()
+        self._pool = httpcore.ConnectionPool(network_backend=self.sockets)
+
+    def abort(self) -> None:
+        self.sockets.abort()
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +287,17 @@ class OpenAIChatClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # OpenAI clients are configured with the `/v1` base; requests here name the full path.
         base = base_url.rstrip("/").removesuffix("/v1")
-        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout_s)
+        self._transport = _AbortableTransport()
+        self._http = httpx.Client(
+            base_url=base, headers=headers, timeout=timeout_s, transport=self._transport
+        )
         self._model = model
+        self._aborted = threading.Event()
+
+    def abort(self) -> None:
+        """Abort the call in flight (from another thread): it raises `InferenceCancelled`."""
+        self._aborted.set()
+        self._transport.abort()
 
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
@@ -262,12 +314,16 @@ class OpenAIChatClient:
         headers: dict[str, str] = {}
         _PROPAGATOR.inject(headers)  # the task's trace continues on the model server
         t0 = time.perf_counter()
+        self._aborted.clear()
         try:
             resp = self._http.post("/v1/chat/completions", json=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            # Slow, not gone: a failed attempt (the same request may be too big to finish in time).
-            raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
-        except httpx.TransportError as exc:  # refused, reset, or closed mid-answer (a restart)
+        except httpx.TransportError as exc:
+            if self._aborted.is_set():
+                raise InferenceCancelled() from exc
+            if isinstance(exc, httpx.TimeoutException):
+                # Slow, not gone: a failed attempt (the same request may be too big to finish in time).
+                raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
+            # refused, reset, or closed mid-answer (a restart)
             raise InferenceUnavailable(f"inference server unreachable: {exc}") from exc
         except httpx.HTTPError as exc:
             raise InferenceError(f"inference request failed: {exc}", retryable=True) from exc

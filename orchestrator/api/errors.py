@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from core.outage import is_outage
 from orchestrator.api.schemas import Problem
 from orchestrator.db.engine import DB_ERRORS
-from orchestrator.tasks.errors import IdempotencyConflict, TaskNotFound
+from orchestrator.tasks.errors import IdempotencyConflict, TaskFinished, TaskNotFound
 
 log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -114,6 +114,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TaskNotFound)
     async def _not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
         return problem_response(request, 404, "Not Found", "no such task", "task-not-found")
+
+    @app.exception_handler(TaskFinished)
+    async def _finished(request: Request, exc: TaskFinished) -> JSONResponse:
+        return problem_response(
+            request,
+            409,
+            "Conflict",
+            f"the task already ended {exc.status}: too late to cancel",
+            "task-finished",
+        )
 
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:

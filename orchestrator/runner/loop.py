@@ -35,6 +35,7 @@ from orchestrator.inference_client import InferenceClient
 from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
 from orchestrator.probes import Health
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
+from orchestrator.runner.cancel import CancelSignal, CancelWatch
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
@@ -99,6 +100,8 @@ class Runner:
         self.conn: Connection | None = None  # the connection driving the current task
         self._held: Connection | None = None  # kept between `run_once` calls (`_connection`)
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
+        self._cancel_watch = CancelWatch(engine)
+        self.cancel_signal: CancelSignal | None = None  # of the step in flight (`runner.cancel`)
 
     # -- outer loop --------------------------------------------------------------------------
     @property
@@ -109,6 +112,7 @@ class Runner:
     def stop(self) -> None:
         self._stop.set()
         self._heartbeat.close()
+        self._cancel_watch.close()
 
     def run_forever(self) -> None:
         """Loop until `stop()`. An outage (the database, a broker) is waited out with backoff
@@ -361,11 +365,20 @@ class Runner:
         if in_doubt:
             ATTEMPTS_RESUMED.inc()
         t0 = time.perf_counter()
-        with task_span(task.traceparent, f"step.{step.kind}", attrs) as span:
-            if step.kind == "model":
-                self._execute_model(task, step)
-            else:
-                self._execute_tool(task, step, in_doubt=in_doubt)
+        with (
+            task_span(task.traceparent, f"step.{step.kind}", attrs) as span,
+            self._cancel_watch.watch(task.id) as sig,
+        ):
+            self.cancel_signal = sig
+            try:
+                if step.kind == "model":
+                    self._execute_model(task, step)
+                else:
+                    self._execute_tool(task, step, in_doubt=in_doubt)
+            finally:
+                self.cancel_signal = None
+            if sig.event.is_set():
+                task.cancel_requested = True  # the step wrote nothing: the next turn cancels the task
             outcome = step.status.lower()  # succeeded, failed or retry_wait, as committed
             span.set_attribute("dayzero.outcome", outcome)
         STEP_SECONDS.labels(step.kind, outcome).observe(time.perf_counter() - t0)

@@ -10,7 +10,14 @@ from opentelemetry import trace
 from core.outage import OutageOutlasted, wait_out
 from orchestrator.attachments import AttachmentError, resolve_images
 from orchestrator.clock import utcnow
-from orchestrator.inference_client import AssistantTurn, InferenceError, Sampling, Usage, output_problem
+from orchestrator.inference_client import (
+    AssistantTurn,
+    InferenceCancelled,
+    InferenceError,
+    Sampling,
+    Usage,
+    output_problem,
+)
 from orchestrator.metrics import MODEL_TOKENS, MODEL_TTFT
 from orchestrator.retry import decide
 from orchestrator.runner.boundary import budget_error, schedule_retry
@@ -45,6 +52,7 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
     if task.offered_tools is None:
         task.offered_tools = r.tools.openai_tools(task.allowed_tools)
     tools = task.offered_tools
+    sig = r.cancel_signal
     try:
         messages = task.transcript
         if task.attachments:
@@ -54,10 +62,14 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
             )
         if (feedback := _feedback(r, task, step)) is not None:
             messages = [*messages, feedback]
+        if sig is not None and (abort := getattr(r.inference, "abort", None)) is not None:
+            sig.add_abort(abort)  # a cancel closes the request: the server frees its slot
         turn = _chat_waiting_out_outages(r, task, messages, tools)
         error: InferenceError | None = None
-    except OutageOutlasted:
-        return  # the model server was away until the deadline: the next loop turn times the task out
+    except (OutageOutlasted, InferenceCancelled):
+        # The model server was away until the deadline, or the task was cancelled: nothing to
+        # record, the next loop turn ends the task.
+        return
     except InferenceError as exc:
         turn, error = None, exc
     except AttachmentError as exc:  # the same transcript can never resolve: permanent
@@ -75,6 +87,8 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
         err = {"kind": UNPARSEABLE, "message": problem, "retryable": True}
         _fail_attempt(r, task, step, err, usage=turn.usage.to_dict())
         return
+    if sig is not None and (sig.event.is_set() or (not turn.tool_calls and sig.requested())):
+        return  # cancelled while the answer was on its way: the task ends CANCELLED, not SUCCEEDED
     task.model_feedback.pop(step.index, None)
     usage = turn.usage
     tx = r.txn(task)

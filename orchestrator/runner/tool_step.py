@@ -81,8 +81,11 @@ def run_tool_step(r: Runner, task: TaskView, step: StepView, *, in_doubt: bool) 
         remaining = (task.deadline_at - utcnow()).total_seconds()
         timeout_s = max(0.001, min(policy.timeout_s, remaining))
         failpoint("before_tool")
-        outcome = r.dispatcher.run_tool(tool_job(r, task, step, timeout_s))
+        sig = r.cancel_signal
+        outcome = r.dispatcher.run_tool(tool_job(r, task, step, timeout_s), cancel=sig.event if sig else None)
         failpoint("after_tool")
+        if sig is not None and sig.event.is_set():
+            return  # cancelled meanwhile: the job is revoked or abandoned, its result ignored
         lost = False
     tx = r.txn(task)
     record_tool_outcome(tx, step, spec, outcome, lost=lost)

@@ -219,8 +219,8 @@ def get_one(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> TaskDetail:
     "/{task_id}/cancel",
     status_code=202,
     response_model=TaskSummary,
-    summary="Cancel a task (now if no runner holds it, else at its next step boundary)",
-    responses=problem_responses(401, 404, 422),
+    summary="Cancel a task (now if no runner holds it, else by its runner, interrupting the step in flight)",
+    responses=problem_responses(401, 404, 409, 422),
 )
 def cancel(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> Any:
     with engine.begin() as conn:
