@@ -25,6 +25,10 @@ MAX_METADATA_KEYS = 32
 IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 ATTACHMENT_MEDIA_TYPES = (*IMAGE_MEDIA_TYPES, "application/pdf")  # PDFs: parsed on the preprocess workers
 
+ATTACHMENT_URL_PREFIX = "dayzero://attachments/"  # + attachment id (`orchestrator.attachments`)
+# An image part of `messages` turned into the attachment at this index (its id is not known yet).
+INLINE_IMAGE_PREFIX = ATTACHMENT_URL_PREFIX + "#"
+
 ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
@@ -135,6 +139,51 @@ class TaskCreate(_Strict):
     @classmethod
     def _storable_text(cls, data: Any) -> Any:
         return check_text(data)
+
+    @model_validator(mode="after")
+    def _images_in_messages_are_attachments(self) -> TaskCreate:
+        """Image parts in `messages` take the attachments' path: a `data:` image becomes an inline
+        attachment (preprocessed and redacted by the workers like any other; the part then refers
+        to it), a `dayzero://attachments/<id>` part may name one of the task's own attachments;
+        processed references (`dayzero-processed:`) are minted by the system only, and image URLs
+        elsewhere would reach the model unprocessed."""
+        for i, m in enumerate(self.messages):
+            for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+                if not isinstance(part, dict) or part.get("type") != "image_url":
+                    continue
+                where = f"messages[{i}].content[{j}]"
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, dict) else image
+                if not isinstance(url, str):
+                    raise PydanticCustomError(
+                        "invalid_image_part", "{where}: image_url.url must be a string", {"where": where}
+                    )
+                if url.startswith(ATTACHMENT_URL_PREFIX):
+                    continue
+                if not url.startswith("data:"):
+                    raise PydanticCustomError(
+                        "image_url_not_allowed",
+                        "{where}: images are sent inline (data: URLs) or as attachments, not by URL "
+                        "or processed reference",
+                        {"where": where},
+                    )
+                head, _, b64 = url.partition(",")
+                media_type = head[len("data:") :].removesuffix(";base64")
+                if not head.endswith(";base64") or media_type not in IMAGE_MEDIA_TYPES:
+                    raise PydanticCustomError(
+                        "invalid_image_part",
+                        "{where}: a data: URL must be base64 of one of {types}",
+                        {"where": where, "types": ", ".join(IMAGE_MEDIA_TYPES)},
+                    )
+                self.attachments.append(InlineAttachment(data=b64, media_type=media_type))  # type: ignore[arg-type]
+                part["image_url"] = {"url": f"{INLINE_IMAGE_PREFIX}{len(self.attachments) - 1}"}
+        if len(self.attachments) > MAX_ATTACHMENTS:
+            raise PydanticCustomError(
+                "too_many_attachments",
+                "at most {n} attachments, images in messages included",
+                {"n": MAX_ATTACHMENTS},
+            )
+        return self
 
 
 class KafkaTaskMessage(TaskCreate):
