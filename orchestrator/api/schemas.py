@@ -106,7 +106,10 @@ class InlineAttachment(_Strict):
 
 
 class Budget(_Strict):
-    """Per-task limits; the server's defaults are the maximum."""
+    """Per-task limits; the server's defaults are the maximum. Numbers are JSON numbers: a string
+    such as "5" is refused, not converted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_steps: Annotated[int | None, NotBool] = Field(None, ge=1, le=100_000)
     max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000_000)
@@ -114,6 +117,7 @@ class Budget(_Strict):
 
 
 class SamplingParams(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True)  # "0.5" is not a number either
     temperature: Annotated[float | None, NotBool] = Field(None, ge=0, le=2)
     top_p: Annotated[float | None, NotBool] = Field(None, gt=0, le=1)
     max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000)
