@@ -13,8 +13,10 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
+from core.media import SNIFF_BYTES, sniff_media_type
 from orchestrator.api.blobs import put_blob
 from orchestrator.api.schemas import (
+    ATTACHMENT_MEDIA_TYPES,
     ATTACHMENT_URL_PREFIX,
     INLINE_IMAGE_PREFIX,
     InlineAttachment,
@@ -104,6 +106,13 @@ def _decode_inline(body: TaskCreate, tenant: str, idempotency_key: str | None) -
             raise InvalidSubmission("bad_attachment", f"attachments[{i}].data is not base64: {exc}") from None
         if not data:
             raise InvalidSubmission("bad_attachment", f"attachments[{i}].data is empty")
+        media_type = sniff_media_type(data[:SNIFF_BYTES])  # the content decides, as for uploads
+        if media_type is None or media_type not in ATTACHMENT_MEDIA_TYPES:
+            raise InvalidSubmission(
+                "bad_attachment",
+                f"attachments[{i}] is declared {a.media_type}, but its content is not one of "
+                f"{list(ATTACHMENT_MEDIA_TYPES)}",
+            )
         sha = hashlib.sha256(data).hexdigest()
         # With an idempotency key the id is derived, so a replay hashes to the same request.
         att_id = (
@@ -111,7 +120,7 @@ def _decode_inline(body: TaskCreate, tenant: str, idempotency_key: str | None) -
             if idempotency_key is not None
             else str(uuid.uuid4())
         )
-        out[i] = _Inline(att_id, sha, data, a.media_type, a.filename)
+        out[i] = _Inline(att_id, sha, data, media_type, a.filename)
     return out
 
 

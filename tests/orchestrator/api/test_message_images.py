@@ -61,3 +61,28 @@ def test_image_urls_and_processed_references_in_messages_are_refused(api: Api, u
     r = api.client.post("/v1/tasks", json=_body(url), headers=api.h())
     assert r.status_code == 422, r.text
     assert any(e["type"] == "image_url_not_allowed" for e in r.json()["errors"])
+
+
+def _jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (30, 200, 30)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_the_content_decides_the_media_type_and_is_recorded(api: Api):
+    # Before: an upload declared image/png that was a JPEG was recorded as image/png.
+    r = api.client.post("/v1/attachments", content=_jpeg(), headers=api.h(**{"content-type": "image/png"}))
+    assert r.status_code == 201 and r.json()["media_type"] == "image/jpeg", r.text
+    junk = api.client.post(
+        "/v1/attachments", content=b"not an image at all", headers=api.h(**{"content-type": "image/png"})
+    )
+    assert junk.status_code == 415, junk.text
+    inline = {
+        "goal": "g",
+        "attachments": [{"data": base64.b64encode(_jpeg()).decode(), "media_type": "image/png"}],
+    }
+    r = api.client.post("/v1/tasks", json=inline, headers=api.h())
+    assert r.status_code == 201, r.text
+    with api.engine.connect() as conn:
+        (att,) = conn.execute(select(attachments_t).where(attachments_t.c.task_id == r.json()["id"])).all()
+    assert att.media_type == "image/jpeg"
