@@ -5,7 +5,8 @@ create the valid ones in ONE DB transaction (`tasks.create.create_tasks`), commi
 ones to the DLQ with the reason in headers and wait for the broker's ack, and only then commit the
 offsets. A crash anywhere before the offset commit redelivers the batch; the idempotent insert
 turns the redelivery into no-ops (a DLQ record may then appear twice). Records without a key get
-a derived one, `kafka:<topic>:<partition>:<offset>`, so they too are created once.
+a derived one, `kafka:<topic>:<partition>:<offset>:<timestamp>`, so they too are created once
+(the timestamp tells a re-created topic's record from the old one at the same offset).
 
 Back-pressure: while `max_pending` or more tasks are PENDING/READY the consumer pauses all its
 partitions (it keeps polling, so it stays in the group) and resumes below `resume_fraction` of it.
@@ -207,7 +208,9 @@ class Ingestor:
             reason = "invalid_number" if any(e["type"] == "invalid_number" for e in errors) else "schema"
             return Rejected(record, reason, errs[:1000])
         if record.key is None:
-            key = f"kafka:{record.topic}:{record.partition}:{record.offset}"
+            # The record's timestamp too: a re-created topic starts its offsets again at 0, and
+            # `topic:partition:offset` alone would name an old task.
+            key = f"kafka:{record.topic}:{record.partition}:{record.offset}:{record.timestamp}"
         else:
             try:
                 key = record.key.decode("utf-8")

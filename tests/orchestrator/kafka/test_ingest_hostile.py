@@ -145,3 +145,20 @@ def test_kafka_allows_the_same_nesting_as_rest(
     _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= 1)
     dlq = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 1)
     assert [(m.key, dict(m.headers)["dlq-reason"]) for m in dlq] == [(b"deep40", b"too_deep")]
+
+
+def test_keyless_records_of_a_recreated_topic_get_new_keys(db, tenants, kafka_settings, make_ingestor):
+    # Before: the derived key was `kafka:<topic>:<partition>:<offset>`; a re-created topic starts
+    # at offset 0 again, so its records were taken for replays of the old topic's tasks.
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    ing = make_ingestor()
+    value = json.dumps({"tenant": "acme", "goal": "g"}).encode()
+
+    def record(timestamp: int) -> ConsumerRecord:
+        return ConsumerRecord(
+            kafka_settings.tasks_topic, 0, -1, 0, timestamp, 0, None, value, [], None, -1, len(value), -1
+        )
+
+    old, new = ing.parse(record(1_700_000_000_000)), ing.parse(record(1_700_000_500_000))
+    assert old.key != new.key and old.key.startswith(f"kafka:{kafka_settings.tasks_topic}:0:0:")
