@@ -6,7 +6,8 @@ writer (`tasks.writer.TaskWrite.commit`, fenced on the lease): on PostgreSQL ONE
 is its own transaction (one round trip); on SQLite the same statements inside `BEGIN IMMEDIATE`.
 If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
 (`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
-`cancel_requested`, which the runner honours at the next step boundary.
+`cancel_requested`, which the runner honours at the next step boundary (a step in flight is
+interrupted sooner: `runner.cancel`).
 
 Steps have no rows of their own (migration 0011, `tasks.history`): the task row carries the open
 step (`open_*`, `next_step`, written from the view at every commit), and a finished step's
