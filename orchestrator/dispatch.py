@@ -145,6 +145,7 @@ class CeleryDispatcher:
         """One attempt. A broker or result backend that is down or restarting is waited out
         within the attempt's timeout (`core.outage`): a send that failed is known not to have
         happened (`not_sent_outcome`), never an error that ends the runner."""
+        from celery.exceptions import TaskRevokedError
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         started = time.perf_counter()
@@ -182,6 +183,13 @@ class CeleryDispatcher:
             with suppress(Exception):  # the late result, if any, is never read
                 res.revoke(terminate=True)
             return cancelled_outcome()
+        except TaskRevokedError as exc:
+            # Expired before a worker took it (a broker restart held it back) or terminated while
+            # it ran: a failed attempt whose side effect may have begun (`started` unknown).
+            return {
+                "ok": False,
+                "error": {"error": f"the job was revoked: {exc}", "kind": ErrorKind.RETRYABLE.value},
+            }
         except (CeleryTimeout, OutageOutlasted):
             with suppress(Exception):  # the broker may still be away: the job's `expires` bounds it
                 res.revoke(terminate=True)

@@ -206,3 +206,26 @@ def test_a_celery_broker_blip_is_waited_out_and_the_tool_runs_once(
     assert (task.status, task.result) == ("SUCCEEDED", "done after 1 tool calls")
     assert [a.status for a in attempts] == ["SUCCEEDED"], attempts
     assert (state_dir / "remits.log").read_text().split() == [f"{first}:1:1", f"{task_id}:1:1"]
+
+
+def test_a_revoked_job_is_a_failed_attempt_not_a_runner_crash(tmp_path, state_dir):
+    # Found by the soak with Redis restarts: a job that expired in the queue (the broker was away
+    # past its deadline) comes back as TaskRevokedError from the result, which ended the runner.
+    from tests.workers.conftest import REDIS_URL
+    from workers.payloads import ToolJob
+
+    prefix = f"dzrevoke-{uuid.uuid4().hex[:8]}-"
+    worker = _start_tools_worker(REDIS_URL, prefix, tmp_path / "worker.log")
+    dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL, app=build_app(REDIS_URL, REDIS_URL, prefix))
+    try:
+        job = ToolJob(
+            tool="echo", arguments="{}", task_id="t", step_index=1, attempt=1, idempotency_key="t:1:1",
+            timeout_s=30.0, not_after=time.time() - 60,  # expired before any worker sees it
+        )  # fmt: skip
+        outcome = dispatcher.run_tool(job)
+    finally:
+        dispatcher.close()
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    assert outcome["ok"] is False and outcome["error"]["kind"] == "retryable", outcome
+    assert "revoked" in outcome["error"]["error"]

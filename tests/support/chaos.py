@@ -52,6 +52,7 @@ from tests.support.kafka_broker import consume_all, free_port
 REPO = Path(__file__).resolve().parents[2]
 TENANT = "acme"
 ACTIONS = (("runner", 4), ("worker", 1), ("ingest", 1), ("relay", 1), ("cut", 2))
+SERVICE_ACTIONS = (("model", 1), ("redis", 1))  # with `ChaosConfig.service_restarts`
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,10 @@ class ChaosConfig:
     # has not finished within `drain_max_s`. A busy machine is slow, never stuck.
     stall_s: float = 120.0
     drain_max_s: float = 900.0
+    # Also restart the model server and Redis (their own processes here, Redis with its append-only
+    # file, as a real one), each down for `restart_down_s` before it comes back.
+    service_restarts: bool = False
+    restart_down_s: float = 4.0
     seed: int = 15
 
 
@@ -86,7 +91,15 @@ class Stack:
     """The processes, each respawned at once after a kill (and after an unexpected exit, which
     is recorded)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, cfg: ChaosConfig, api_port: int, prefix: str):
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        cfg: ChaosConfig,
+        api_port: int,
+        prefix: str,
+        services: dict[str, list[str]] | None = None,
+    ):
         py = sys.executable
         worker = [py, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker", "--queues", "tools",
                   "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO", "--without-gossip",
@@ -102,6 +115,8 @@ class Stack:
             "ingest": [_Proc("ingest", [py, "-m", "orchestrator.cli", "ingest", "--no-create-topics"], log_dir / "ingest.log")],
             "relay": [_Proc("relay", [py, "-m", "orchestrator.cli", "relay", "--no-create-topics"], log_dir / "relay.log")],
         }  # fmt: skip
+        for kind, cmd in (services or {}).items():  # started first: the others wait for them
+            self.procs = {kind: [_Proc(kind, cmd, log_dir / f"{kind}.log")], **self.procs}
         self._spawned = 0
 
     def _spawn(self, p: _Proc) -> None:
@@ -118,6 +133,16 @@ class Stack:
         for group in self.procs.values():
             for p in group:
                 self._spawn(p)
+
+    def restart(self, kind: str, down_s: float) -> None:
+        """SIGKILL a service, and start it again on the same port after `down_s`."""
+        (p,) = self.procs[kind]
+        self.check()
+        assert p.popen is not None
+        _killpg(p.popen)
+        p.kills += 1
+        time.sleep(down_s)
+        self._spawn(p)
 
     def kill(self, kind: str, rng: random.Random) -> None:
         p = rng.choice(self.procs[kind])
@@ -275,6 +300,17 @@ def run_chaos(
     with engine.begin() as conn:
         api_key = create_api_key(conn, TENANT).key
     api_port = free_port()
+    services: dict[str, list[str]] = {}
+    if cfg.service_restarts:
+        model_port, redis_port = free_port(), free_port()
+        (work_dir / "redis").mkdir(exist_ok=True)
+        services = {
+            "model": [sys.executable, "-m", "tests.support.scripted_model", str(model_port)],
+            "redis": ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "yes", "--appendfsync", "always", "--dir", str(work_dir / "redis")],
+        }  # fmt: skip
+        model_url = f"http://127.0.0.1:{model_port}"
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAYZERO_", "CELERY_", "KAFKA_"))}
     env.update(
         PYTHONPATH=str(REPO),
@@ -301,7 +337,8 @@ def run_chaos(
         DAYZERO_POLL_INTERVAL_S="0.05",
         DAYZERO_INGRESS_GC_FREEZE="false",
     )
-    stack = Stack(env, work_dir, cfg, api_port, prefix)
+    stack = Stack(env, work_dir, cfg, api_port, prefix, services)
+    actions_table = ACTIONS + (SERVICE_ACTIONS if cfg.service_restarts else ())
     stack.start()
     api = f"http://127.0.0.1:{api_port}"
     _wait(lambda: _healthy(api), 60, "the API to start")
@@ -330,9 +367,11 @@ def run_chaos(
                     actions["outage"] += 1
                     time.sleep(cfg.outage_s)
             elif time.monotonic() >= next_action and now < cfg.chaos_s:
-                kind = rng.choices([a for a, _ in ACTIONS], weights=[w for _, w in ACTIONS])[0]
+                kind = rng.choices([a for a, _ in actions_table], weights=[w for _, w in actions_table])[0]
                 if kind == "cut":
                     cut_connections(dbname)
+                elif kind in services:
+                    stack.restart(kind, cfg.restart_down_s)
                 else:
                     stack.kill(kind, rng)
                 actions[kind] += 1
