@@ -2,6 +2,11 @@
 
 With nothing configured this is the embedded default: SQLite, in-process dispatch, the embedded
 engine on CPU. The same code runs against Postgres, Celery and a remote model when configured.
+
+The task is checked by the REST body's schema (`TaskCreate`) and the tools the runner has;
+errors are one line on stderr. Exit codes: 0 the task SUCCEEDED, 1 it ended otherwise (FAILED,
+CANCELLED, TIMED_OUT), 2 invalid input (goal, tools, budget, image files), 3 `--timeout` passed
+(the task is cancelled).
 """
 
 from __future__ import annotations
@@ -14,23 +19,77 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run one task end to end and print its transcript")
+    p = sub.add_parser(
+        "run",
+        help="run one task end to end and print its transcript",
+        epilog="exit codes: 0 succeeded, 1 the task ended otherwise, 2 invalid input, 3 --timeout passed",
+    )
     p.add_argument("goal", help="what the agent should do")
     p.add_argument("--image", action="append", default=[], help="image file to attach (repeatable)")
     p.add_argument("--tools", default=None, help="comma-separated allowed tools (default: all)")
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the task")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for the task; then it is cancelled (exit 3)",
+    )
     p.add_argument("--json", action="store_true", help="print the task as JSON")
     p.set_defaults(func=_run)
 
 
+EXIT_INVALID, EXIT_TIMEOUT = 2, 3
+_CANCEL_GRACE_S = 5.0  # after --timeout, how long the cancelled task is given to end
+
+
+class _InvalidRun(Exception):
+    """What is wrong with the command line, in one line."""
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The checks REST makes (`TaskCreate`), plus the image files: raises `_InvalidRun`."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from orchestrator.api.schemas import TaskCreate
+
+    body: dict[str, Any] = {"goal": args.goal}
+    if args.tools:
+        body["allowed_tools"] = args.tools.split(",")
+    if args.max_steps is not None:
+        body["budget"] = {"max_steps": args.max_steps}
+    try:
+        TaskCreate.model_validate(body)
+    except ValidationError as exc:
+        e = exc.errors(include_input=False)[0]
+        raise _InvalidRun(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    for image in args.image:
+        if not Path(image).is_file():
+            raise _InvalidRun(f"no such image file: {image}")
+    if args.timeout <= 0:
+        raise _InvalidRun("--timeout must be positive")
+
+
 def _run(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        _check(args)
+        return _run_checked(args)
+    except _InvalidRun as exc:
+        print(f"dayzero run: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+def _run_checked(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from orchestrator.app import make_runner
     from orchestrator.attachments import attach_files
     from orchestrator.config import Settings
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
+    from orchestrator.tasks.control import request_cancel
     from orchestrator.tasks.create import NewTask, create_task
     from orchestrator.tasks.queries import get_task, list_messages
     from orchestrator.tracing import setup_tracing
@@ -38,9 +97,15 @@ def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     settings = Settings()
     setup_tracing("dayzero-run", settings.otlp_endpoint)
+    started = time.monotonic()
     with console.status("starting (database, tools, model)"):
         parts = make_runner(settings, upgrade=True)
+    timed_out = False
     try:
+        allowed = args.tools.split(",") if args.tools else None
+        unknown = sorted(set(allowed or ()) - set(parts.tools.names()))
+        if unknown:
+            raise _InvalidRun(f"unknown tools {unknown}; this runner has {parts.tools.names()}")
         with parts.engine.begin() as conn:
             att_ids = attach_files(conn, settings, "local", args.image) if args.image else []
             task_id, _ = create_task(
@@ -48,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
                 NewTask(
                     tenant="local",
                     goal=args.goal,
-                    allowed_tools=args.tools.split(",") if args.tools else None,
+                    allowed_tools=allowed,
                     max_steps=args.max_steps,
                     attachment_ids=att_ids,
                 ),
@@ -60,11 +125,17 @@ def _run(args: argparse.Namespace) -> int:
             with parts.engine.connect() as c:
                 return TaskStatus(get_task(c, task_id).status) in TERMINAL_TASK_STATUSES
 
+        deadline = started + args.timeout
+
+        def cancel() -> None:  # --timeout: the runner interrupts the step in flight
+            with parts.engine.begin() as c:
+                request_cancel(c, task_id)
+
         if args.json:
             with console.status("running"):
-                parts.runner.run_until_idle(timeout_s=args.timeout, until=done)
+                timed_out = _drive(parts, deadline, done, cancel)
         else:
-            _run_live(console, parts, task_id, args.timeout, done)
+            timed_out = _run_live(console, parts, task_id, deadline, done, cancel)
         with parts.engine.connect() as conn:
             task = get_task(conn, task_id)
             messages = list_messages(conn, task_id)
@@ -84,48 +155,72 @@ def _run(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
+    elif timed_out:
+        print(f"dayzero run: timed out after {args.timeout:g} s; task {task.id} is {task.status}")
     else:
         print(task.result if task.status == "SUCCEEDED" else f"{task.status}: {task.error}")
+    if timed_out:
+        return EXIT_TIMEOUT
     return 0 if task.status == "SUCCEEDED" else 1
 
 
-def _run_live(console: Any, parts: Any, task_id: str, timeout_s: float, done: Any) -> None:
-    """Drive the task on a worker thread and show each transcript message as it is committed: the
-    model's turn (its text, or its tool calls with their arguments), each tool result, the answer."""
-    from orchestrator.tasks.queries import list_messages
-
+def _drive(parts: Any, deadline: float, done: Any, cancel: Any, on_turn: Any = None) -> bool:
+    """Run the task on a worker thread until it ends; at `deadline` cancel it (the runner then
+    interrupts the step in flight) and wait for the end. Returns whether the deadline passed."""
     failure: list[BaseException] = []
+    ended = threading.Event()
 
-    def drive() -> None:
+    def work() -> None:
         try:
-            parts.runner.run_until_idle(timeout_s=timeout_s, until=done)
+            parts.runner.run_until_idle(timeout_s=1e9, until=lambda: ended.is_set() or done())
         except BaseException as exc:  # shown (and re-raised) on the main thread
             failure.append(exc)
 
-    worker = threading.Thread(target=drive, name="dayzero-run", daemon=True)
+    worker = threading.Thread(target=work, name="dayzero-run", daemon=True)
     worker.start()
-    shown, names, turn = 0, {}, 0
-    status = console.status("model turn 1 …")
-    status.start()
-    try:
-        while True:
-            alive = worker.is_alive()
-            with parts.engine.connect() as conn:
-                messages = list_messages(conn, task_id)
-            for m in messages[shown:]:
-                turn += m["role"] == "assistant"
-                _show_message(console, m, names, turn)
-                waiting_on_tool = m["role"] == "assistant" and m.get("tool_calls")
-                status.update("running tool …" if waiting_on_tool else f"model turn {turn + 1} …")
-            shown = len(messages)
-            if not alive:
-                break
-            time.sleep(0.05)
-    finally:
-        status.stop()
-    worker.join()
+    timed_out = False
+    while worker.is_alive():
+        if on_turn is not None:
+            on_turn()
+        now = time.monotonic()
+        if not timed_out and now >= deadline:
+            timed_out = True
+            cancel()
+        if timed_out and now >= deadline + _CANCEL_GRACE_S:
+            ended.set()  # a step that cannot be interrupted (the embedded engine): stop waiting
+            break
+        worker.join(0.05)
+    if on_turn is not None:
+        on_turn()
     if failure:
         raise failure[0]
+    return timed_out
+
+
+def _run_live(console: Any, parts: Any, task_id: str, deadline: float, done: Any, cancel: Any) -> bool:
+    """`_drive`, showing each transcript message as it is committed: the model's turn (its text,
+    or its tool calls with their arguments), each tool result, the answer."""
+    from orchestrator.tasks.queries import list_messages
+
+    seen = {"shown": 0, "turn": 0}
+    names: dict[str, str] = {}
+    status = console.status("model turn 1 …")
+
+    def show() -> None:
+        with parts.engine.connect() as conn:
+            messages = list_messages(conn, task_id)
+        for m in messages[seen["shown"] :]:
+            seen["turn"] += m["role"] == "assistant"
+            _show_message(console, m, names, seen["turn"])
+            waiting_on_tool = m["role"] == "assistant" and m.get("tool_calls")
+            status.update("running tool …" if waiting_on_tool else f"model turn {seen['turn'] + 1} …")
+        seen["shown"] = len(messages)
+
+    status.start()
+    try:
+        return _drive(parts, deadline, done, cancel, on_turn=show)
+    finally:
+        status.stop()
 
 
 def _show_message(console: Any, m: dict[str, Any], names: dict[str, str], turn: int) -> None:
