@@ -164,21 +164,23 @@ class CeleryDispatcher:
         except OutageOutlasted as exc:
             return not_sent_outcome("tools", exc.last)
 
-        def on_interval() -> None:
-            if cancel is not None and cancel.is_set():
-                raise _Cancelled
+        def wait_for_result() -> Any:
+            # In slices when the task may be cancelled: Celery's own wait cannot be interrupted.
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise CeleryTimeout("the job's time is up")
+                try:
+                    return res.get(
+                        timeout=min(left, _CANCEL_POLL_S) if cancel is not None else left, propagate=True
+                    )
+                except CeleryTimeout:
+                    continue
 
         try:
-            return wait_out(
-                "tool result backend",
-                lambda: res.get(
-                    timeout=max(0.001, until - time.monotonic()),
-                    propagate=True,
-                    interval=_CANCEL_POLL_S,
-                    on_interval=on_interval,
-                ),
-                deadline=until,
-            )
+            return wait_out("tool result backend", wait_for_result, deadline=until)
         except _Cancelled:
             with suppress(Exception):  # the late result, if any, is never read
                 res.revoke(terminate=True)

@@ -229,3 +229,31 @@ def test_a_revoked_job_is_a_failed_attempt_not_a_runner_crash(tmp_path, state_di
         worker.wait(30)
     assert outcome["ok"] is False and outcome["error"]["kind"] == "retryable", outcome
     assert "revoked" in outcome["error"]["error"]
+
+
+def test_a_cancel_stops_the_wait_for_a_celery_job_and_revokes_it(tmp_path, state_dir):
+    # Cancellation (issue 39, item 7) through Celery: the dispatcher stops waiting at once and
+    # revokes the job; the tool here would never end by itself (its gate is never opened).
+    from tests.workers.conftest import REDIS_URL
+    from workers.payloads import ToolJob
+
+    prefix = f"dzcancel-{uuid.uuid4().hex[:8]}-"
+    worker = _start_tools_worker(REDIS_URL, prefix, tmp_path / "worker.log")
+    dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL, app=build_app(REDIS_URL, REDIS_URL, prefix))
+    cancel = threading.Event()
+    try:
+        job = ToolJob(
+            tool="gate", arguments="{}", task_id="t", step_index=1, attempt=1, idempotency_key="t:1:1",
+            timeout_s=60.0, not_after=time.time() + 60,
+        )  # fmt: skip
+        threading.Timer(1.0, cancel.set).start()
+        t0 = time.monotonic()
+        outcome = dispatcher.run_tool(job, cancel=cancel)
+        took = time.monotonic() - t0
+    finally:
+        dispatcher.close()
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    print(f"Celery job: cancel -> dispatcher returned after {took - 1.0:.2f} s")
+    assert outcome.get("cancelled") is True, outcome
+    assert took < 55  # the job itself would have run for the full minute
