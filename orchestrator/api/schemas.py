@@ -34,14 +34,18 @@ MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | b
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 
-def _not_bool(value: Any) -> Any:
-    # Pydantic's lax mode reads true/false as 1/0; the schema says number, so a boolean is a 422.
+def _json_number(value: Any) -> Any:
+    # Pydantic's lax mode reads true/false as 1/0 and "5" as 5; the schema says number, so a
+    # boolean or a string is a 422. (Strict mode would refuse 5.0 for an integer, which JSON
+    # Schema calls an integer.)
     if isinstance(value, bool):
         raise ValueError("expected a number, not a boolean")
+    if isinstance(value, str):
+        raise ValueError("expected a number, not a string")
     return value
 
 
-NotBool = BeforeValidator(_not_bool)
+JsonNumber = BeforeValidator(_json_number)
 
 
 class _Strict(BaseModel):
@@ -109,20 +113,17 @@ class Budget(_Strict):
     """Per-task limits; the server's defaults are the maximum. Numbers are JSON numbers: a string
     such as "5" is refused, not converted."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    max_steps: Annotated[int | None, NotBool] = Field(None, ge=1, le=100_000)
-    max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000_000)
-    deadline_s: Annotated[float | None, NotBool] = Field(None, gt=0, le=30 * 86400)
+    max_steps: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=100_000)
+    max_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=1_000_000_000)
+    deadline_s: Annotated[float | None, JsonNumber] = Field(None, gt=0, le=30 * 86400)
 
 
 class SamplingParams(_Strict):
-    model_config = ConfigDict(extra="forbid", strict=True)  # "0.5" is not a number either
-    temperature: Annotated[float | None, NotBool] = Field(None, ge=0, le=2)
-    top_p: Annotated[float | None, NotBool] = Field(None, gt=0, le=1)
-    max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000)
+    temperature: Annotated[float | None, JsonNumber] = Field(None, ge=0, le=2)
+    top_p: Annotated[float | None, JsonNumber] = Field(None, gt=0, le=1)
+    max_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=1_000_000)
     # exact in every JSON number implementation
-    seed: Annotated[int | None, NotBool] = Field(None, ge=0, le=2**53)
+    seed: Annotated[int | None, JsonNumber] = Field(None, ge=0, le=2**53)
 
 
 class TaskCreate(_Strict):

@@ -39,7 +39,7 @@ def test_strings_are_not_numbers(body):
         TaskCreate.model_validate({"goal": "g", **body})
 
 
-def test_json_numbers_still_pass_strict_fields():
+def test_json_numbers_still_pass_with_strings_refused():
     t = TaskCreate.model_validate_json(
         '{"goal": "g", "budget": {"max_steps": 5, "deadline_s": 10}, "sampling": {"temperature": 1}}'
     )
