@@ -40,7 +40,7 @@ from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
 from orchestrator.runner.preprocess_step import run_preprocess
-from orchestrator.runner.tool_step import run_tool_step
+from orchestrator.runner.tool_step import remove_workspace, run_tool_step
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import StaleTransition
@@ -276,6 +276,8 @@ class Runner:
                 tx = self.txn(task)
                 self._advance(tx, step)
                 tx.commit(self.conn, wait_for_flush=not self._starts_model_attempt(tx, step))
+        if task.status in _TERMINAL:
+            remove_workspace(self.config.workspace_dir, task.id)
 
     def _preprocess(self, task: TaskView) -> bool:
         return run_preprocess(self, task)
