@@ -3,11 +3,14 @@
 Same harness as tests/orchestrator/test_chaos.py (tests/support/chaos.py): `dayzero serve`,
 runners, a Celery tools worker, `dayzero ingest` and `dayzero relay` as real processes on
 PostgreSQL, a local tansu broker and Redis; tasks arrive by REST and Kafka while processes are
-SIGKILLed, database connections cut and the database refused for a while. Prints the figures as
+SIGKILLed, database connections cut, the database refused for a while, and the model server and
+Redis SIGKILLed and started again seconds later (`--no-service-restarts` leaves them up; broker
+restarts are not in the mix: the test broker keeps its log in memory). Prints the figures as
 JSON: kills and outages, REST answers (503s included), lost / duplicated / stuck work (all must
 be empty), same-key tool replays, and task latencies (submission → final state).
 
     python benchmarks/chaos_soak.py [--chaos-s 300] [--rest 300] [--kafka 300] [--runners 3] [--outages 5]
+        [--no-service-restarts]
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ def main() -> int:
     ap.add_argument("--outages", type=int, default=5, help="windows in which the DB refuses connections")
     ap.add_argument("--outage-s", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument(
+        "--no-service-restarts",
+        action="store_true",
+        help="do not restart the model server and Redis (restarted by default)",
+    )
     args = ap.parse_args()
     cfg = ChaosConfig(
         rest_tasks=args.rest,
@@ -50,8 +58,8 @@ def main() -> int:
         chaos_s=args.chaos_s,
         outages=args.outages,
         outage_s=args.outage_s,
-        drain_timeout_s=max(300.0, args.chaos_s),
         seed=args.seed,
+        service_restarts=not args.no_service_restarts,
     )
     with scratch_database() as url, run_tansu() as broker, ScriptedModelServer() as model:
         engine = make_engine(url)

@@ -86,6 +86,9 @@ class IngressSettings(BaseSettings):
     db_retry_after_s: int = Field(
         2, ge=1, description="Retry-After of the 503 answered while the database is down"
     )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="longest wait for the next piece of a request body; past it, 408"
+    )
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="one POST /v1/attachments upload")
     sse_poll_s: float = Field(
         0.5, gt=0, description="SSE re-check interval without (or besides) the outbox tail"

@@ -12,12 +12,20 @@ import logging
 import queue
 import threading
 import time
+from contextlib import suppress
 from typing import Any, Protocol
 
+from core.outage import OutageOutlasted, wait_out
 from tools.base import ErrorKind
 from workers.payloads import PreprocessJob, ToolJob
 
 log = logging.getLogger(__name__)
+
+_CANCEL_POLL_S = 0.25  # how often a wait for a tool job looks at its task's cancel signal
+
+
+class _Cancelled(Exception):
+    """The task was cancelled while its tool job ran (raised out of Celery's wait)."""
 
 
 def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
@@ -28,9 +36,33 @@ def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
     }
 
 
+def not_sent_outcome(queue: str, reason: BaseException) -> dict[str, Any]:
+    """The job never reached its queue (the broker was away until the attempt's deadline): it
+    is known not to have run, so even a tool that is not safe to repeat may be tried again."""
+    return {
+        "ok": False,
+        "error": {
+            "error": f"the job could not be sent to the {queue} queue ({reason}); it did not run",
+            "kind": ErrorKind.RETRYABLE.value,
+            "started": False,
+            "code": "queue_unavailable",
+        },
+    }
+
+
+def cancelled_outcome() -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": {"error": "the task was cancelled while the tool ran", "kind": ErrorKind.PERMANENT.value},
+        "cancelled": True,
+    }
+
+
 class Dispatcher(Protocol):
-    def run_tool(self, job: ToolJob) -> dict[str, Any]:
-        """Run one tool attempt; waits at most `job.timeout_s`, then returns a timeout outcome."""
+    def run_tool(self, job: ToolJob, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Run one tool attempt; waits at most `job.timeout_s`, then returns a timeout outcome.
+        Once `cancel` is set it stops waiting (revoking the job where it can) and returns
+        `cancelled_outcome()`."""
         ...
 
     def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
@@ -48,18 +80,24 @@ class InProcessDispatcher:
         self._registry = registry
         self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dayzero-job")
 
-    def run_tool(self, job: ToolJob) -> dict[str, Any]:
+    def run_tool(self, job: ToolJob, cancel: threading.Event | None = None) -> dict[str, Any]:
         from workers.tool_jobs import run_tool
 
         if self._inline(job.tool):
             return run_tool(job, self._registry)
         started = time.perf_counter()
+        until = time.monotonic() + job.timeout_s
         fut = self._pool.submit(run_tool, job, self._registry)
-        try:
-            return fut.result(timeout=job.timeout_s)
-        except cf.TimeoutError:
-            fut.cancel()
-            return timeout_outcome(job.timeout_s, started)
+        while True:  # in slices, to see a cancel; the thread is abandoned (it cannot be killed)
+            try:
+                return fut.result(timeout=max(0.0, min(_CANCEL_POLL_S, until - time.monotonic())))
+            except cf.TimeoutError:
+                if cancel is not None and cancel.is_set():
+                    fut.cancel()
+                    return cancelled_outcome()
+                if time.monotonic() >= until:
+                    fut.cancel()
+                    return timeout_outcome(job.timeout_s, started)
 
     def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         from workers.jobs import preprocess_attachment
@@ -103,20 +141,60 @@ class CeleryDispatcher:
             except Exception:  # the backend is away: the result expires instead
                 log.warning("could not delete the result of %s", res.id, exc_info=True)
 
-    def run_tool(self, job: ToolJob) -> dict[str, Any]:
+    def run_tool(self, job: ToolJob, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """One attempt. A broker or result backend that is down or restarting is waited out
+        within the attempt's timeout (`core.outage`): a send that failed is known not to have
+        happened (`not_sent_outcome`), never an error that ends the runner."""
+        from celery.exceptions import TaskRevokedError
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         started = time.perf_counter()
+        until = time.monotonic() + job.timeout_s
         deadline = job.not_after
         expires = dt.datetime.fromtimestamp(deadline, dt.UTC) if deadline is not None else None
-        with _publish_span("tools", "dayzero.run_tool"):  # its context rides in the Celery headers
-            res = self._app.send_task(
-                "dayzero.run_tool", args=[job.to_dict()], queue="tools", expires=expires
-            )
+
+        def send() -> Any:
+            with _publish_span("tools", "dayzero.run_tool"):  # its context rides in the Celery headers
+                return self._app.send_task(
+                    "dayzero.run_tool", args=[job.to_dict()], queue="tools", expires=expires
+                )
+
         try:
-            return res.get(timeout=job.timeout_s, propagate=True)
-        except CeleryTimeout:
-            res.revoke(terminate=True)
+            res = wait_out("tool queue", send, deadline=until)
+        except OutageOutlasted as exc:
+            return not_sent_outcome("tools", exc.last)
+
+        def wait_for_result() -> Any:
+            # In slices when the task may be cancelled: Celery's own wait cannot be interrupted.
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise CeleryTimeout("the job's time is up")
+                try:
+                    return res.get(
+                        timeout=min(left, _CANCEL_POLL_S) if cancel is not None else left, propagate=True
+                    )
+                except CeleryTimeout:
+                    continue
+
+        try:
+            return wait_out("tool result backend", wait_for_result, deadline=until)
+        except _Cancelled:
+            with suppress(Exception):  # the late result, if any, is never read
+                res.revoke(terminate=True)
+            return cancelled_outcome()
+        except TaskRevokedError as exc:
+            # Expired before a worker took it (a broker restart held it back) or terminated while
+            # it ran: a failed attempt whose side effect may have begun (`started` unknown).
+            return {
+                "ok": False,
+                "error": {"error": f"the job was revoked: {exc}", "kind": ErrorKind.RETRYABLE.value},
+            }
+        except (CeleryTimeout, OutageOutlasted):
+            with suppress(Exception):  # the broker may still be away: the job's `expires` bounds it
+                res.revoke(terminate=True)
             return timeout_outcome(job.timeout_s, started)
         finally:
             self._read.put(res)

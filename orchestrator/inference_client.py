@@ -10,16 +10,21 @@ completion tokens, time to first token). Implementations:
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from core.outage import DependencyUnavailable
 from orchestrator.tracing import trace_error, tracer
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -31,6 +36,53 @@ class InferenceError(Exception):
     def __init__(self, message: str, *, retryable: bool):
         super().__init__(message)
         self.retryable = retryable
+
+
+class InferenceUnavailable(InferenceError, DependencyUnavailable):
+    """The model server is down or restarting (connection refused or cut, 502/503/504, 429): an
+    outage to wait out (`core.outage`), not a failed attempt of the step."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=True)
+
+
+class InferenceCancelled(InferenceError):
+    """The call was aborted because its task was cancelled (`abort()`): nothing to record."""
+
+    def __init__(self) -> None:
+        super().__init__("the model call was aborted: the task was cancelled", retryable=False)
+
+
+class _SocketTracker(httpcore.SyncBackend):
+    """httpcore's network backend, remembering the sockets it opened so that `abort` can shut
+    them down: closing a socket does not wake a thread blocked reading it, shutting it down does."""
+
+    def __init__(self) -> None:
+        self._socks: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(*args, **kwargs)
+        if (sock := stream.get_extra_info("socket")) is not None:
+            self._socks.add(sock)
+        return stream
+
+    def abort(self) -> None:
+        for sock in list(self._socks):
+            with suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _AbortableTransport(httpx.HTTPTransport):
+    """`httpx.HTTPTransport` whose open connections `abort()` cuts (a cancelled task's request:
+    the server sees the client go away and frees the request's slot)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sockets = _SocketTracker()
+        self._pool = httpcore.ConnectionPool(network_backend=self.sockets)
+
+    def abort(self) -> None:
+        self.sockets.abort()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +127,8 @@ class AssistantTurn:
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
+    # Our server's word (`dayzero.tool_call_errors`) on tool calls it could not parse.
+    tool_call_errors: tuple[str, ...] = ()
 
     def message(self) -> dict[str, Any]:
         """The transcript entry, in OpenAI chat format."""
@@ -85,6 +139,25 @@ class AssistantTurn:
                 for c in self.tool_calls
             ]
         return msg
+
+
+# Tool-call markup of the model families we know. A server that failed to parse a call leaves it
+# in the content (third-party servers say nothing else); such a turn is not an answer.
+TOOL_CALL_MARKUP = ("<|tool_call", "<|tool_calls_section", "<tool_call>", "<｜tool▁call", "<｜DSML｜")
+
+
+def output_problem(turn: AssistantTurn) -> str | None:
+    """What makes a model turn unusable, or None: tool calls the server could not parse, tool-call
+    markup left in the content, or a final answer with nothing in it."""
+    if turn.tool_call_errors:
+        return "tool calls that could not be parsed: " + "; ".join(turn.tool_call_errors)[:800]
+    content = turn.content or ""
+    for marker in TOOL_CALL_MARKUP:
+        if marker in content:
+            return f"tool-call markup ({marker!r}) in the answer: a tool call that could not be parsed"
+    if not turn.tool_calls and not content.strip():
+        return "an empty answer (no content and no tool calls)"
+    return None
 
 
 @contextmanager
@@ -165,10 +238,12 @@ def parse_chat_completion(body: Mapping[str, Any], ttft_ms: float | None) -> Ass
     usage = body.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     ext = body.get("dayzero") or {}
+    errors = ext.get("tool_call_errors") if isinstance(ext, Mapping) else None
     return AssistantTurn(
         content=msg.get("content"),
         tool_calls=tuple(calls),
         finish_reason=choice.get("finish_reason"),
+        tool_call_errors=tuple(str(e) for e in errors) if isinstance(errors, list) else (),
         usage=Usage(
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             cached_tokens=int(details.get("cached_tokens") or 0),
@@ -210,8 +285,19 @@ class OpenAIChatClient:
     ):
         self.images_by_reference = images_by_reference
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        # OpenAI clients are configured with the `/v1` base; requests here name the full path.
+        base = base_url.rstrip("/").removesuffix("/v1")
+        self._transport = _AbortableTransport()
+        self._http = httpx.Client(
+            base_url=base, headers=headers, timeout=timeout_s, transport=self._transport
+        )
         self._model = model
+        self._aborted = threading.Event()
+
+    def abort(self) -> None:
+        """Abort the call in flight (from another thread): it raises `InferenceCancelled`."""
+        self._aborted.set()
+        self._transport.abort()
 
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
@@ -228,14 +314,25 @@ class OpenAIChatClient:
         headers: dict[str, str] = {}
         _PROPAGATOR.inject(headers)  # the task's trace continues on the model server
         t0 = time.perf_counter()
+        self._aborted.clear()
         try:
             resp = self._http.post("/v1/chat/completions", json=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
+        except httpx.TransportError as exc:
+            if self._aborted.is_set():
+                raise InferenceCancelled() from exc
+            if isinstance(exc, httpx.TimeoutException):
+                # Slow, not gone: a failed attempt (the same request may be too big to finish in time).
+                raise InferenceError(f"inference server timed out: {exc}", retryable=True) from exc
+            # refused, reset, or closed mid-answer (a restart)
+            raise InferenceUnavailable(f"inference server unreachable: {exc}") from exc
         except httpx.HTTPError as exc:
-            raise InferenceError(f"inference server unreachable: {exc}", retryable=True) from exc
+            raise InferenceError(f"inference request failed: {exc}", retryable=True) from exc
         elapsed_ms = (time.perf_counter() - t0) * 1000
-        if resp.status_code >= 500 or resp.status_code == 429:
+        if resp.status_code in (429, 502, 503, 504):  # overloaded, starting, or behind a proxy that lost it
+            raise InferenceUnavailable(
+                f"inference server unavailable ({resp.status_code}): {resp.text[:300]}"
+            )
+        if resp.status_code >= 500:
             raise InferenceError(
                 f"inference server error {resp.status_code}: {resp.text[:300]}", retryable=True
             )

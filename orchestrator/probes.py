@@ -1,9 +1,10 @@
 """Liveness, readiness and metrics of the long-running non-HTTP processes (ingest, relay).
 
 Outages are waited out, not exited (issue 15): a loop that loses the database or the broker backs
-off and retries (`Backoff`), and says so on `/readyz` (503 while it cannot do its work) while
-`/healthz` stays 200 as long as the loop turns. Exiting would only turn a short outage into a
-crash loop with a restart delay that grows on every attempt.
+off and retries (`core.outage`: one classification, one wait-out loop), and says so on `/readyz`
+(503 while it cannot do its work) while `/healthz` stays 200 as long as the loop turns and has
+not been stuck for `Health.stall_after_s`. Exiting at once would only turn a short outage into
+a crash loop with a restart delay that grows on every attempt.
 
 The probe server binds 127.0.0.1 unless told otherwise: a pod's probes and scraper need the pod
 IP (`--metrics-host 0.0.0.0` or DAYZERO_METRICS_HOST), a laptop does not.
@@ -20,66 +21,39 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TypeVar
 
+from core.backoff import Backoff
+from core.outage import Stopped, is_outage, wait_out
 from orchestrator.metrics import render
-from orchestrator.retry import backoff_cap_s
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
-# Errors of a dependency that is down or restarting (database, broker): retried with backoff.
-# Anything else is a bug and still ends the process.
-def outage_errors() -> tuple[type[BaseException], ...]:
-    from kafka.errors import KafkaError
-    from sqlalchemy.exc import DBAPIError
-
-    from orchestrator.db.engine import DB_UNAVAILABLE
-
-    return (*DB_UNAVAILABLE, DBAPIError, KafkaError, ConnectionError, TimeoutError)
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Exponential backoff between attempts at a dependency: base * 2^n, capped."""
-
-    base_s: float = 0.5
-    max_s: float = 30.0
-    failures: int = 0
-
-    def next_delay(self) -> float:
-        self.failures += 1
-        return backoff_cap_s(self.failures, self.base_s, self.max_s)  # no jitter: one process waits
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
 def retry_until_up(what: str, fn: Callable[[], T], stop: threading.Event, health: Health | None = None) -> T:
-    """`fn()` until it succeeds, backing off while a dependency is unavailable (start-up of the
+    """`fn()` until it succeeds, waiting out an unavailable dependency (start-up of the
     long-running commands: a process started during an outage waits instead of crash-looping).
     Raises SystemExit(0) if `stop` is set meanwhile."""
-    backoff = Backoff()
-    while True:
-        try:
-            return fn()
-        except outage_errors() as exc:
-            delay = backoff.next_delay()
-            if health is not None:
-                health.set_unready(f"{what}: {type(exc).__name__}")
-            log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__, exc, delay)
-            if stop.wait(delay):
-                raise SystemExit(0) from None
+    try:
+        return wait_out(what, fn, stop=stop, readiness=health)
+    except Stopped:
+        raise SystemExit(0) from None
 
 
 @dataclass
 class Health:
-    """What the probes report: the loop's last turn and whether its dependencies answered."""
+    """What the probes report: the loop's last turn and whether its dependencies answered.
+
+    Alive while the loop turns, and while it waits out an outage for less than `stall_after_s`:
+    a loop that has made no progress for that long (a client stuck in a state it cannot leave,
+    a dependency that never comes back) fails liveness, so that a restart can be tried."""
 
     liveness_timeout_s: float = 120.0
+    stall_after_s: float = 300.0
     ready: bool = False
     reason: str = "starting"
     last_beat: float = field(default_factory=time.monotonic)
+    unready_since: float = field(default_factory=time.monotonic)
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -91,12 +65,15 @@ class Health:
     def set_unready(self, reason: str) -> None:
         if self.ready:
             log.warning("not ready: %s", reason)
+            self.unready_since = time.monotonic()
         self.ready, self.reason = False, reason
         self.beat()
 
     @property
     def alive(self) -> bool:
-        return time.monotonic() - self.last_beat < self.liveness_timeout_s
+        now = time.monotonic()
+        stalled = not self.ready and now - self.unready_since >= self.stall_after_s
+        return now - self.last_beat < self.liveness_timeout_s and not stalled
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -109,7 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body, ctype)
         elif path == "/healthz":
             ok = self.health.alive
-            self._json(200 if ok else 503, {"status": "ok" if ok else "stalled"})
+            body = {"status": "ok"} if ok else {"status": "stalled", "reason": self.health.reason}
+            self._json(200 if ok else 503, body)
         elif path == "/readyz":
             h = self.health
             self._json(
@@ -140,3 +118,6 @@ def serve_probes(host: str, port: int, health: Health) -> ThreadingHTTPServer:
     threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
     log.info("probes and metrics on http://%s:%d", host, server.server_address[1])
     return server
+
+
+__all__ = ["Backoff", "Health", "is_outage", "retry_until_up", "serve_probes", "wait_out"]

@@ -1,7 +1,7 @@
 """The retry rule: whether a failed attempt runs again, and after how long (pure functions).
 
 One place for the decision the runner makes for tool steps, model steps and attachment
-preprocessing, and the one backoff formula the whole service uses (`backoff_cap_s`; the outage
+preprocessing, and the service's one backoff formula (`core.backoff.backoff_cap_s`; the outage
 loops wait exactly the cap, attempts wait a full-jitter draw below it).
 
 The rule: a transient failure (retryable, or a timeout where the policy retries timeouts) is
@@ -15,7 +15,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from core.backoff import backoff_cap_s
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
+
+__all__ = ["Decision", "backoff_cap_s", "decide", "decide_tool", "full_jitter_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +29,6 @@ class Decision:
     # Transient and safe to repeat, but out of attempts: `RetryPolicy.fail_task_on_exhaustion`
     # then fails the task instead of showing the model the error.
     exhausted: bool = False
-
-
-def backoff_cap_s(attempt: int, base_s: float, max_s: float) -> float:
-    """Ceiling of the wait after failure number `attempt` (1-based): base * 2**(attempt-1), capped."""
-    if attempt < 1:
-        raise ValueError("attempt counts from 1")
-    return min(max_s, base_s * 2 ** min(attempt - 1, 30))
 
 
 def full_jitter_s(attempt: int, base_s: float, max_s: float, rng: random.Random | None = None) -> float:

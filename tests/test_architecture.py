@@ -46,6 +46,7 @@ def _imported_packages(package: str) -> set[str]:
         ("preprocess", {"orchestrator", "workers", "tools", "inference", "training"}),
         ("workers", {"orchestrator", "inference", "training"}),
         ("orchestrator", {"training"}),
+        ("core", {"orchestrator", "workers", "tools", "inference", "preprocess", "training"}),
     ],
 )
 def test_dependencies_point_one_way(package, forbidden):

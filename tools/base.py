@@ -128,13 +128,15 @@ class ToolSpec:
     inline: bool = False
 
     def openai_tool(self) -> dict[str, Any]:
-        """The entry of the OpenAI `tools` list for this tool."""
+        """The entry of the OpenAI `tools` list for this tool. Strict: a server that constrains
+        decoding (ours does) produces only calls that match `parameters`."""
         return {
             "type": "function",
             "function": {
                 "name": self.name,
                 "description": self.description,
                 "parameters": dict(self.parameters),
+                "strict": True,
             },
         }
 

@@ -24,7 +24,10 @@ class SandboxLimits:
 
     timeout_s: float = 10.0  # wall clock; the process group and PID namespace are killed after it
     cpu_s: int = 10  # RLIMIT_CPU
-    memory_bytes: int = 512 * MiB  # RLIMIT_AS
+    memory_bytes: int = 512 * MiB  # RLIMIT_AS, per process
+    # The whole call: resident memory of all its processes together (RLIMIT_AS bounds one process
+    # only, and `nproc` of them would be allowed `nproc` times as much); past it, all are killed.
+    call_memory_bytes: int = 512 * MiB
     file_size_bytes: int = 8 * MiB  # RLIMIT_FSIZE: the largest single file
     disk_bytes: int = 32 * MiB  # size of the private tmpfs holding the working directory
     max_files: int = 1024  # inodes of that tmpfs

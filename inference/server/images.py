@@ -7,8 +7,12 @@ An image part (`{"type": "image_url", "image_url": {"url": ...}}`) may carry:
   tower as it is: no second decode, no second preprocessing, the very pixels the workers produced.
 * `data:image/...;base64,...` (or bare base64): preprocessed here (redacted first when the
   server was started with --redact-faces / --redact-documents).
-* `http(s)://` URLs: fetched only from hosts on the server's allow-list (none by default), with a
-  byte limit, a timeout and no redirects; then preprocessed here.
+* `http(s)://` URLs: fetched only from hosts on the server's allow-list (none by default), through
+  the same SSRF guard as the `http_get` tool (`core.netguard`): the allow-list names host and port
+  (a bare host means ports 80/443), the name is resolved once and every address vetted (private,
+  loopback and link-local ranges refused unless the allow-list names that very address), the
+  socket connects to the vetted address (no second DNS answer), no redirects; a byte limit and a
+  deadline on the whole exchange. Then preprocessed here.
 
 Rendering a prompt only reads each image and counts its placeholders (`ImageEncoder.__call__`);
 `ImageEncoder.encode` then runs the vision tower once for all of the request's images that the
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -53,6 +58,61 @@ class PendingImage:
     pixel_values: Any  # np.float32 [P, 3, p, p]
     grid_thw: Any  # np.int64 [1, 3]
     num_tokens: int
+
+
+def fetch_image_url(url: str, sources: ImageSources) -> bytes:
+    """GET an image URL through the SSRF guard; raises ValueError (the request's fault) for a
+    refused, failed or oversize fetch."""
+    import ssl
+    import time
+
+    from core import netguard
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        raise ValueError(f"malformed image URL {url!r}") from None
+    if port is None or parts.username is not None or parts.password is not None:
+        raise ValueError(f"image URLs must be plain http(s) URLs without credentials, not {url!r}")
+    host = (parts.hostname or "").lower()
+    allow = netguard.AllowList(sources.url_allow_hosts)
+    if not allow.allows(host, port):
+        raise ValueError(
+            f"image URLs from {host}:{port} are not fetched (allowed: {list(sources.url_allow_hosts) or 'none'}; "
+            "a bare host means ports 80/443); send the image inline as a data: URL"
+        )
+    # An address the allow-list names literally may be private or loopback; nothing else may.
+    policy = netguard.AddressPolicy([h for h, _ in allow.rules if netguard.is_ip(h)])
+    address = netguard.vetted_addresses(host, port, policy)[0]  # AddressRefused is a ValueError
+    timeout = sources.fetch_timeout_s
+    deadline = time.monotonic() + timeout
+    conn = (
+        netguard.PinnedTLSConnection(host, port, address, timeout, ssl.create_default_context())
+        if parts.scheme == "https"
+        else netguard.PinnedConnection(host, port, address, timeout)
+    )
+    watchdog = threading.Timer(timeout, netguard.abort_connection, args=(conn,))  # the whole exchange
+    watchdog.daemon = True
+    watchdog.start()
+    limit = sources.max_fetch_bytes
+    try:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", target, headers={"Accept-Encoding": "identity", "Connection": "close"})
+        resp = conn.getresponse()
+        if resp.status != 200:  # redirects included: they are not followed
+            raise ValueError(f"fetching the image at {url} gave HTTP {resp.status}")
+        body = resp.read(limit + 1)
+        if len(body) > limit:
+            raise ValueError(f"the image at {url} is larger than {limit} bytes")
+        if time.monotonic() >= deadline:
+            raise ValueError(f"fetching the image at {url} took longer than {timeout:g} s")
+        return body
+    except (OSError, http.client.HTTPException) as exc:
+        raise ValueError(f"fetching the image at {url} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        watchdog.cancel()
+        conn.close()
 
 
 def _data_bytes(src: str) -> bytes:
@@ -150,28 +210,7 @@ class ImageEncoder:
         return img
 
     def _fetch(self, url: str) -> bytes:
-        import httpx
-
-        host = urllib.parse.urlsplit(url).hostname or ""
-        if host not in self.sources.url_allow_hosts:
-            raise ValueError(
-                f"image URLs from {host!r} are not fetched (allowed hosts: "
-                f"{list(self.sources.url_allow_hosts) or 'none'}); send the image inline as a data: URL"
-            )
-        limit = self.sources.max_fetch_bytes
-        try:
-            with httpx.stream("GET", url, timeout=self.sources.fetch_timeout_s, follow_redirects=False) as r:
-                if r.status_code != 200:
-                    raise ValueError(f"fetching the image at {url} gave HTTP {r.status_code}")
-                chunks, size = [], 0
-                for chunk in r.iter_bytes():
-                    size += len(chunk)
-                    if size > limit:
-                        raise ValueError(f"the image at {url} is larger than {limit} bytes")
-                    chunks.append(chunk)
-        except httpx.HTTPError as exc:
-            raise ValueError(f"fetching the image at {url} failed: {exc}") from None
-        return b"".join(chunks)
+        return fetch_image_url(url, self.sources)
 
     # -- encoding (after rendering: one tower call for the request) ---------------------------
     def encode(self, pending: Sequence[PendingImage]) -> list[torch.Tensor]:

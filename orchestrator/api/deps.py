@@ -48,6 +48,7 @@ async def _tenant(
         tenant = await anyio.to_thread.run_sync(cache.tenant_for, key)
     if tenant is None:
         raise ProblemError(401, "Unauthorized", "invalid or revoked API key", type_="unauthenticated")
+    request.state.api_key = key  # long-lived responses (event streams) check it again later
     return tenant
 
 

@@ -11,9 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.outage import is_outage
 from orchestrator.api.schemas import Problem
-from orchestrator.db.engine import DB_UNAVAILABLE
-from orchestrator.tasks.errors import IdempotencyConflict, TaskNotFound
+from orchestrator.db.engine import DB_ERRORS
+from orchestrator.tasks.errors import IdempotencyConflict, TaskFinished, TaskNotFound
 
 log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -114,6 +115,16 @@ def install(app: FastAPI) -> None:
     async def _not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
         return problem_response(request, 404, "Not Found", "no such task", "task-not-found")
 
+    @app.exception_handler(TaskFinished)
+    async def _finished(request: Request, exc: TaskFinished) -> JSONResponse:
+        return problem_response(
+            request,
+            409,
+            "Conflict",
+            f"the task already ended {exc.status}: too late to cancel",
+            "task-finished",
+        )
+
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
         return problem_response(
@@ -124,7 +135,9 @@ def install(app: FastAPI) -> None:
             "idempotency-conflict",
         )
 
-    async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    async def _db_error(request: Request, exc: Exception) -> JSONResponse:
+        if not is_outage(exc):  # the database refused this request's data: a bug to look at
+            return await _unhandled(request, exc)
         # The database is down, restarting or out of connections: the request may succeed in a
         # moment, so say when to retry (the client libraries and load balancers honour it).
         log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
@@ -138,8 +151,8 @@ def install(app: FastAPI) -> None:
             headers={"Retry-After": str(retry_after)},
         )
 
-    for exc_type in DB_UNAVAILABLE:
-        app.add_exception_handler(exc_type, _db_unavailable)
+    for exc_type in DB_ERRORS:
+        app.add_exception_handler(exc_type, _db_error)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -15,9 +15,10 @@ from contextlib import contextmanager, suppress
 
 from sqlalchemy import Engine, select
 
+from core.backoff import Backoff
+from core.outage import Stopped, is_outage, wait_out
 from orchestrator.db.tables import events_t
 from orchestrator.kafka.outbox_cursor import OutboxCursor
-from orchestrator.probes import Backoff
 from orchestrator.tasks.queries import max_event_id, read_events_past
 
 log = logging.getLogger(__name__)
@@ -107,27 +108,36 @@ class OutboxTailFeed(EventFeed):
             self._thread.join(timeout=5)
 
     def _tail(self) -> None:
-        cursor: OutboxCursor | None = None
         backoff = Backoff()
-        while not self._stop.wait(0 if cursor is None else self.tail_s):
+        self._cursor: OutboxCursor | None = None
+        while not self._stop.wait(0 if self._cursor is None else self.tail_s):
             try:
-                with self.engine.connect() as conn:
-                    if cursor is None:
-                        cursor = OutboxCursor.starting_at(max_event_id(conn) + 1)
-                        self.connected.set()
-                        continue
-                    new, late, xmin, xmax = read_events_past(conn, cursor, _IDS, self._BATCH)
-                cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
-                woken = {r.task_id for r in late} | {r.task_id for r in new}
-                if woken and self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._wake, woken)
-                backoff.reset()
-            except Exception as exc:  # a database outage: polling covers the gap
-                self.connected.clear()
-                cursor = None  # start again at the end: what happened meanwhile is polled
-                delay = backoff.next_delay()
-                log.warning("outbox tail failed (%s); retrying in %.1f s", exc, delay)
-                self._stop.wait(delay)
+                wait_out(
+                    "outbox tail", self._tail_once, stop=self._stop, backoff=backoff, classify=self._lost
+                )
+            except Stopped:
+                return
+
+    def _tail_once(self) -> None:
+        with self.engine.connect() as conn:
+            if self._cursor is None:
+                self._cursor = OutboxCursor.starting_at(max_event_id(conn) + 1)
+                self.connected.set()
+                return
+            new, late, xmin, xmax = read_events_past(conn, self._cursor, _IDS, self._BATCH)
+        self._cursor.advance([r.id for r in new], [r.id for r in late], xmin, xmax)
+        woken = {r.task_id for r in late} | {r.task_id for r in new}
+        if woken and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake, woken)
+
+    def _lost(self, exc: BaseException) -> bool:
+        """Any failure of the tail is waited out: the streams' polling covers the gap, and the
+        tail starts again at the outbox's end. Only an outage is expected here."""
+        if not is_outage(exc):
+            log.error("outbox tail failed", exc_info=exc)
+        self.connected.clear()
+        self._cursor = None
+        return isinstance(exc, Exception)
 
 
 _IDS = select(events_t.c.id, events_t.c.task_id).order_by(events_t.c.id)

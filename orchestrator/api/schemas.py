@@ -4,6 +4,7 @@ REST (`POST /v1/tasks`) and Kafka (`dayzero.tasks`: the same JSON plus `tenant`)
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -14,6 +15,7 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 MAX_GOAL_CHARS = 32_000
 MAX_MESSAGES = 256
@@ -23,19 +25,27 @@ MAX_METADATA_KEYS = 32
 IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 ATTACHMENT_MEDIA_TYPES = (*IMAGE_MEDIA_TYPES, "application/pdf")  # PDFs: parsed on the preprocess workers
 
+ATTACHMENT_URL_PREFIX = "dayzero://attachments/"  # + attachment id (`orchestrator.attachments`)
+# An image part of `messages` turned into the attachment at this index (its id is not known yet).
+INLINE_IMAGE_PREFIX = ATTACHMENT_URL_PREFIX + "#"
+
 ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 
-def _not_bool(value: Any) -> Any:
-    # Pydantic's lax mode reads true/false as 1/0; the schema says number, so a boolean is a 422.
+def _json_number(value: Any) -> Any:
+    # Pydantic's lax mode reads true/false as 1/0 and "5" as 5; the schema says number, so a
+    # boolean or a string is a 422. (Strict mode would refuse 5.0 for an integer, which JSON
+    # Schema calls an integer.)
     if isinstance(value, bool):
         raise ValueError("expected a number, not a boolean")
+    if isinstance(value, str):
+        raise ValueError("expected a number, not a string")
     return value
 
 
-NotBool = BeforeValidator(_not_bool)
+JsonNumber = BeforeValidator(_json_number)
 
 
 class _Strict(BaseModel):
@@ -43,8 +53,18 @@ class _Strict(BaseModel):
 
 
 def check_text(value: Any, where: str = "body") -> Any:
-    """Reject NUL and unpaired surrogates anywhere: neither can be stored in PostgreSQL text/JSONB."""
-    if isinstance(value, str):
+    """Reject NUL and unpaired surrogates anywhere (neither can be stored in PostgreSQL text/JSONB),
+    and non-finite numbers (`NaN`, `Infinity`, `1e400`, which Python's JSON parser reads as
+    inf/nan): JSON has no such values and JSONB refuses them. The error's type is
+    `invalid_number` (Kafka ingest dead-letters the record under that reason)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PydanticCustomError(
+                "invalid_number",
+                "{where}: numbers must be finite (no NaN, Infinity or overflow)",
+                {"where": where},
+            )
+    elif isinstance(value, str):
         if "\x00" in value:
             raise ValueError(f"{where}: NUL characters are not allowed")
         try:
@@ -90,19 +110,20 @@ class InlineAttachment(_Strict):
 
 
 class Budget(_Strict):
-    """Per-task limits; the server's defaults are the maximum."""
+    """Per-task limits; the server's defaults are the maximum. Numbers are JSON numbers: a string
+    such as "5" is refused, not converted."""
 
-    max_steps: Annotated[int | None, NotBool] = Field(None, ge=1, le=100_000)
-    max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000_000)
-    deadline_s: Annotated[float | None, NotBool] = Field(None, gt=0, le=30 * 86400)
+    max_steps: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=100_000)
+    max_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=1_000_000_000)
+    deadline_s: Annotated[float | None, JsonNumber] = Field(None, gt=0, le=30 * 86400)
 
 
 class SamplingParams(_Strict):
-    temperature: Annotated[float | None, NotBool] = Field(None, ge=0, le=2)
-    top_p: Annotated[float | None, NotBool] = Field(None, gt=0, le=1)
-    max_tokens: Annotated[int | None, NotBool] = Field(None, ge=1, le=1_000_000)
+    temperature: Annotated[float | None, JsonNumber] = Field(None, ge=0, le=2)
+    top_p: Annotated[float | None, JsonNumber] = Field(None, gt=0, le=1)
+    max_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=1_000_000)
     # exact in every JSON number implementation
-    seed: Annotated[int | None, NotBool] = Field(None, ge=0, le=2**53)
+    seed: Annotated[int | None, JsonNumber] = Field(None, ge=0, le=2**53)
 
 
 class TaskCreate(_Strict):
@@ -123,6 +144,51 @@ class TaskCreate(_Strict):
     @classmethod
     def _storable_text(cls, data: Any) -> Any:
         return check_text(data)
+
+    @model_validator(mode="after")
+    def _images_in_messages_are_attachments(self) -> TaskCreate:
+        """Image parts in `messages` take the attachments' path: a `data:` image becomes an inline
+        attachment (preprocessed and redacted by the workers like any other; the part then refers
+        to it), a `dayzero://attachments/<id>` part may name one of the task's own attachments;
+        processed references (`dayzero-processed:`) are minted by the system only, and image URLs
+        elsewhere would reach the model unprocessed."""
+        for i, m in enumerate(self.messages):
+            for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+                if not isinstance(part, dict) or part.get("type") != "image_url":
+                    continue
+                where = f"messages[{i}].content[{j}]"
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, dict) else image
+                if not isinstance(url, str):
+                    raise PydanticCustomError(
+                        "invalid_image_part", "{where}: image_url.url must be a string", {"where": where}
+                    )
+                if url.startswith(ATTACHMENT_URL_PREFIX):
+                    continue
+                if not url.startswith("data:"):
+                    raise PydanticCustomError(
+                        "image_url_not_allowed",
+                        "{where}: images are sent inline (data: URLs) or as attachments, not by URL "
+                        "or processed reference",
+                        {"where": where},
+                    )
+                head, _, b64 = url.partition(",")
+                media_type = head[len("data:") :].removesuffix(";base64")
+                if not head.endswith(";base64") or media_type not in IMAGE_MEDIA_TYPES:
+                    raise PydanticCustomError(
+                        "invalid_image_part",
+                        "{where}: a data: URL must be base64 of one of {types}",
+                        {"where": where, "types": ", ".join(IMAGE_MEDIA_TYPES)},
+                    )
+                self.attachments.append(InlineAttachment(data=b64, media_type=media_type))  # type: ignore[arg-type]
+                part["image_url"] = {"url": f"{INLINE_IMAGE_PREFIX}{len(self.attachments) - 1}"}
+        if len(self.attachments) > MAX_ATTACHMENTS:
+            raise PydanticCustomError(
+                "too_many_attachments",
+                "at most {n} attachments, images in messages included",
+                {"n": MAX_ATTACHMENTS},
+            )
+        return self
 
 
 class KafkaTaskMessage(TaskCreate):

@@ -38,6 +38,7 @@ def _ingest(args: argparse.Namespace) -> int:
         kafka,
         max_message_bytes=proc.settings.ingress.max_body_bytes,
         health=proc.health,
+        producer_factory=lambda: make_dlq_producer(proc.bootstrap),
     )
     hand_over(proc.stop, ingestor.stop)
     logging.getLogger("dayzero").info("ingest consuming %s as group %s", kafka.tasks_topic, kafka.group_id)
@@ -45,7 +46,8 @@ def _ingest(args: argparse.Namespace) -> int:
         ingestor.run_forever()
     finally:
         consumer.close()
-        producer.close()
+        if ingestor.producer is not None:  # None while a replacement could not be built
+            ingestor.producer.close()
         engine.dispose()
     logging.getLogger("dayzero").info("ingest stopped: %s", json.dumps(ingestor.stats))
     return 0

@@ -32,11 +32,13 @@ def _relay(args: argparse.Namespace) -> int:
             events_topic=kafka.events_topic, results_topic=kafka.results_topic, batch_size=args.batch_size
         ),
         health=proc.health,
+        producer_factory=lambda: make_relay_producer(proc.bootstrap),
     )
     hand_over(proc.stop, relay.stop)
     try:
         relay.run_forever()
     finally:
-        producer.close()
+        if relay.producer is not None:  # None while a replacement could not be built
+            relay.producer.close()
         engine.dispose()
     return 0

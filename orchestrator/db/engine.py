@@ -13,17 +13,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-# Raised while the database cannot be reached (down, restarting, connections cut, pool exhausted):
-# callers wait and retry (or answer 503) instead of failing for good.
-DB_UNAVAILABLE: tuple[type[Exception], ...] = (
-    OperationalError,
-    InterfaceError,
-    DisconnectionError,
-    PoolTimeout,
-)
+# The database's errors; `core.outage.is_outage` says which of them mean it cannot be reached
+# (down, restarting, connections cut, pool exhausted: wait and retry, or answer 503).
+DB_ERRORS: tuple[type[Exception], ...] = (DBAPIError, DisconnectionError, PoolTimeout)
 
 
 def normalize_url(url: str) -> str:
@@ -66,7 +61,7 @@ def autocommit_driver(conn: Connection, sql: str, params: Any) -> Iterator[Any]:
     block runs: for statements that are a transaction of their own, or carry their own BEGIN and
     COMMIT, so that no separate round trip begins or ends one. The runner's hot paths use it
     (`tasks.writer`, `runner.lease`); SQLAlchemy's statement machinery is bypassed there, so the
-    driver's errors are raised as SQLAlchemy's (what `probes.outage_errors` and the callers
+    driver's errors are raised as SQLAlchemy's (what `core.outage.is_outage` and the callers
     catch), and a broken connection is invalidated so that the pool does not hand it out again.
     `sql` and `params` only label those errors."""
     import psycopg

@@ -5,7 +5,8 @@ create the valid ones in ONE DB transaction (`tasks.create.create_tasks`), commi
 ones to the DLQ with the reason in headers and wait for the broker's ack, and only then commit the
 offsets. A crash anywhere before the offset commit redelivers the batch; the idempotent insert
 turns the redelivery into no-ops (a DLQ record may then appear twice). Records without a key get
-a derived one, `kafka:<topic>:<partition>:<offset>`, so they too are created once.
+a derived one, `kafka:<topic>:<partition>:<offset>:<timestamp>`, so they too are created once
+(the timestamp tells a re-created topic's record from the old one at the same offset).
 
 Back-pressure: while `max_pending` or more tasks are PENDING/READY the consumer pauses all its
 partitions (it keeps polling, so it stays in the group) and resumes below `resume_fraction` of it.
@@ -23,15 +24,18 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from core.backoff import Backoff
+from core.outage import Stopped, is_outage, wait_out
 from orchestrator.api.schemas import KafkaTaskMessage
 from orchestrator.auth import known_tenants
 from orchestrator.config import KafkaSettings, Settings
 from orchestrator.db.tables import tasks_t
 from orchestrator.failpoints import failpoint
+from orchestrator.kafka.renewal import Renewable
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
-from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.probes import Health
 from orchestrator.statemachine import TaskStatus
 from orchestrator.tasks.create import NewTask, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict
@@ -48,7 +52,7 @@ MAX_KEY_CHARS = 255
 class Rejected:
     record: Any
     # machine-readable: oversize, bad_json, too_deep, schema, tenant_not_allowed, unknown_tenant,
-    # bad_key, idempotency_conflict, invalid, …
+    # bad_key, idempotency_conflict, invalid_number, invalid_data, invalid, …
     reason: str
     detail: str
 
@@ -99,10 +103,12 @@ class Ingestor:
         *,
         max_message_bytes: int,
         health: Health | None = None,
+        producer_factory: Callable[[], Any] | None = None,
     ):
         self.engine = engine
         self.consumer = consumer
-        self.producer = producer
+        # The dead-letter producer, replaced after a broker error (`renewal`).
+        self._producer = Renewable(producer, producer_factory, "dead-letter producer")
         self.settings = settings
         self.kafka = kafka
         self.max_message_bytes = max_message_bytes
@@ -122,20 +128,32 @@ class Ingestor:
 
     def run_forever(self, until: Callable[[], bool] | None = None) -> None:
         """Loop until `stop()`. A database or broker outage is waited out with backoff (readiness
-        reports it); the batch in hand is retried as it is, so nothing is skipped."""
+        reports it); the batch in hand is retried as it is, so nothing is skipped. An error of
+        one record (data the database refuses) is never an outage: that record is dead-lettered."""
         backoff = Backoff()
         while not self._stop.is_set() and not (until is not None and until()):
             try:
-                self.run_once()
-            except outage_errors() as exc:
-                delay = backoff.next_delay()
-                self.stats["outages"] += 1
-                self.health.set_unready(f"{type(exc).__name__}")
-                log.warning("ingest: %s (%s); retrying in %.1f s", type(exc).__name__, exc, delay)
-                self._stop.wait(delay)
-                continue
-            backoff.reset()
-            self.health.set_ready()
+                wait_out(
+                    "ingest",
+                    self.run_once,
+                    stop=self._stop,
+                    readiness=self.health,
+                    backoff=backoff,
+                    classify=self._is_outage,
+                )
+            except Stopped:
+                return
+
+    def _is_outage(self, exc: BaseException) -> bool:
+        outage = is_outage(exc)
+        self.stats["outages"] += outage
+        if outage:
+            self._producer.note(exc)
+        return outage
+
+    @property
+    def producer(self) -> Any:
+        return self._producer.current
 
     def run_once(self) -> int:
         """One poll → one DB transaction → one offset commit. Returns the records handled.
@@ -177,7 +195,7 @@ class Ingestor:
         if len(value) > self.max_message_bytes:
             return Rejected(record, "oversize", f"{len(value)} bytes > limit {self.max_message_bytes}")
         try:
-            data = jsonlimits.loads(value)
+            data = jsonlimits.loads(value, self.settings.ingress.max_json_depth)
         except jsonlimits.JSONTooDeep as exc:
             return Rejected(record, "too_deep", str(exc))
         except ValueError as exc:  # includes UnicodeDecodeError
@@ -185,10 +203,14 @@ class Ingestor:
         try:
             msg = KafkaTaskMessage.model_validate(data)
         except ValidationError as exc:
-            errs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            return Rejected(record, "schema", errs[:1000])
+            errors = exc.errors(include_input=False)
+            errs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
+            reason = "invalid_number" if any(e["type"] == "invalid_number" for e in errors) else "schema"
+            return Rejected(record, reason, errs[:1000])
         if record.key is None:
-            key = f"kafka:{record.topic}:{record.partition}:{record.offset}"
+            # The record's timestamp too: a re-created topic starts its offsets again at 0, and
+            # `topic:partition:offset` alone would name an old task.
+            key = f"kafka:{record.topic}:{record.partition}:{record.offset}:{record.timestamp}"
         else:
             try:
                 key = record.key.decode("utf-8")
@@ -219,13 +241,15 @@ class Ingestor:
         try:
             with self.engine.begin() as conn:
                 rejected += self._create(conn, accepted)
-        except IntegrityError:
-            # Another writer (REST, a rebalanced peer) inserted one of these keys meanwhile.
-            log.info("bulk insert raced on an idempotency key; retrying one by one")
+        except DBAPIError as exc:
+            if is_outage(exc):
+                raise
+            # Another writer (REST, a rebalanced peer) inserted one of these keys meanwhile, or
+            # the database refused one record's data: one by one, so that only that record fails.
+            log.info("batch insert failed (%s); retrying one by one", type(exc).__name__)
             rejected = [p for p in parsed if isinstance(p, Rejected)]
             for a in accepted:
-                with self.engine.begin() as conn:
-                    rejected += self._create(conn, [a])
+                rejected += self._create_one(a)
         INGEST_BATCH_SECONDS.observe(time.perf_counter() - t0)
         self.stats["batches"] += 1
         for rj in rejected:
@@ -237,6 +261,16 @@ class Ingestor:
         self._spans = {}
         if rejected:
             self._dead_letter(rejected)
+
+    def _create_one(self, a: Accepted) -> list[Rejected]:
+        try:
+            with self.engine.begin() as conn:
+                return self._create(conn, [a])
+        except DBAPIError as exc:
+            if is_outage(exc) or isinstance(exc, IntegrityError):
+                raise  # an outage is waited out; a key race cannot happen twice for one record
+            detail = f"the database refused this record: {type(exc.orig).__name__}: {exc.orig}"
+            return [Rejected(a.record, "invalid_data", detail[:1000])]
 
     def _start_span(self, a: Accepted) -> Accepted:
         r = a.record
@@ -302,6 +336,7 @@ class Ingestor:
         return to_new_task(m, m.tenant, idempotency_key=a.key, attachment_ids=[], traceparent=a.traceparent)
 
     def _dead_letter(self, rejected: list[Rejected]) -> None:
+        self._producer.renew_if_suspect()
         futures = []
         for rj in rejected:
             r = rj.record
@@ -398,6 +433,8 @@ def make_dlq_producer(bootstrap: str, **overrides: Any) -> Any:
         "bootstrap_servers": bootstrap,
         "acks": "all",
         "linger_ms": 5,
+        "request_timeout_ms": 10_000,  # a broker that is away shows within 20 s, as for the relay
+        "delivery_timeout_ms": 20_000,
         "client_id": "dayzero-dlq",
     }
     cfg.update(overrides)

@@ -33,13 +33,16 @@ from opentelemetry.trace import SpanKind
 from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
+from core.backoff import Backoff
+from core.outage import Stopped, is_outage, wait_out
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import events_t, relay_cursors_t, tasks_t
 from orchestrator.events import TERMINAL_EVENT_TYPES, event_record
 from orchestrator.failpoints import failpoint
 from orchestrator.kafka.outbox_cursor import OutboxCursor
+from orchestrator.kafka.renewal import Renewable
 from orchestrator.metrics import RELAY_LAG, RELAY_PUBLISHED
-from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.probes import Health
 from orchestrator.tasks.queries import read_events_past
 from orchestrator.tracing import context_of, kafka_headers, tracer
 
@@ -72,9 +75,11 @@ class Relay:
         config: RelayConfig | None = None,
         *,
         health: Health | None = None,
+        producer_factory: Callable[[], Any] | None = None,
     ):
         self.engine = engine
-        self.producer = producer
+        # Replaced after a broker error (`renewal`): a restarted broker can leave it unusable.
+        self._producer = Renewable(producer, producer_factory, "relay producer")
         self.config = config or RelayConfig()
         self.health = health or Health()
         self.outages = 0
@@ -82,30 +87,52 @@ class Relay:
         self._cursor: OutboxCursor | None = None  # read from the table when (re)activated
         self._saved_low_water: int | None = None
 
+    @property
+    def producer(self) -> Any:
+        return self._producer.current
+
+    @producer.setter
+    def producer(self, producer: Any) -> None:
+        self._producer.current = producer
+
     def stop(self) -> None:
         self._stop.set()
 
     def run_forever(self) -> None:
         """Publish until `stop()`. A database or broker outage is waited out with backoff: the
         unacked round is simply published again (at-least-once), and the active-relay lock is
-        taken anew, since a lost connection released it and a standby may hold it now."""
-        backoff = Backoff()
-        while not self._stop.is_set():
-            try:
-                with self._active_lock() as still_active:
-                    while not self._stop.is_set():
-                        still_active()
-                        n = self.publish_batch()
-                        backoff.reset()
-                        self.health.set_ready()
-                        if n == 0:
-                            self._stop.wait(self.config.idle_sleep_s)
-            except outage_errors() as exc:
-                delay = backoff.next_delay()
-                self.outages += 1
-                self.health.set_unready(type(exc).__name__)
-                log.warning("relay: %s (%s); retrying in %.1f s", type(exc).__name__, exc, delay)
-                self._stop.wait(delay)
+        taken anew, since a lost connection released it and a standby may hold it now. After a
+        broker error the producer is replaced (`producer_factory`) before the next round."""
+        self._backoff = Backoff()
+        try:
+            wait_out(
+                "relay",
+                self._run_active,
+                stop=self._stop,
+                readiness=self.health,
+                backoff=self._backoff,
+                classify=self._on_error,
+            )
+        except Stopped:
+            return
+
+    def _run_active(self) -> None:
+        self._producer.renew_if_suspect()
+        with self._active_lock() as still_active:
+            while not self._stop.is_set():
+                still_active()
+                n = self.publish_batch()
+                self._backoff.reset()
+                self.health.set_ready()
+                if n == 0:
+                    self._stop.wait(self.config.idle_sleep_s)
+
+    def _on_error(self, exc: BaseException) -> bool:
+        outage = is_outage(exc)
+        if outage:
+            self.outages += 1
+            self._producer.note(exc)
+        return outage
 
     def run_until_drained(self, timeout_s: float = 30.0) -> int:
         total, end = 0, time.monotonic() + timeout_s
@@ -303,6 +330,10 @@ def make_relay_producer(bootstrap: str, **overrides: Any) -> Any:
         "linger_ms": 5,
         "retries": 5,
         "max_in_flight_requests_per_connection": 1,  # retries never reorder a task's events
+        # A broker that is away shows within 20 s (the default, 120 s, kept the relay in one
+        # flush, saying nothing, through a whole restart); the round is then sent again.
+        "request_timeout_ms": 10_000,
+        "delivery_timeout_ms": 20_000,
         "client_id": "dayzero-relay",
     }
     cfg.update(overrides)

@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from core.outage import is_outage
 from orchestrator.clock import utcnow
-from orchestrator.db.engine import DB_UNAVAILABLE
 from orchestrator.statemachine import StepStatus
 from orchestrator.tasks.queries import step_state
 from workers.fence import Refusal
@@ -49,7 +49,9 @@ class DbAttemptFence:
         try:
             with self.engine.connect() as conn:
                 return attempt_refusal(conn, payload)
-        except DB_UNAVAILABLE as exc:
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
             return Refusal(f"cannot check the attempt ({type(exc).__name__}): not run", retryable=True)
 
 

@@ -26,19 +26,22 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from core.backoff import Backoff
+from core.outage import Stopped, wait_out
 from orchestrator.attachments import local_blob_path
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.inference_client import InferenceClient
 from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
-from orchestrator.probes import Backoff, Health, outage_errors
+from orchestrator.probes import Health
 from orchestrator.runner import tasklog
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
+from orchestrator.runner.cancel import CancelSignal, CancelWatch
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
 from orchestrator.runner.preprocess_step import run_preprocess
-from orchestrator.runner.tool_step import run_tool_step
+from orchestrator.runner.tool_step import remove_workspace, run_tool_step
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import StaleTransition
@@ -98,29 +101,34 @@ class Runner:
         self.conn: Connection | None = None  # the connection driving the current task
         self._held: Connection | None = None  # kept between `run_once` calls (`_connection`)
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
+        self._cancel_watch = CancelWatch(engine)
+        self.cancel_signal: CancelSignal | None = None  # of the step in flight (`runner.cancel`)
 
     # -- outer loop --------------------------------------------------------------------------
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once `stop()` was called: waits inside a step end on it."""
+        return self._stop
+
     def stop(self) -> None:
         self._stop.set()
         self._heartbeat.close()
+        self._cancel_watch.close()
 
     def run_forever(self) -> None:
-        """Loop until `stop()`. A lost database connection is logged and retried with backoff: the
-        lease of whatever was in flight expires and the work resumes from the last commit.
-        `health` (the probes) follows: unready while the database is away."""
+        """Loop until `stop()`. An outage (the database, a broker) is waited out with backoff
+        (`core.outage`): the lease of whatever was in flight expires and the work resumes from
+        the last commit. `health` (the probes) follows: unready while a dependency is away. Any
+        other error is a bug and ends the process."""
         backoff = Backoff()
         try:
             while not self._stop.is_set():
                 try:
-                    worked = self.run_once()
-                    backoff.reset()
-                    self.health.set_ready()
-                except outage_errors() as exc:
-                    delay = backoff.next_delay()
-                    self.health.set_unready(type(exc).__name__)
-                    log.warning("database error (%s); retrying in %.1f s", exc.__class__.__name__, delay)
-                    self._stop.wait(delay)
-                    continue
+                    worked = wait_out(
+                        "runner", self.run_once, stop=self._stop, readiness=self.health, backoff=backoff
+                    )
+                except Stopped:
+                    break
                 if not worked:
                     self._stop.wait(self.config.poll_interval_s)
         finally:
@@ -273,6 +281,8 @@ class Runner:
                 tx = self.txn(task)
                 self._advance(tx, step)
                 tx.commit(self.conn, wait_for_flush=not self._starts_model_attempt(tx, step))
+        if task.status in _TERMINAL:
+            remove_workspace(self.config.workspace_dir, task.id)
 
     def _preprocess(self, task: TaskView) -> bool:
         return run_preprocess(self, task)
@@ -362,11 +372,20 @@ class Runner:
         if in_doubt:
             ATTEMPTS_RESUMED.inc()
         t0 = time.perf_counter()
-        with task_span(task.traceparent, f"step.{step.kind}", attrs) as span:
-            if step.kind == "model":
-                self._execute_model(task, step)
-            else:
-                self._execute_tool(task, step, in_doubt=in_doubt)
+        with (
+            task_span(task.traceparent, f"step.{step.kind}", attrs) as span,
+            self._cancel_watch.watch(task.id) as sig,
+        ):
+            self.cancel_signal = sig
+            try:
+                if step.kind == "model":
+                    self._execute_model(task, step)
+                else:
+                    self._execute_tool(task, step, in_doubt=in_doubt)
+            finally:
+                self.cancel_signal = None
+            if sig.event.is_set():
+                task.cancel_requested = True  # the step wrote nothing: the next turn cancels the task
             outcome = step.status.lower()  # succeeded, failed or retry_wait, as committed
             span.set_attribute("dayzero.outcome", outcome)
         seconds = time.perf_counter() - t0

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
+from core.outage import OutageOutlasted, wait_out
 from orchestrator.attachments import AttachmentError, resolve_images
-from orchestrator.inference_client import InferenceError, Sampling
+from orchestrator.clock import utcnow
+from orchestrator.inference_client import (
+    AssistantTurn,
+    InferenceCancelled,
+    InferenceError,
+    Sampling,
+    Usage,
+    output_problem,
+)
 from orchestrator.metrics import MODEL_TOKENS, MODEL_TTFT
 from orchestrator.retry import decide
 from orchestrator.runner.boundary import budget_error, schedule_retry
 from orchestrator.runner.txn import StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent
+from orchestrator.tasks.queries import list_attempts
 from orchestrator.tracing import trace_error
 from tools.base import ErrorKind
 
@@ -20,10 +31,28 @@ if TYPE_CHECKING:
     from orchestrator.runner.loop import Runner
 
 
+def _chat_waiting_out_outages(
+    r: Runner, task: TaskView, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> AssistantTurn:
+    """The model call; a model server that is down or restarting is waited out (readiness says
+    so), up to the task's deadline, like the database and the brokers: a restart of the server
+    must not cost the step its attempts."""
+    deadline = time.monotonic() + (task.deadline_at - utcnow()).total_seconds()
+    sampling = Sampling.from_mapping(task.sampling)
+    return wait_out(
+        "inference",
+        lambda: r.inference.chat(messages, tools, sampling),
+        stop=r.stopping,
+        readiness=r.health,
+        deadline=deadline,
+    )
+
+
 def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
     if task.offered_tools is None:
         task.offered_tools = r.tools.openai_tools(task.allowed_tools)
     tools = task.offered_tools
+    sig = r.cancel_signal
     try:
         messages = task.transcript
         if task.attachments:
@@ -31,39 +60,41 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
             messages = resolve_images(
                 messages, task.attachments, r.config.blob_url, by_reference=by_reference
             )
-        turn = r.inference.chat(messages, tools, Sampling.from_mapping(task.sampling))
+        if (feedback := _feedback(r, task, step)) is not None:
+            messages = [*messages, feedback]
+        if sig is not None and (abort := getattr(r.inference, "abort", None)) is not None:
+            sig.add_abort(abort)  # a cancel closes the request: the server frees its slot
+        turn = _chat_waiting_out_outages(r, task, messages, tools)
         error: InferenceError | None = None
+    except (OutageOutlasted, InferenceCancelled):
+        # The model server was away until the deadline, or the task was cancelled: nothing to
+        # record, the next loop turn ends the task.
+        return
     except InferenceError as exc:
         turn, error = None, exc
     except AttachmentError as exc:  # the same transcript can never resolve: permanent
         turn, error = None, InferenceError(str(exc), retryable=False)
-    tx = r.txn(task)
     if error is not None or turn is None:
         trace_error(trace.get_current_span(), "InferenceError", str(error))
-        policy = r.config.model_retry
-        err = {"kind": "inference", "message": str(error), "retryable": bool(error and error.retryable)}
-        tx.finish_attempt(step, "FAILED", error=err)
-        kind = ErrorKind.RETRYABLE if err["retryable"] else ErrorKind.PERMANENT
-        decision = decide(policy, kind, step.attempt_count)  # a model call has no side effect
-        if decision.retry:
-            schedule_retry(tx, step, decision, err)
-        else:
-            tx.step_transition(step, StepEvent.FAIL, error=err)
-            tx.event("step.failed", {"step": step.index, "kind": "model", "error": err})
-            tx.task_transition(TaskEvent.FAIL, error=err)
-        tx.commit(r.conn)
+        retryable = bool(error and error.retryable)
+        _fail_attempt(r, task, step, {"kind": "inference", "message": str(error), "retryable": retryable})
         return
+    if (problem := output_problem(turn)) is not None:
+        # Never an answer: retried with the problem shown to the model, then the task fails typed.
+        trace_error(trace.get_current_span(), UNPARSEABLE, problem)
+        task.model_feedback[step.index] = problem
+        _count_usage(task, turn.usage)
+        err = {"kind": UNPARSEABLE, "message": problem, "retryable": True}
+        _fail_attempt(r, task, step, err, usage=turn.usage.to_dict())
+        return
+    if sig is not None and (sig.event.is_set() or (not turn.tool_calls and sig.requested())):
+        return  # cancelled while the answer was on its way: the task ends CANCELLED, not SUCCEEDED
+    task.model_feedback.pop(step.index, None)
     usage = turn.usage
-    MODEL_TOKENS.labels("prompt").inc(usage.prompt_tokens)
-    MODEL_TOKENS.labels("cached").inc(usage.cached_tokens)
-    MODEL_TOKENS.labels("completion").inc(usage.completion_tokens)
-    if usage.ttft_ms is not None:
-        MODEL_TTFT.observe(usage.ttft_ms / 1000)
+    tx = r.txn(task)
     tx.succeed_step(step, usage=usage.to_dict())
     task.step_count += 1
-    task.prompt_tokens += usage.prompt_tokens
-    task.cached_tokens += usage.cached_tokens
-    task.completion_tokens += usage.completion_tokens
+    _count_usage(task, usage)
     tx.append_message(turn.message(), step.index)
     # Usage is kept on the step row (its successful attempt); the event carries the token total only.
     tokens = usage.prompt_tokens + usage.completion_tokens
@@ -89,3 +120,54 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
             )
             tx.add_step(tool_step, start=i == 0)
     tx.commit(r.conn)
+
+
+UNPARSEABLE = "model_output_unparseable"
+
+
+def _count_usage(task: TaskView, usage: Usage) -> None:
+    MODEL_TOKENS.labels("prompt").inc(usage.prompt_tokens)
+    MODEL_TOKENS.labels("cached").inc(usage.cached_tokens)
+    MODEL_TOKENS.labels("completion").inc(usage.completion_tokens)
+    if usage.ttft_ms is not None:
+        MODEL_TTFT.observe(usage.ttft_ms / 1000)
+    task.prompt_tokens += usage.prompt_tokens
+    task.cached_tokens += usage.cached_tokens
+    task.completion_tokens += usage.completion_tokens
+
+
+def _fail_attempt(
+    r: Runner, task: TaskView, step: StepView, err: dict[str, Any], usage: dict[str, Any] | None = None
+) -> None:
+    """A failed model attempt, by the one retry rule: again after a backoff, or the task fails."""
+    tx = r.txn(task)
+    tx.finish_attempt(step, "FAILED", error=err, usage=usage)
+    kind = ErrorKind.RETRYABLE if err["retryable"] else ErrorKind.PERMANENT
+    decision = decide(r.config.model_retry, kind, step.attempt_count)  # a model call has no side effect
+    if decision.retry:
+        schedule_retry(tx, step, decision, err)
+    else:
+        tx.step_transition(step, StepEvent.FAIL, error=err)
+        tx.event("step.failed", {"step": step.index, "kind": "model", "error": err})
+        tx.task_transition(TaskEvent.FAIL, error=err)
+    tx.commit(r.conn)
+
+
+def _feedback(r: Runner, task: TaskView, step: StepView) -> dict[str, Any] | None:
+    """On the retry of a turn whose output could not be used: a message telling the model what
+    was wrong (from memory, or from the failed attempt when another runner made it)."""
+    if step.attempt_count <= 1:
+        return None
+    problem = task.model_feedback.get(step.index)
+    if problem is None:
+        with r.engine.connect() as conn:
+            failed = [a for a in list_attempts(conn, task.id) if a.step_index == step.index and a.error]
+        last = failed[-1].error if failed else None
+        if not (isinstance(last, dict) and last.get("kind") == UNPARSEABLE):
+            return None
+        problem = str(last.get("message"))
+    return {
+        "role": "user",
+        "content": f"Your previous reply could not be used: {problem}. Reply again: call a tool "
+        "with valid JSON arguments matching its schema, or answer in plain text.",
+    }

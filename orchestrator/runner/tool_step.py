@@ -4,6 +4,7 @@ then the outcome's transaction (retry, error shown to the model, or the next ste
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,21 @@ def tool_spec(r: Runner, name: str | None) -> ToolSpec | None:
         return None
 
 
+def workspace_path(workspace_dir: str | None, task_id: str) -> Path | None:
+    """The task's private directory for the workspace tools (None: workspaces are off)."""
+    return Path(workspace_dir) / task_id if workspace_dir else None
+
+
+def remove_workspace(workspace_dir: str | None, task_id: str) -> None:
+    """Delete a finished task's workspace: nothing reads it once the task has ended."""
+    path = workspace_path(workspace_dir, task_id)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def tool_job(r: Runner, task: TaskView, step: StepView, timeout_s: float) -> ToolJob:
-    workspace = str(Path(r.config.workspace_dir) / task.id) if r.config.workspace_dir else None
+    path = workspace_path(r.config.workspace_dir, task.id)
+    workspace = str(path) if path is not None else None
     return ToolJob(
         tool=step.tool_name or "",
         arguments=step.arguments or "",
@@ -81,8 +95,11 @@ def run_tool_step(r: Runner, task: TaskView, step: StepView, *, in_doubt: bool) 
         remaining = (task.deadline_at - utcnow()).total_seconds()
         timeout_s = max(0.001, min(policy.timeout_s, remaining))
         failpoint("before_tool")
-        outcome = r.dispatcher.run_tool(tool_job(r, task, step, timeout_s))
+        sig = r.cancel_signal
+        outcome = r.dispatcher.run_tool(tool_job(r, task, step, timeout_s), cancel=sig.event if sig else None)
         failpoint("after_tool")
+        if sig is not None and sig.event.is_set():
+            return  # cancelled meanwhile: the job is revoked or abandoned, its result ignored
         lost = False
     tx = r.txn(task)
     record_tool_outcome(tx, step, spec, outcome, lost=lost)

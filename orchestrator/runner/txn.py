@@ -6,7 +6,8 @@ writer (`tasks.writer.TaskWrite.commit`, fenced on the lease): on PostgreSQL ONE
 is its own transaction (one round trip); on SQLite the same statements inside `BEGIN IMMEDIATE`.
 If the lease is gone, or a row was not in the expected state, the whole transaction rolls back
 (`LeaseLost` / `StaleTransition`). The task row is written once per transaction; it returns
-`cancel_requested`, which the runner honours at the next step boundary.
+`cancel_requested`, which the runner honours at the next step boundary (a step in flight is
+interrupted sooner: `runner.cancel`).
 
 Steps have no rows of their own (migration 0011, `tasks.history`): the task row carries the open
 step (`open_*`, `next_step`, written from the view at every commit), and a finished step's
@@ -83,6 +84,9 @@ class TaskView:
     offered_tools: list[dict[str, Any]] | None = None
     # Attempts this runner started itself and has not executed yet: not in doubt.
     fresh_attempts: set[tuple[int, int]] = field(default_factory=set)
+    # step index -> what was wrong with its last model output, shown to the model on the retry
+    # (read back from the failed attempt when another runner retries it).
+    model_feedback: dict[int, str] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:

@@ -17,3 +17,11 @@ class IdempotencyConflict(Exception):
 
 class StaleTransition(Exception):
     """The row was not in the expected state: another process changed it first (re-read it)."""
+
+
+class TaskFinished(Exception):
+    """The task has already ended (its status says how): too late to cancel it."""
+
+    def __init__(self, task_id: str, status: str):
+        super().__init__(f"task {task_id} already ended {status}")
+        self.status = status

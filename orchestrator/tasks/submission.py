@@ -13,8 +13,16 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
+from core.media import SNIFF_BYTES, sniff_media_type
 from orchestrator.api.blobs import put_blob
-from orchestrator.api.schemas import InlineAttachment, TaskCreate, UploadedAttachment
+from orchestrator.api.schemas import (
+    ATTACHMENT_MEDIA_TYPES,
+    ATTACHMENT_URL_PREFIX,
+    INLINE_IMAGE_PREFIX,
+    InlineAttachment,
+    TaskCreate,
+    UploadedAttachment,
+)
 from orchestrator.clock import utcnow
 from orchestrator.config import Budgets
 from orchestrator.db.tables import attachments_t
@@ -54,7 +62,9 @@ def to_new_task(
     return NewTask(
         tenant=tenant,
         goal=body.goal,
-        messages=[m.model_dump(exclude_none=True) for m in body.messages],
+        messages=[
+            _with_attachment_ids(m.model_dump(exclude_none=True), attachment_ids) for m in body.messages
+        ],
         system_prompt=body.system_prompt,
         allowed_tools=body.allowed_tools,
         sampling=body.sampling.model_dump(exclude_none=True) if body.sampling else None,
@@ -66,6 +76,21 @@ def to_new_task(
         attachment_ids=attachment_ids,
         traceparent=traceparent,
     )
+
+
+def _with_attachment_ids(message: dict[str, Any], attachment_ids: list[str]) -> dict[str, Any]:
+    """An image part the schema turned into attachment number i now names that attachment."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        url = part.get("image_url", {}).get("url", "") if isinstance(part, dict) else ""
+        if isinstance(url, str) and url.startswith(INLINE_IMAGE_PREFIX):
+            att_id = attachment_ids[int(url[len(INLINE_IMAGE_PREFIX) :])]
+            part = {**part, "image_url": {"url": ATTACHMENT_URL_PREFIX + att_id}}
+        parts.append(part)
+    return {**message, "content": parts}
 
 
 def _decode_inline(body: TaskCreate, tenant: str, idempotency_key: str | None) -> dict[int, _Inline]:
@@ -81,6 +106,10 @@ def _decode_inline(body: TaskCreate, tenant: str, idempotency_key: str | None) -
             raise InvalidSubmission("bad_attachment", f"attachments[{i}].data is not base64: {exc}") from None
         if not data:
             raise InvalidSubmission("bad_attachment", f"attachments[{i}].data is empty")
+        # The content decides when it shows an accepted type (as for uploads); content that shows
+        # none keeps its declared type and fails in the preprocess worker's decode, typed.
+        found = sniff_media_type(data[:SNIFF_BYTES])
+        media_type = found if found in ATTACHMENT_MEDIA_TYPES else a.media_type
         sha = hashlib.sha256(data).hexdigest()
         # With an idempotency key the id is derived, so a replay hashes to the same request.
         att_id = (
@@ -88,7 +117,7 @@ def _decode_inline(body: TaskCreate, tenant: str, idempotency_key: str | None) -
             if idempotency_key is not None
             else str(uuid.uuid4())
         )
-        out[i] = _Inline(att_id, sha, data, a.media_type, a.filename)
+        out[i] = _Inline(att_id, sha, data, media_type, a.filename)
     return out
 
 

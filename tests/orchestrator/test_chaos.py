@@ -2,8 +2,10 @@
 ingest and relay are SIGKILLed and the database's connections are cut (and refused for a while).
 Nothing may be lost, duplicated or stuck, and no process may exit on its own.
 
-Bounded: ~30 s of chaos, then the stack heals and drains (about two minutes in all on 2 shared
-cores). `benchmarks/chaos_soak.py` runs the same harness for longer and prints the figures."""
+~30 s of chaos, then the stack heals and drains (about a minute in all on 2 shared cores). The
+drain is waited for as long as it progresses: the failure says "stuck" (nothing progressed for
+`ChaosConfig.stall_s`) or "slow" (still progressing after `drain_max_s`), with a diagnosis.
+`benchmarks/chaos_soak.py` runs the same harness for longer and prints the figures."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.workers.conftest import REDIS_URL
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(1500)  # above the harness's own bounds: it reports, pytest need not kill
 def test_chaos_loses_nothing_duplicates_nothing_leaves_nothing_stuck(
     pg_url,
     model_server,
@@ -41,6 +43,10 @@ def test_chaos_loses_nothing_duplicates_nothing_leaves_nothing_stuck(
     finally:
         engine.dispose()
     print(json.dumps(figures, indent=1, default=str))
+    assert figures["drain"] == "drained", (
+        f"the stack is {figures['drain']} after {figures['drain_s']} s of healing: "
+        + json.dumps(figures.get("diagnosis"), indent=1, default=str)
+    )
     assert figures["unexpected_exits"] == []
     assert figures["rest_errors"] == []
     assert figures["lost"] == [] and figures["duplicated"] == [] and figures["stuck"] == []

@@ -94,9 +94,10 @@ def test_steps_open_when_the_task_ends_are_abandoned(db, make_runner):
     assert "FAILED at attempt 0" in refusal.reason
 
 
-def test_a_parked_retry_stays_retry_wait_when_the_task_is_cancelled(db, make_runner):
+def test_a_parked_retry_is_abandoned_when_the_task_is_cancelled(db, make_runner):
     """A tool attempt failed transiently and the task was parked until its retry (the step in
-    RETRY_WAIT on the task row); a cancel then ends the task and leaves the step as it was."""
+    RETRY_WAIT on the task row); a cancel then ends the task and abandons the step with it
+    (it used to stay RETRY_WAIT under a CANCELLED task)."""
     tid = submit(db, {"cycles": 1, "tool": "flaky", "args": {"fail_times": 2}})
     make_runner(local_wait_max_s=0).run_once()
     with db.connect() as conn:
@@ -107,7 +108,8 @@ def test_a_parked_retry_stays_retry_wait_when_the_task_is_cancelled(db, make_run
     with db.begin() as conn:
         assert request_cancel(conn, tid) == "CANCELLED"
     with db.connect() as conn:
-        assert list_steps(conn, tid)[1] == parked
+        after = list_steps(conn, tid)[1]
+        assert (after.status, after.attempt_count) == ("FAILED", 1)
         assert [(a.step_index, a.attempt, a.status) for a in list_attempts(conn, tid)] == [
             (0, 1, "SUCCEEDED"),
             (1, 1, "FAILED"),

@@ -131,7 +131,7 @@ def _runner(db, url: str) -> tuple[Runner, Any, Any]:
 
 
 def test_transient_model_failures_are_retried(db, flaky):
-    server = flaky([(503, b"busy"), (503, b"busy")])
+    server = flaky([(500, b"oops"), (500, b"oops")])
     task_id = submit(db, {"cycles": 1, "tool": "echo"})
     runner, client, dispatcher = _runner(db, server.url)
     runner.run_until_idle(timeout_s=30)
@@ -141,6 +141,21 @@ def test_transient_model_failures_are_retried(db, flaky):
         assert get_task(conn, task_id).status == "SUCCEEDED"
         first = [a.status for a in list_attempts(conn, task_id) if a.step_index == 0]
     assert first == ["FAILED", "FAILED", "SUCCEEDED"]
+
+
+def test_an_unavailable_model_server_is_waited_out_without_spending_attempts(db, flaky):
+    # 503/429 say "not now" (starting, restarting, overloaded): an outage, not a failed attempt.
+    # Before: five 503s in a row spent the step's three attempts and failed the task.
+    server = flaky([(503, b"starting")] * 4 + [(429, b"slow down")])
+    task_id = submit(db, {"cycles": 1, "tool": "echo"})
+    runner, client, dispatcher = _runner(db, server.url)
+    runner.run_until_idle(timeout_s=120)
+    client.close()
+    dispatcher.close()
+    with db.connect() as conn:
+        assert get_task(conn, task_id).status == "SUCCEEDED"
+        first = [a.status for a in list_attempts(conn, task_id) if a.step_index == 0]
+    assert first == ["SUCCEEDED"]
 
 
 def test_permanent_model_failure_fails_the_task(db, flaky):

@@ -3,6 +3,8 @@ no option), readiness that follows the dependencies, and malformed tool-job payl
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from orchestrator.cli import build_parser
@@ -47,3 +49,17 @@ def test_malformed_tool_job_payload_is_that_jobs_failure():
         out = run_tool(payload)
         assert out["ok"] is False and out["error"]["kind"] == "permanent"
         assert "malformed tool job payload" in out["error"]["error"]
+
+
+def test_liveness_fails_when_no_progress_is_made_for_too_long():
+    # Before: /healthz stayed 200 as long as the loop turned, even when every turn failed (a
+    # relay whose producer could never send again). An outage shorter than the bound stays live.
+    health = Health(stall_after_s=0.3)
+    health.set_ready()
+    health.set_unready("relay: KafkaError")
+    assert health.alive  # a fresh outage is waited out, not restarted
+    time.sleep(0.4)
+    health.set_unready("relay: KafkaError")  # the loop still turns, and still fails
+    assert not health.alive
+    health.set_ready()
+    assert health.alive

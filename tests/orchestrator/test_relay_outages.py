@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -80,3 +81,45 @@ def test_relay_waits_out_a_broker_restart(db, make_runner):
         relay.stop()
         thread.join(10)
     assert {k.decode() for t, k, _ in producer.sent if t == "dayzero.results"} == set(ids)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_relay_publishes_again_after_a_real_broker_restart(db, make_runner):
+    # Before: after the broker restarted, the producer was left in a state it never leaves
+    # (UnknownProducerId / InitProducerId errors on every send); the relay retried with it
+    # forever and /healthz stayed 200. Now the producer is built anew after a broker error.
+    from orchestrator.kafka.relay import make_relay_producer
+    from orchestrator.kafka.topics import ensure_topics
+    from tests.support.kafka_broker import consume_all, free_port, run_tansu
+
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    cfg = RelayConfig(events_topic="ev", results_topic="res", idle_sleep_s=0.05)
+    with run_tansu(port=port):
+        ensure_topics(bootstrap, ["ev", "res"], 1)
+        relay = Relay(
+            db,
+            make_relay_producer(bootstrap),
+            cfg,
+            producer_factory=lambda: make_relay_producer(bootstrap),
+        )
+        thread = threading.Thread(target=relay.run_forever, daemon=True)
+        thread.start()
+        first = submit(db, {"cycles": 0})
+        make_runner().run_until_idle(timeout_s=30)
+        _wait(lambda: _unpublished(db) == 0, 60)
+        assert {json.loads(r.value)["task_id"] for r in consume_all(bootstrap, "res", 1)} == {first}
+    try:
+        second = submit(db, {"cycles": 0})
+        make_runner().run_until_idle(timeout_s=30)
+        _wait(lambda: relay.outages > 0 and not relay.health.ready, 90)
+        with run_tansu(port=port):
+            ensure_topics(bootstrap, ["ev", "res"], 1)
+            _wait(lambda: _unpublished(db) == 0, 120)
+            results = consume_all(bootstrap, "res", 1)
+            assert thread.is_alive() and relay.health.ready
+            assert {json.loads(r.value)["task_id"] for r in results} == {second}
+    finally:
+        relay.stop()
+        thread.join(60)
+        relay.producer.close(timeout=1)

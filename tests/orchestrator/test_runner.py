@@ -10,6 +10,7 @@ import time
 import pytest
 
 from orchestrator.store import get_task, list_attempts, list_events, list_messages, list_steps, request_cancel
+from orchestrator.tasks.errors import TaskFinished
 from tests.orchestrator.conftest import submit
 
 
@@ -176,11 +177,12 @@ def test_cancel_stops_a_running_task_at_the_next_step_boundary(db, make_runner):
     assert not any(s.status == "RUNNING" for s in steps)
 
 
-def test_cancel_of_an_idle_task_is_immediate(db):
+def test_cancel_of_an_idle_task_is_immediate_and_too_late_once_it_ended(db):
     task_id = submit(db, {"cycles": 1})
     with db.begin() as conn:
         assert request_cancel(conn, task_id) == "CANCELLED"
-        assert request_cancel(conn, task_id) == "CANCELLED"
+    with db.begin() as conn, pytest.raises(TaskFinished, match="CANCELLED"):
+        request_cancel(conn, task_id)
 
 
 def test_max_steps_budget_fails_the_task(db, make_runner):

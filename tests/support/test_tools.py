@@ -212,6 +212,24 @@ class Gate:
         return ToolResult(content={"passed": True})
 
 
+class Remit:
+    """A side effect that is not idempotent and takes no key, tried once, with a long timeout:
+    whatever happens to the queue, it must run once or be known not to have run."""
+
+    spec = ToolSpec(
+        name="remit",
+        description="send money",
+        parameters=OBJ,
+        idempotent=False,
+        retry=RetryPolicy(max_attempts=1, timeout_s=90.0),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        with open(_state_dir() / "remits.log", "a") as f:
+            f.write(f"{context.idempotency_key}\n")
+        return ToolResult(content={"sent": True})
+
+
 class WhoAmI:
     """Returns the id of the process that ran it (tells a Celery worker from the runner)."""
 
@@ -234,5 +252,6 @@ def dayzero_tools() -> list[Any]:
         FlakyCharge(),
         SlowCharge(),
         Gate(),
+        Remit(),
         WhoAmI(),
     ]

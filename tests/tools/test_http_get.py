@@ -67,6 +67,15 @@ class Handler(BaseHTTPRequestHandler):
                 except OSError:
                     return
             self.end_headers()
+        elif url.path in ("/short", "/stall"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"x" * 10)
+            self.wfile.flush()
+            if url.path == "/stall":
+                time.sleep(3)  # past the tool's deadline: the body stops at 10 of 100 bytes
         else:
             self._send(404, b"nope", "text/plain")
 
@@ -394,3 +403,12 @@ def test_https_to_the_vetted_address_verifies_the_host_name(
     # without the test CA the system store does not trust it either
     with pytest.raises(PermanentToolError, match="certificate"):
         tool(f"svc.test:{port}", networks=("127.0.0.1/32",)).run({"url": f"https://svc.test:{port}/ok"}, ctx)
+
+
+def test_a_body_cut_short_is_never_reported_whole(no_outside_network, server: int, ctx: ToolContext) -> None:  # type: ignore[no-untyped-def]
+    # Before: a body cut by the deadline (or by the server) came back as `truncated: false`.
+    t = tool(f"127.0.0.1:{server}", networks=("127.0.0.1/32",), timeout_s=0.5)
+    out = t.run({"url": f"http://127.0.0.1:{server}/short"}, ctx).content
+    assert (out["body"], out["truncated"]) == ("x" * 10, True)
+    with pytest.raises(ToolTimeoutError):
+        t.run({"url": f"http://127.0.0.1:{server}/stall"}, ctx)

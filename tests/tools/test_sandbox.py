@@ -426,3 +426,23 @@ def test_result_shape(sandbox: Sandbox) -> None:
     res = run(sandbox, "import sys; sys.exit(3)")
     fields: Mapping[str, object] = {n: getattr(res, n) for n in res.__slots__}
     assert fields["exit_code"] == 3 and fields["timed_out"] is False and fields["signal"] is None
+
+
+def test_a_call_is_bounded_in_memory_as_a_whole(sandbox: Sandbox) -> None:
+    # Before: RLIMIT_AS bounded each process only, so `nproc` processes could each hold nearly
+    # that much: 6 x 150 MiB here, under a 256 MiB per-process limit, ran to the end.
+    code = (
+        "import os, time\n"
+        "for _ in range(6):\n"
+        "    if os.fork() == 0:\n"
+        "        b = bytearray(150 * 1024 * 1024)\n"
+        "        b[::4096] = b'\\x01' * len(range(0, len(b), 4096))  # every page resident\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    before = sandbox_uid_processes(sandbox.config.uid)
+    res = run(sandbox, code, timeout_s=30.0, call_memory_bytes=384 * MiB)
+    assert res.memory_exceeded and not res.timed_out, res
+    assert res.signal == "SIGKILL"
+    assert_no_survivors(sandbox.config.uid, before)

@@ -2,17 +2,14 @@
 
 Per hop (the first request and every redirect): the URL must be http(s) without credentials, its
 host and port must match the allow-list, the host is resolved once and every address vetted by
-`tools.netguard`, and the socket connects to that vetted address (TLS still verifies the host
+`core.netguard` (through `tools.netguard`), and the socket connects to that vetted address (TLS still verifies the host
 name). Nothing is sent anywhere before all of that has passed.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
-import ipaddress
-import socket
 import ssl
 import threading
 import time
@@ -20,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from core.netguard import AllowList, PinnedConnection, PinnedTLSConnection, abort_connection, is_ip
 from tools.base import (
     InvalidArgumentsError,
     PermanentToolError,
@@ -46,72 +44,6 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class HostNotAllowedError(AddressRefusedError):
     """The URL's host or port is not on the configured allow-list."""
-
-
-class AllowList:
-    """Entries: "host", "*.suffix" (ports 80/443) or "host:port", "[v6]:port" (that port only)."""
-
-    def __init__(self, entries: tuple[str, ...]) -> None:
-        self.rules: list[tuple[str, int | None]] = []
-        for raw in entries:
-            entry = raw.strip().lower()
-            host, port = entry, None
-            if entry.startswith("["):
-                host, _, rest = entry[1:].partition("]")
-                port = int(rest[1:]) if rest.startswith(":") else None
-            elif entry.count(":") == 1:
-                host, p = entry.split(":")
-                port = int(p)
-            if not host:
-                raise ValueError(f"bad http allow-list entry {raw!r}")
-            self.rules.append((host.rstrip("."), port))
-
-    def allows(self, host: str, port: int) -> bool:
-        host = host.rstrip(".")
-        for rule_host, rule_port in self.rules:
-            if rule_port is None and port not in (80, 443):
-                continue
-            if rule_port is not None and port != rule_port:
-                continue
-            if rule_host.startswith("*."):
-                if host.endswith(rule_host[1:]) and host != rule_host[2:]:
-                    return True
-            elif host == rule_host:
-                return True
-        return False
-
-
-class _PinnedConnection(http.client.HTTPConnection):
-    """HTTP to a pre-vetted address: `connect()` never resolves the host name again."""
-
-    def __init__(self, host: str, port: int, address: IPAddress, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._address = address
-
-    def connect(self) -> None:
-        family = socket.AF_INET6 if self._address.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect((str(self._address), self.port))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-class _PinnedTLSConnection(_PinnedConnection):
-    """TLS to the vetted address; the certificate is still verified against the host *name*."""
-
-    def __init__(
-        self, host: str, port: int, address: IPAddress, timeout: float, context: ssl.SSLContext
-    ) -> None:
-        super().__init__(host, port, address, timeout)
-        self._context = context
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)
 
 
 class HttpGetTool:
@@ -210,7 +142,7 @@ class HttpGetTool:
         if not host:
             raise InvalidArgumentsError(f"URL {url!r} has no host")
         try:
-            host_ascii = host if _is_ip(host) else host.encode("idna").decode("ascii")
+            host_ascii = host if is_ip(host) else host.encode("idna").decode("ascii")
         except UnicodeError:
             raise AddressRefusedError(f"host {host!r} is not a valid name", details={"url": url}) from None
         if not self.allow.allows(host_ascii, port):
@@ -230,9 +162,9 @@ class HttpGetTool:
             if remaining <= 0:
                 break
             conn = (
-                _PinnedTLSConnection(host, port, address, remaining, self._tls)
+                PinnedTLSConnection(host, port, address, remaining, self._tls)
                 if scheme == "https"
-                else _PinnedConnection(host, port, address, remaining)
+                else PinnedConnection(host, port, address, remaining)
             )
             try:
                 conn.connect()
@@ -258,14 +190,14 @@ class HttpGetTool:
         )
 
     def _exchange(
-        self, conn: _PinnedConnection, host: str, port: int, scheme: str, target: str, deadline: float
+        self, conn: PinnedConnection, host: str, port: int, scheme: str, target: str, deadline: float
     ) -> tuple[int, dict[str, str], bytes, bool, str | None]:
         host_header = host if port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
         if ":" in host and not host.startswith("["):
             host_header = f"[{host}]" if port == _DEFAULT_PORTS[scheme] else f"[{host}]:{port}"
         # A watchdog enforces the deadline on the whole exchange: per-recv socket timeouts alone let
         # a server trickle headers one byte at a time for ever.
-        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _abort, args=(conn,))
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), abort_connection, args=(conn,))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -294,6 +226,13 @@ class HttpGetTool:
                         min(65536, self.config.max_bytes + 1 - len(body))
                     )  # no waiting for a full buffer
                     if not chunk:
+                        if time.monotonic() >= deadline:  # the watchdog's shutdown reads as an end
+                            raise ToolTimeoutError(
+                                f"reading from {host} took longer than {self.config.timeout_s:g} s"
+                            )
+                        # The server closed before the length it declared: a partial body.
+                        declared = headers.get("content-length", "")
+                        truncated = declared.isdigit() and len(body) < int(declared)
                         break
                     body += chunk
                     if len(body) > self.config.max_bytes:
@@ -309,21 +248,6 @@ class HttpGetTool:
             ) from None
         finally:
             watchdog.cancel()
-
-
-def _abort(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _charset(ctype: str | None) -> str | None:

@@ -22,7 +22,7 @@ class PythonTool:
                 "Run a Python 3 program (standard library only) in an isolated sandbox and return its "
                 "exit code, stdout and stderr. No network, no access to files outside a private "
                 f"temporary directory (deleted afterwards), at most {lim.timeout_s:g} s wall clock, "
-                f"{lim.memory_bytes // 2**20} MiB of memory, files up to {lim.file_size_bytes // 2**20} MiB; "
+                f"{lim.call_memory_bytes // 2**20} MiB of memory in all, files up to {lim.file_size_bytes // 2**20} MiB; "
                 f"output beyond {lim.max_output_bytes // 1024} KiB per stream is cut. Print what you need."
             ),
             parameters={
@@ -50,6 +50,7 @@ class PythonTool:
                     "stdout_truncated": {"type": "boolean"},
                     "stderr_truncated": {"type": "boolean"},
                     "duration_s": {"type": "number"},
+                    "memory_exceeded": {"type": "boolean"},
                 },
                 "required": ["exit_code", "timed_out", "stdout", "stderr"],
             },
@@ -81,6 +82,7 @@ class PythonTool:
                 "stdout_truncated": res.stdout_truncated,
                 "stderr_truncated": res.stderr_truncated,
                 "duration_s": res.duration_s,
+                "memory_exceeded": res.memory_exceeded,
             }
         )
 

@@ -58,6 +58,7 @@ class SandboxResult:
     stdout_truncated: bool
     stderr_truncated: bool
     duration_s: float
+    memory_exceeded: bool = False  # killed: its processes together passed `call_memory_bytes`
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
         proc.stdin.close()
     except BrokenPipeError:
         pass
-    timed_out = False
+    timed_out = memory_exceeded = False
     streams = _BoundedStreams(proc, lim.max_output_bytes)
     deadline = start + lim.timeout_s
     while True:
@@ -139,13 +140,17 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
             timed_out = True
             _kill_group(proc)
             break
+        if tree_rss_bytes(proc.pid) > lim.call_memory_bytes:
+            memory_exceeded = True
+            _kill_group(proc)
+            break
         if streams.done():  # both pipes closed; the program may still run (it can close them)
             try:
                 proc.wait(timeout=remaining)
                 break
             except subprocess.TimeoutExpired:
                 continue
-        streams.pump(min(remaining, 0.5))
+        streams.pump(min(remaining, _MEMORY_POLL_S))
     # After a kill the namespace dies with its PID 1; drain what is left, but never wait forever.
     streams.drain(grace_s=2.0)
     try:
@@ -166,6 +171,7 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
         stdout_truncated=streams.truncated("stdout"),
         stderr_truncated=streams.truncated("stderr"),
         duration_s=round(time.monotonic() - start, 3),
+        memory_exceeded=memory_exceeded,
     )
 
 
@@ -213,6 +219,35 @@ class _BoundedStreams:
 
     def truncated(self, name: str) -> bool:
         return self.total[name] > len(self.kept[name])
+
+
+_MEMORY_POLL_S = 0.05  # how often a call's memory is added up (a process touches ~100 MiB in that time)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of `root` and all its descendants (their host PIDs, PID namespace or not)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

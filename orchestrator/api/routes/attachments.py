@@ -9,6 +9,7 @@ import anyio
 from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy import insert, select
 
+from core.media import SNIFF_BYTES, sniff_media_type
 from orchestrator.api.blobs import BlobWriter, TooLarge
 from orchestrator.api.deps import DbDep, IngressDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
@@ -53,11 +54,17 @@ async def upload(
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProblemError(413, "Content Too Large", f"uploads are limited to {limit} bytes")
     writer = BlobWriter(settings.blob_dir, limit)
+    head = b""
     try:
         async for chunk in request.stream():
+            if len(head) < SNIFF_BYTES:
+                head += chunk[: SNIFF_BYTES - len(head)]
             writer.write(chunk)
         if writer.size == 0:
             raise ProblemError(422, "Unprocessable Content", "empty upload", type_="validation-error")
+        # The content decides (and is what gets recorded); the declared type only had to be one
+        # we take.
+        media_type = sniffed_type(head, media_type)
         digest = await anyio.to_thread.run_sync(writer.commit)
     except TooLarge:
         writer.discard()
@@ -91,6 +98,18 @@ async def upload(
         },
         task_id=None,
     )
+
+
+def sniffed_type(head: bytes, declared: str) -> str:
+    """The media type the bytes show; a 415 if they show none we take."""
+    found = sniff_media_type(head)
+    if found is None or found not in ATTACHMENT_MEDIA_TYPES:
+        raise ProblemError(
+            415,
+            "Unsupported Media Type",
+            f"declared {declared}, but the content is not one of {list(ATTACHMENT_MEDIA_TYPES)}",
+        )
+    return found
 
 
 @router.get("/{attachment_id}", response_model=AttachmentOut, responses=problem_responses(401, 404, 422))

@@ -43,6 +43,10 @@ def _read(engine: Engine, task_id: str, after: int) -> tuple[bool, list[Any]]:
         return terminal, list(rows)
 
 
+# Ends a stream whose API key was revoked while it was open (checked every key-cache TTL).
+_REVOKED = b'event: error\ndata: {"error": "the API key of this stream was revoked"}\n\n'
+
+
 def _frame(e: Any, tenant: str) -> bytes:
     data = json.dumps(event_record(e.task_id, e.seq, e.type, e.payload, e.created_at, tenant), default=str)
     return f"id: {e.seq}\nevent: {e.type}\ndata: {data}\n\n".encode()
@@ -105,8 +109,12 @@ async def stream_events(
     feed: EventFeed = request.app.state.feed
     start = max(_last_event_id(request), after or 0)
 
+    key_cache = request.app.state.key_cache
+    key = request.state.api_key
+
     async def body() -> AsyncIterator[bytes]:
         last = start
+        key_checked = time.monotonic()
         SSE_STREAMS.inc()
         try:
             yield b"retry: 1000\n\n"
@@ -126,7 +134,12 @@ async def stream_events(
                     if time.monotonic() - quiet_since > ingress.sse_keepalive_s:
                         yield b": keep-alive\n\n"
                         quiet_since = time.monotonic()
-                    await sub.wait(ingress.sse_keepalive_s)
+                    if time.monotonic() >= key_checked + key_cache.ttl_s:
+                        key_checked = time.monotonic()
+                        if await anyio.to_thread.run_sync(key_cache.tenant_for, key) != tenant:
+                            yield _REVOKED  # the key this stream was opened with is gone
+                            return
+                    await sub.wait(min(ingress.sse_keepalive_s, key_cache.ttl_s))
         finally:
             SSE_STREAMS.dec()
 

@@ -234,8 +234,8 @@ def messages(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> list[dict[str
     "/{task_id}/cancel",
     status_code=202,
     response_model=TaskSummary,
-    summary="Cancel a task (now if no runner holds it, else at its next step boundary)",
-    responses=problem_responses(401, 404, 422),
+    summary="Cancel a task (now if no runner holds it, else by its runner, interrupting the step in flight)",
+    responses=problem_responses(401, 404, 409, 422),
 )
 def cancel(task_id: TaskId, tenant: TenantDep, engine: DbDep) -> Any:
     with engine.begin() as conn:

@@ -115,7 +115,8 @@ def test_reference_errors_are_clear(blobs):
 
 
 def test_urls_only_from_allowed_hosts(files_url):
-    client = _client(url_allow_hosts=("127.0.0.1",), max_fetch_bytes=len(PNG))
+    host_port = files_url.split("//", 1)[1]  # the allow-list names the port (bare hosts: 80/443)
+    client = _client(url_allow_hosts=(host_port,), max_fetch_bytes=len(PNG))
     try:
         ok = ask(client, f"{files_url}/img.png")
         assert ok["usage"]["prompt_tokens"] > 6  # 56x42 -> 4x3 patches (padded 4x4) -> 4 tokens
@@ -126,7 +127,7 @@ def test_urls_only_from_allowed_hosts(files_url):
         with pytest.raises(ValueError, match="are not fetched"):
             ask(client, files_url.replace("127.0.0.1", "localhost") + "/img.png")
         client.serving.image_handler.sources = ImageSources(
-            url_allow_hosts=("127.0.0.1",), max_fetch_bytes=len(PNG) - 1
+            url_allow_hosts=(host_port,), max_fetch_bytes=len(PNG) - 1
         )
         with pytest.raises(ValueError, match="larger than"):
             ask(client, f"{files_url}/img.png")
@@ -208,3 +209,33 @@ def test_infer_serve_takes_references_from_its_blob_store(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_image_urls_go_through_the_ssrf_guard(files_url):
+    # Before: the allow-list matched host names only, so with `localhost,127.0.0.1` allowed a
+    # request for http://127.0.0.1:5432/x.png connected to PostgreSQL.
+    import socket
+
+    from core.netguard import AddressRefused
+    from inference.server.images import fetch_image_url
+
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    other.setblocking(False)
+    port = other.getsockname()[1]
+    try:
+        names = ImageSources(url_allow_hosts=("localhost", "127.0.0.1"))
+        with pytest.raises(ValueError, match="not fetched"):  # not port 80/443
+            fetch_image_url(f"http://127.0.0.1:{port}/x.png", names)
+        with pytest.raises(ValueError, match="not fetched"):
+            fetch_image_url(f"http://localhost:{port}/x.png", names)
+        by_name = ImageSources(url_allow_hosts=(f"localhost:{port}",))
+        with pytest.raises(AddressRefused, match=r"loopback|not allow-listed"):  # resolved, then vetted
+            fetch_image_url(f"http://localhost:{port}/x.png", by_name)
+        with pytest.raises(BlockingIOError):
+            other.accept()  # nothing ever connected to the other service
+    finally:
+        other.close()
+    host_port = files_url.split("//", 1)[1]
+    assert fetch_image_url(f"{files_url}/img.png", ImageSources(url_allow_hosts=(host_port,))) == PNG

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text, update
 
 from orchestrator.api import create_app
-from orchestrator.config import IngressSettings
+from orchestrator.config import IngressSettings, Settings
 from orchestrator.store import tasks_t
 from tests.orchestrator.api.conftest import make_keys
 from tests.orchestrator.api.live_server import live_server
@@ -121,3 +121,39 @@ def _wait_for_lock_waiters(db, n: int, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"{n} requests did not reach the lock")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"goal": "x", "metadata": {"n": 1e400}}',
+        b'{"goal": "x", "metadata": {"n": NaN}}',
+        b'{"goal": "x", "metadata": {"n": -Infinity}}',
+        b'{"goal": "x", "messages": [{"role": "user", "content": [{"type": "text", "text": "t", "w": 1e999}]}]}',
+    ],
+    ids=["overflow", "nan", "neg-infinity", "content-part"],
+)
+def test_non_finite_numbers_are_422_not_500(api, body):
+    # Before: the JSONB insert raised DataError: a 500.
+    r = api.client.post("/v1/tasks", content=body, headers={**api.h(), "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert any(e["type"] == "invalid_number" for e in r.json()["errors"])
+
+
+def test_a_body_shorter_than_its_content_length_is_timed_out(db):
+    # Before: the request held its connection (and an in-flight slot) with no body timeout.
+    import socket
+
+    ingress = IngressSettings(body_timeout_s=1.0, gc_freeze=False)
+    app = create_app(Settings(DATABASE_URL=str(db.url)), engine=db, ingress=ingress)
+    key = make_keys(db, "acme")["acme"]
+    with live_server(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(
+                b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {key}\r\nContent-Length: 100\r\n\r\n".encode()
+                + b'{"goal": '
+            )
+            answer = s.recv(4096)  # well within the 30 s socket timeout: the server answers at 1 s
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]

@@ -201,3 +201,23 @@ def test_feed_waits_out_a_database_it_cannot_reach():
         assert not alive_after_stop
     finally:
         engine.dispose()
+
+
+def test_a_stream_ends_when_its_key_is_revoked(db, api_settings):
+    # Before: a stream opened before its key was revoked kept streaming.
+    from orchestrator.auth import create_api_key, revoke_api_key
+
+    with db.begin() as conn:
+        made = create_api_key(conn, "acme")
+    app = create_app(api_settings, engine=db, ingress=IngressSettings(sse_poll_s=0.2, gc_freeze=False))
+    app.state.key_cache.ttl_s = 0.5  # how often a stream checks its key again
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        h = {"Authorization": f"Bearer {made.key}"}
+        task = client.post("/v1/tasks", json={"goal": "nobody runs this"}, headers=h).json()
+        with client.stream("GET", f"/v1/tasks/{task['id']}/events", headers=h) as resp:
+            lines = resp.iter_lines()
+            assert any(line.startswith("event: task.created") for line in lines)
+            with db.begin() as conn:
+                assert revoke_api_key(conn, made.id)
+            rest = list(lines)  # the stream must end by itself (the client's read timeout is 30 s)
+    assert "event: error" in rest and any("revoked" in line for line in rest)

@@ -10,7 +10,9 @@ def test_every_endpoint_hides_other_tenants(api: Api):
         "/v1/tasks", json={"goal": "secret", "metadata": {"k": "v"}}, headers=api.h("acme")
     ).json()
     att = api.client.post(
-        "/v1/attachments", content=b"\x89PNG....", headers=api.h("acme", **{"content-type": "image/png"})
+        "/v1/attachments",
+        content=b"\x89PNG\r\n\x1a\n....",
+        headers=api.h("acme", **{"content-type": "image/png"}),
     ).json()
     tid, spy = mine["id"], api.h("globex")
 

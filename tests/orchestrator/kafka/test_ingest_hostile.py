@@ -101,3 +101,64 @@ def test_database_outage_is_waited_out(db, tenants, producer, kafka_settings, ma
         worker.join(30)
     assert _keys(db) == [f"k{i:02}" for i in range(20)]
     assert ing.health.ready
+
+
+NON_FINITE = {
+    "meta-overflow": b'{"tenant": "acme", "goal": "x", "metadata": {"n": 1e400}}',
+    "meta-nan": b'{"tenant": "acme", "goal": "x", "metadata": {"n": NaN}}',
+    "meta-neg": b'{"tenant": "acme", "goal": "x", "metadata": {"n": -1e400}}',
+    "part-inf": b'{"tenant": "acme", "goal": "x", "messages": [{"role": "user", "content": '
+    b'[{"type": "text", "text": "t", "w": Infinity}]}]}',
+    "call-nan": b'{"tenant": "acme", "goal": "x", "messages": [{"role": "assistant", "tool_calls": '
+    b'[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}, "w": -Infinity}]}]}',
+}
+
+
+def test_non_finite_numbers_are_dead_lettered_and_ingest_goes_on(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: json.loads read them as inf/nan, the JSONB insert raised DataError, ingest took it
+    # for a database outage and retried the batch forever: the partition stopped.
+    for key, value in NON_FINITE.items():
+        producer.send(kafka_settings.tasks_topic, key=key.encode(), value=value, partition=0)
+    ok = json.dumps({"tenant": "acme", "goal": "ok"}).encode()
+    producer.send(kafka_settings.tasks_topic, key=b"after", value=ok, partition=0)
+    producer.flush()
+    ing = make_ingestor()
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= len(NON_FINITE) + 1)
+    assert _keys(db) == ["after"] and ing.stats["outages"] == 0
+    dlq = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, len(NON_FINITE))
+    assert sorted((m.key.decode(), dict(m.headers)["dlq-reason"]) for m in dlq) == sorted(
+        (k, b"invalid_number") for k in NON_FINITE
+    )
+
+
+def test_kafka_allows_the_same_nesting_as_rest(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: ingest allowed 64 levels where REST allows 32 (`DAYZERO_INGRESS_MAX_JSON_DEPTH`).
+    metadata_deep = {"tenant": "acme", "goal": "x", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "t", "x": json.loads("[" * 40 + "]" * 40)}]}]}  # fmt: skip
+    producer.send(kafka_settings.tasks_topic, key=b"deep40", value=json.dumps(metadata_deep).encode())
+    producer.flush()
+    ing = make_ingestor()
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= 1)
+    dlq = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 1)
+    assert [(m.key, dict(m.headers)["dlq-reason"]) for m in dlq] == [(b"deep40", b"too_deep")]
+
+
+def test_keyless_records_of_a_recreated_topic_get_new_keys(db, tenants, kafka_settings, make_ingestor):
+    # Before: the derived key was `kafka:<topic>:<partition>:<offset>`; a re-created topic starts
+    # at offset 0 again, so its records were taken for replays of the old topic's tasks.
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    ing = make_ingestor()
+    value = json.dumps({"tenant": "acme", "goal": "g"}).encode()
+
+    def record(timestamp: int) -> ConsumerRecord:
+        return ConsumerRecord(
+            kafka_settings.tasks_topic, 0, -1, 0, timestamp, 0, None, value, [], None, -1, len(value), -1
+        )
+
+    old, new = ing.parse(record(1_700_000_000_000)), ing.parse(record(1_700_000_500_000))
+    assert old.key != new.key and old.key.startswith(f"kafka:{kafka_settings.tasks_topic}:0:0:")
