@@ -91,6 +91,9 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int = 1024
     seed: int | None = None
+    # OpenAI's `prompt_cache_key`: one key per conversation (the task id), so a server that keeps
+    # conversations (ours) tokenizes only each turn's new messages
+    cache_key: str | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | None) -> Sampling:
@@ -265,6 +268,8 @@ def chat_request_body(
     }
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    if sampling.cache_key is not None:
+        body["prompt_cache_key"] = sampling.cache_key
     if tools:
         body["tools"] = list(tools)
         body["tool_choice"] = "auto"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -38,7 +39,7 @@ def _chat_waiting_out_outages(
     so), up to the task's deadline, like the database and the brokers: a restart of the server
     must not cost the step its attempts."""
     deadline = time.monotonic() + (task.deadline_at - utcnow()).total_seconds()
-    sampling = Sampling.from_mapping(task.sampling)
+    sampling = replace(Sampling.from_mapping(task.sampling), cache_key=str(task.id))
     return wait_out(
         "inference",
         lambda: r.inference.chat(messages, tools, sampling),
