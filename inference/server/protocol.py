@@ -198,7 +198,7 @@ class OpenAIServing:
     def _check_text_bound(self, body: Mapping[str, Any]) -> None:
         """Refuse a chat whose text alone needs more tokens than the context holds, before any
         rendering or tokenizing: no token holds more bytes than the vocabulary's longest."""
-        nbytes = sum(len(s.encode("utf-8", "replace")) for s in strings_of(body.get("messages")))
+        nbytes = sum(len(s.encode("utf-8", "replace")) for s in _message_text(body["messages"]))
         least = nbytes // self.frontend.max_token_bytes
         if least >= self.max_model_len:
             raise OpenAIError(
@@ -415,6 +415,18 @@ def usage(o: RequestOutput) -> dict[str, Any]:
 
 def new_request_id() -> str:
     return uuid.uuid4().hex[:24]
+
+
+def _message_text(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The text of messages: strings everywhere but inside image parts (their data is not text)."""
+    out: list[str] = []
+    for m in messages:
+        for key, value in m.items():
+            if key == "content" and isinstance(value, list):
+                out += [p["text"] for p in value if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+            else:
+                out += strings_of(value)
+    return out
 
 
 def message_of(parsed: ParsedMessage) -> tuple[dict[str, Any], list[str]]:

@@ -65,7 +65,7 @@ def test_cpu_engine_checks_configured_pools_at_start():
 
 def test_infer_serve_refuses_to_start_with_an_impossible_plan():
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--device", "cpu", "--port", "1",
+        [sys.executable, "-m", "orchestrator.cli", "infer", "serve", "--dummy", "--device", "cpu", "--port", "1",
          "--max-model-len", "1000000", "--num-blocks", "64", "--block-size", "16"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -18,6 +18,7 @@ from inference.engine.factory import build_engine, small_model_config
 from inference.engine.request import SamplingParams
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel import ParallelConfigError, WorkerFailedError
+from tests.support.checkpoint_files import write_byte_tokenizer
 
 # small budget: every prompt is prefilled in several chunks, decodes mix with prefill chunks;
 # checkpoints every 16 tokens so the second round hits the prefix cache mid-prompt
@@ -175,6 +176,7 @@ def test_checkpoint_loaded_slice_by_slice_matches_tp1(tmp_path) -> None:
     cfg = small_model_config()
     save_sharded(build_model(parse_config(cfg), seed=5).state_dict(), tmp_path, max_shard_bytes=300_000)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    write_byte_tokenizer(tmp_path)
     ref = build_engine(model_dir=tmp_path, engine_config=CONFIG)
     want = [r.output_token_ids for r in ref.generate(ROUND1, GREEDY)]
     engine = build_engine(

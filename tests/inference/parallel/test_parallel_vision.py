@@ -19,6 +19,7 @@ from inference.engine.factory import build_engine, small_vl_model_config
 from inference.server.images import make_image_handler
 from inference.server.protocol import OpenAIServing, mm_inputs
 from tests.inference.parallel.test_parallel_engine import CONFIG
+from tests.support.checkpoint_files import write_byte_tokenizer
 
 
 def _data_url(seed: int, size: tuple[int, int]) -> str:
@@ -105,6 +106,7 @@ def test_vision_checkpoint_loaded_by_driver_and_ranks_matches_tp1(tmp_path) -> N
     cfg = small_vl_model_config()
     save_sharded(build_model(parse_config(cfg), seed=7).state_dict(), tmp_path, max_shard_bytes=300_000)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    write_byte_tokenizer(tmp_path)
     want = _run(build_engine(model_dir=tmp_path, engine_config=CONFIG))
     engine = build_engine(model_dir=tmp_path, engine_config=CONFIG, tensor_parallel_size=2)
     try:
