@@ -126,7 +126,12 @@ def _register_node(sub: argparse._SubParsersAction) -> None:
         "driver goes. One command for every pod of a StatefulSet.",
     )
     add_cluster_arguments(p, pipeline=False)
-    p.add_argument("--connect-timeout", type=float, default=600.0, help="seconds to wait for the driver")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for the driver (default: %(default)s)",
+    )
     p.add_argument(
         "--health-port", type=int, default=None,
         help="serve GET /health on this port on nodes other than 0 (200 while their ranks run)",

@@ -102,11 +102,11 @@ def add_cluster_arguments(p: argparse.ArgumentParser, *, pipeline: bool = True) 
     if pipeline:
         p.add_argument(
             "--pipeline-parallel-size", type=int, default=1,
-            help="pipeline stages splitting the layers (world size = tensor x expert x pipeline parallel size)",
+            help="pipeline stages splitting the layers (world size = tensor x expert x pipeline parallel size; default: %(default)s)",
         )  # fmt: skip
         p.add_argument(
             "--micro-batches", type=int, default=1,
-            help="micro-batches each step is split into through the pipeline stages (steps overlap there anyway)",
+            help="micro-batches each step is split into through the pipeline stages, steps overlap there anyway (default: %(default)s)",
         )  # fmt: skip
     p.add_argument("--nnodes", type=int, default=None, help="hosts the ranks run on (default NNODES, else 1)")
     p.add_argument(

@@ -28,7 +28,11 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         help="seeded RANDOM weights for a config.json (none given: the small vision-language test model); "
         "byte tokenizer, answers are meaningless",
     )
-    s.add_argument("--host", default=os.environ.get("DAYZERO_INFERENCE_HOST", "127.0.0.1"))
+    s.add_argument(
+        "--host",
+        default=os.environ.get("DAYZERO_INFERENCE_HOST", "127.0.0.1"),
+        help="address to listen on (or DAYZERO_INFERENCE_HOST; default: %(default)s)",
+    )
     port = os.environ.get("DAYZERO_INFERENCE_PORT")
     s.add_argument("--port", type=int, default=int(port) if port else None, required=port is None,
                    help="TCP port (or DAYZERO_INFERENCE_PORT)")  # fmt: skip
@@ -38,7 +42,12 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         help="the `model` clients send (default: the checkpoint config's `_name_or_path`, else its folder name)",
     )
     s.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    s.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="weights and activations (auto: bfloat16 on CUDA, float32 on CPU; default: %(default)s)",
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of --dummy weights")
     s.add_argument(
         "--chat-template",
@@ -57,20 +66,42 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="reasoning format: auto (from the checkpoint), think (<think>...</think>), none (default: %(default)s)",
     )
-    s.add_argument("--max-model-len", type=int, default=32768)
-    s.add_argument("--max-num-seqs", type=int, default=64)
-    s.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    s.add_argument("--block-size", type=int, default=64)
+    s.add_argument(
+        "--max-model-len",
+        type=int,
+        default=32768,
+        help="longest sequence, prompt plus output, in tokens (default: %(default)s)",
+    )
+    s.add_argument(
+        "--max-num-seqs", type=int, default=64, help="most requests running at once (default: %(default)s)"
+    )
+    s.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="most tokens one step computes (prefill chunks and decodes) (default: %(default)s)",
+    )
+    s.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default: %(default)s)")
     s.add_argument(
         "--num-blocks", type=int, default=None, help="default: what --gpu-memory-utilization leaves on CUDA"
     )
     s.add_argument(
         "--num-state-slots", type=int, default=None, help="live + checkpoint slots (default 4x seqs)"
     )
-    s.add_argument("--checkpoint-interval", type=int, default=2048)
-    s.add_argument("--gpu-memory-utilization", type=float, default=0.8)
-    s.add_argument("--no-prefix-caching", action="store_true")
-    s.add_argument("--no-chunked-prefill", action="store_true")
+    s.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=2048,
+        help="tokens between recurrent-state checkpoints of the prefix cache (default: %(default)s)",
+    )
+    s.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.8,
+        help="share of the GPU's memory the engine plans for, the rest is headroom (default: %(default)s)",
+    )
+    s.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    s.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.add_argument(
         "--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
@@ -85,15 +116,15 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
                    help="offload only prefixes of sequences at least this long")  # fmt: skip
     s.add_argument(
         "--tensor-parallel-size", type=int, default=1,
-        help="ranks splitting heads, FFN columns and vocab (one worker process per rank; gloo on CPU, NCCL on GPU)",
+        help="ranks splitting heads, FFN columns and vocab (one worker process per rank; gloo on CPU, NCCL on GPU; default: %(default)s)",
     )  # fmt: skip
     s.add_argument(
         "--expert-parallel-size", type=int, default=1,
-        help="ranks splitting the routed experts (world size = tensor x expert parallel size)",
+        help="ranks splitting the routed experts (world size = tensor x expert parallel size; default: %(default)s)",
     )  # fmt: skip
     s.add_argument(
         "--expert-dispatch", choices=["local", "all_to_all"], default="local",
-        help="how tokens reach the experts' ranks: picked locally from the replicated tokens, or exchanged",
+        help="how tokens reach the experts' ranks: picked locally from the replicated tokens, or exchanged (default: %(default)s)",
     )  # fmt: skip
     from inference.parallel.cluster import add_cluster_arguments
 
@@ -107,7 +138,7 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         "--max-request-bytes",
         type=int,
         default=DEFAULT_MAX_BODY_BYTES,
-        help="largest request body (413 past it)",
+        help="largest request body in bytes, 413 past it (default: %(default)s)",
     )
     s.add_argument(
         "--blob-url",

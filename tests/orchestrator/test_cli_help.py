@@ -10,9 +10,8 @@ import sys
 
 from orchestrator.cli import build_parser
 
-# `dayzero infer serve`'s flags belong to the inference server's own command module
-# (`inference/server/cli.py`), which documents them; every other command is checked here.
-OTHER_MODULES = {("infer", "serve")}
+# every command is checked, `dayzero infer serve` (whose flags live in `inference/server/cli.py`) too
+OTHER_MODULES: set[tuple[str, ...]] = set()
 NO_DEFAULT = (None, False, [], argparse.SUPPRESS)
 
 
