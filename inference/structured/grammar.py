@@ -150,12 +150,12 @@ def build_grammar(
             body = f"({answer} | calls)"
         elif parser.markup.is_special(fmt.start):  # free text never holds a special token
             rules.append(f"TEXT: {text_without(parser.markup, [])}")
-            body = "TEXT? calls?"
+            body = "(TEXT calls? | calls)"  # never empty: an answer or a call
         else:  # one lexeme of text up to the plain-text opener: the lexer cannot split that text
             opener = re.escape(fmt.start).replace("/", "\\/")
             rules.append(f"TEXT: {text_without(parser.markup, [fmt.start])}")
             rules.append(f"TEXT_OPEN: /(?s:.*){opener}/ & ~/(?s:.*{opener}.*{opener}.*)/")
-            body = "(TEXT? | TEXT_OPEN calls_tail)"
+            body = "(TEXT | TEXT_OPEN calls_tail)"
     else:
         body = answer
     start = f"start: {_reasoning_prefix(parser, inside_reasoning)}{body}"
