@@ -1,7 +1,7 @@
 """One task is one trace across every process, and every process serves its metrics.
 
 A task produced to Kafka runs through `dayzero ingest`, `dayzero runner`, a `dayzero worker` on the
-Celery tools queue, `dayzero infer serve` (the bundled model) and `dayzero relay`, each a separate
+Celery tools queue, `dayzero infer serve --dummy` (the random-weight test model) and `dayzero relay`, each a separate
 process exporting spans over OTLP/HTTP (the standard OTEL_* variables) to a receiver this test
 runs. The test then checks, from those spans, one trace id and its parent/child structure, and
 scrapes every process's /metrics for the names and labels docs/observability.md promises.
@@ -142,7 +142,7 @@ def test_one_task_is_one_trace_across_every_process(
 ):
     ports = {n: free_port() for n in ("inference", "ingest", "runner", "worker", "relay")}
     infer_url = f"http://127.0.0.1:{ports['inference']}"
-    procs.start("inference", "infer", "serve", "--port", str(ports["inference"]), "--device", "cpu",
+    procs.start("inference", "infer", "serve", "--dummy", "--port", str(ports["inference"]), "--device", "cpu",
                 "--served-model-name", MODEL, "--max-model-len", "4096", "--num-blocks", "512",
                 "--block-size", "16", "--max-num-seqs", "4")  # fmt: skip
     procs.start("ingest", "ingest", "--metrics-port", str(ports["ingest"]))
