@@ -14,7 +14,6 @@ import pytest
 from tests.inference.demo_model import needs_corpus_checkpoint
 from training.demo_model.corpus import ToolBox, eval_tasks
 
-pytestmark = needs_corpus_checkpoint
 
 
 def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -46,9 +45,11 @@ def test_run_shows_the_tool_call_its_result_and_the_answer_live(tmp_path):
 
 def test_run_answers_the_demo_question_correctly(tmp_path):
     proc = _run(tmp_path, "What is 1234*5678 + 91?")
-    assert proc.stdout.strip().splitlines()[-1] == "The answer is 7006743."
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "7006743" in proc.stdout.strip().splitlines()[-1]  # the answer's wording is the checkpoint's
 
 
+@needs_corpus_checkpoint  # held-out families: the checkpoint trained on this corpus
 @pytest.mark.parametrize("category", ["calc_word", "number_words", "image", "document", "plain"])
 def test_run_on_held_out_tasks_uses_the_right_tools(tmp_path, category):
     task = next(
