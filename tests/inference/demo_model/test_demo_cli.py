@@ -15,7 +15,6 @@ from tests.inference.demo_model import needs_corpus_checkpoint
 from training.demo_model.corpus import ToolBox, eval_tasks
 
 
-
 def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     env = {
         k: v
