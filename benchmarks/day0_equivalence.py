@@ -17,9 +17,9 @@ The reference stays pure PyTorch (fla is hidden while transformers binds its ker
 drawn once in fp32, rounded to bf16 values, and loaded everywhere, so the only difference is
 the arithmetic. Writes `$OUT/day0_equivalence.json` and an SVG bar chart beside it.
 
-    python benchmarks/day0_equivalence.py                         # CUDA (H200): the recorded figures
-    python benchmarks/day0_equivalence.py --tiny --device cpu     # smoke run on the bundled tiny configs
-    python benchmarks/day0_equivalence.py --plot RESULT.json      # redraw the chart from a saved run
+    python -m benchmarks.day0_equivalence                         # CUDA (H200): the recorded figures
+    python -m benchmarks.day0_equivalence --tiny --device cpu     # smoke run on the bundled tiny configs
+    python -m benchmarks.day0_equivalence --plot RESULT.json      # redraw the chart from a saved run
 """
 
 from __future__ import annotations
@@ -34,11 +34,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 # the same error figures and the same fla hiding as the Kimi-Linear GPU check
-from model_equivalence_gpu import HideFla, errors  # benchmarks/ is sys.path[0] when run
-
+from benchmarks.model_equivalence_gpu import HideFla, errors
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
 from tests.inference.model.deepseek_hf_mapping import published_to_hf, tiny_deepseek_v32_config

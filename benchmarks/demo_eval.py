@@ -8,10 +8,10 @@ task success (status SUCCEEDED, the expected values in the answer, the expected 
 the share of tool calls that parsed and matched their schema, and answers holding a special token.
 Targets: success >= 90% overall and in each category, 100% valid calls, no special tokens.
 
-    python benchmarks/demo_eval.py                                  # 20 tasks per category, the bundled model
-    python benchmarks/demo_eval.py --per-category 30 --workers 2 --model-dir DIR --out result.json
-    python benchmarks/demo_eval.py --categories image,document
-    python benchmarks/demo_eval.py --out after.json --baseline before.json --chart success.png
+    python -m benchmarks.demo_eval                                  # 20 tasks per category, the bundled model
+    python -m benchmarks.demo_eval --per-category 30 --workers 2 --model-dir DIR --out result.json
+    python -m benchmarks.demo_eval --categories image,document
+    python -m benchmarks.demo_eval --out after.json --baseline before.json --chart success.png
 
 Results: `docs/results/demo_eval_*.json` (this script's `--out`; `checkpoint` is the SHA-256 of the
 measured checkpoint's `model.safetensors.index.json`) and `--chart` PNGs. The full stack (REST + runner + Celery + `dayzero infer serve`) runs the same tasks
@@ -28,8 +28,6 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:

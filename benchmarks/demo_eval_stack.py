@@ -9,7 +9,7 @@ default sampling: greedy), preprocessed by the workers, run by `dayzero runner` 
 inference server (processed images by reference, the shared blob store), and judged on its status,
 result and transcript with the same check as the embedded eval (`training.demo_model.evaluate.judge`).
 
-    python benchmarks/demo_eval_stack.py [--per-category 3] [--categories image,document] [--out F]
+    python -m benchmarks.demo_eval_stack [--per-category 3] [--categories image,document] [--out F]
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 MODEL = "dayzero-demo"
 DEMO_INDEX = REPO / "inference" / "demo_model" / "weights" / "model.safetensors.index.json"

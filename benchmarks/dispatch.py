@@ -15,8 +15,8 @@ Without DATABASE_URL the worker loads no attempt fence (the late-duplicate check
 database); that check is left out on both sides. Also counts the result keys each side leaves
 in Redis. Prints JSON.
 
-    python benchmarks/dispatch.py [--jobs 400] [--repeats 3] [--redis redis://127.0.0.1:6379/11]
-    DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/dispatch.py  # that checkout's code
+    python -m benchmarks.dispatch [--jobs 400] [--repeats 3] [--redis redis://127.0.0.1:6379/11]
+    PYTHONPATH=/path/to/other/checkout:. python -P -m benchmarks.dispatch  # that checkout's code
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# DZ_BENCH_REPO: the checkout whose code is measured (another one's for "before" figures).
-REPO = Path(os.environ.get("DZ_BENCH_REPO") or Path(__file__).resolve().parents[1])
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[1]
 NOOP_TASK = "bench.noop"
 RESULT = {"ok": True, "content": {"echo": {}, "note": "x" * 180}}
 
@@ -73,8 +71,8 @@ worker_app = _worker_app() if os.environ.get("DZ_BENCH_APP") else None
 def start_worker(kind: str, url: str, queues: str, log: Path) -> subprocess.Popen:
     env = {
         **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-        # REPO's code, and this script (namespace package `benchmarks`) when REPO is another checkout
-        "PYTHONPATH": f"{REPO}{os.pathsep}{Path(__file__).resolve().parents[1]}",
+        # the caller's path first (another checkout when measuring one), then this repository
+        "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p),
         "DZ_BENCH_APP": kind,
         "DZ_BENCH_REDIS": url,
         "DAYZERO_TOOL_MODULES": "tests.support.test_tools",

@@ -4,7 +4,7 @@ Pre-produces N task messages to `dayzero.tasks` on a local tansu broker (started
 `--bootstrap` is given), then starts `dayzero ingest` and watches the row count. The sustained
 rate is measured between 10% and 90% of the rows (group join and tail excluded). Prints JSON.
 
-    python benchmarks/ingest_kafka.py [--messages 50000] [--partitions 6] [--batch 1000]
+    python -m benchmarks.ingest_kafka [--messages 50000] [--partitions 6] [--batch 1000]
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 from sqlalchemy import func, select
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.auth import create_api_key
 from orchestrator.db import migrate

@@ -14,7 +14,7 @@ benchmark database's own (pg_walinspect, full-page images left out), table bytes
 LangGraph is not a dependency of dayzero; run this in a separate venv:
 
     python3.11 -m venv /tmp/venv-lg && /tmp/venv-lg/bin/pip install -r requirements/bench-langgraph.txt
-    /tmp/venv-lg/bin/python benchmarks/langgraph_side_by_side.py [--tasks 40] [--runners 4]
+    /tmp/venv-lg/bin/python -m benchmarks.langgraph_side_by_side [--tasks 40] [--runners 4]
 """
 
 from __future__ import annotations
@@ -25,19 +25,15 @@ import multiprocessing as mp
 import operator
 import os
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pg_wal  # beside this script (psycopg only)
-
+from benchmarks import pg_wal  # psycopg only
 from tests.support.scripted_model import reply  # stdlib only
 
 ADMIN_DSN = os.environ.get("DAYZERO_BENCH_PG_DSN", "host=127.0.0.1 user=postgres dbname=postgres")

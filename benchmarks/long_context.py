@@ -7,17 +7,17 @@ Model: the Kimi-Linear-shaped ~2.8B benchmark config of `benchmarks/engine.py` (
 to the MLA layers. The FP8 accuracy study uses the trained demo model (`inference/demo_model`)
 on the CPU (real float8_e4m3 storage, dequantised by the reference attention path there).
 
-    python benchmarks/long_context.py                     # H200: every section; JSON to $OUT or --out
-    python benchmarks/long_context.py --quick             # CPU smoke run, small model, short contexts
-    python benchmarks/long_context.py --sections fp8_accuracy --plot lc.png
-    python benchmarks/long_context.py --plot-from result.json --plot lc.png   # PNG from a saved run
+    python -m benchmarks.long_context                     # H200: every section; JSON to $OUT or --out
+    python -m benchmarks.long_context --quick             # CPU smoke run, small model, short contexts
+    python -m benchmarks.long_context --sections fp8_accuracy --plot lc.png
+    python -m benchmarks.long_context --plot-from result.json --plot lc.png   # PNG from a saved run
 
 Sections: prefill_decode (TTFT and batch-1 decode tok/s at each length, dense and DSA, transformers
 at the lengths where it fits), turn10, returning, promotion, fp8, fp8_accuracy.
 
 Merge a run into the figures file (rows tagged with who measured them) and redraw it:
 
-    python benchmarks/long_context.py --plot-from run.json --merge-into docs/figures/long_context_h200.json \
+    python -m benchmarks.long_context --plot-from run.json --merge-into docs/figures/long_context_h200.json \
         --session "session 5 (2026-12-01)" --plot docs/figures/long_context_h200.png
 
 Recorded, session 5 (2026-12-01), H200, torch 2.11, bf16, one call: `--sections
@@ -75,7 +75,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 import traceback
@@ -87,8 +86,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from inference.cache.tiers import BLOCK, HOST, Load, Store, TierCapacity, TierConfig, Transfer  # noqa: E402
 from inference.config import parse_config  # noqa: E402
@@ -114,7 +111,9 @@ def model_config(quick: bool, dsa: bool) -> dict[str, Any]:
         if dsa:
             cfg.update(index_topk=64, index_n_heads=2, index_head_dim=16, q_lora_rank=32)
         return cfg
-    from engine import bench_config  # benchmarks/engine.py: the same config as the engine benchmark
+    from benchmarks.engine import (
+        bench_config,  # benchmarks/engine.py: the same config as the engine benchmark
+    )
 
     cfg = bench_config()
     if dsa:
@@ -171,7 +170,7 @@ def first_token(
     eng: Engine, prompt: list[int], sp: SamplingParams, device, steps: list[int] | None = None
 ) -> tuple[float, list[int], int]:
     """(TTFT s, output ids, cached tokens): benchmarks/engine.py's measurement, one definition."""
-    from engine import first_token as measure
+    from benchmarks.engine import first_token as measure
 
     return measure(eng, prompt, sp, device, steps)
 
@@ -213,7 +212,7 @@ def prefill_decode(model, spec, dtype, device, n: int, steps: int, kv: str = "au
 def hf_prefill(cfg, model, dtype, device, n: int) -> dict[str, Any]:
     """transformers' KimiLinear on the same weights: one forward of n tokens (its prefill), after
     a warm-up forward of the same shape (its decode at that context is not measured)."""
-    from engine import hf_model
+    from benchmarks.engine import hf_model
 
     hf = hf_model(model, cfg, dtype, device)
     ids = torch.tensor([rand(n, n)], device=device)
@@ -291,7 +290,7 @@ def returning(
     _, reply, _ = first_token(eng, first, sp, device)
     first_token(eng, rand(context, 22), SamplingParams(temperature=0, max_tokens=1), device)  # evicts it
     back = first + reply + rand(64, 23)
-    from engine import cprofile_text
+    from benchmarks.engine import cprofile_text
 
     got: dict[str, Any] = {}
     text = (

@@ -5,8 +5,8 @@ weights into `transformers.KimiLinearForCausalLM` (fp32, pure-PyTorch reference 
 logits of a long prefill plus 20 decode steps; also the reference's own bf16 error (baseline), a
 chunked + batched run of ours, and step timings. Prints JSON and writes it to `$OUT` if set.
 
-    python benchmarks/model_equivalence_gpu.py            # on a CUDA machine with fla installed
-    python benchmarks/model_equivalence_gpu.py --tiny --device cpu   # smoke run of the script
+    python -m benchmarks.model_equivalence_gpu            # on a CUDA machine with fla installed
+    python -m benchmarks.model_equivalence_gpu --tiny --device cpu   # smoke run of the script
 
 Recorded run (2026-11-30, H200, torch 2.11, fla 0.6.0, 1,027,669,856 params, prompt 1024 + 20
 decodes, 366 s): ours bf16 vs the fp32 reference (same bf16-rounded weights): prefill max_abs 1.374
@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model

@@ -13,28 +13,11 @@ that touched its relations, commit records included; other databases' writes are
 Steps per task are read from the database, so a task that stops early (a budget) is divided
 by the steps it ran.
 
-    python benchmarks/orchestrator_overhead.py [--tasks 40] [--runners 4] [--tool echo_inline]
-    DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/orchestrator_overhead.py  # its code
+    python -m benchmarks.orchestrator_overhead [--tasks 40] [--runners 4] [--tool echo_inline]
+    PYTHONPATH=/path/to/other/checkout:. python -P -m benchmarks.orchestrator_overhead  # that code
 
-Recorded 2026-12-01 on the 2-core CPU box shared with three other sessions (1-minute load
-average 1.8-3.9, median 3.6), PostgreSQL 15, medians of 6 runs interleaved with the code before
-the one-round-trip steps (`DZ_BENCH_REPO` = main at fb24011), before -> after: step p50
-2.12 -> 1.54 ms, p99 7.98 -> 5.23, first step p50 7.04 -> 4.77, task start 4.71 -> 3.19, later
-steps' p99 6.74 -> 3.65, runner CPU 1.38 -> 0.97 ms per step (scripted model 0.24 ms per call of
-it), 1 runner 411 -> 584 steps/s, 4 runners 431 -> 786 steps/s; WAL 72.6 KB per 20-cycle task
-both; floors: durable one-statement INSERT 0.37 ms, INSERT + COMMIT 0.62 ms, 8 KB fdatasync
-0.15 ms (that code: up to commit 9457706). With the claim prepared as well, 6 more interleaved
-runs at load 4.2-7.3 (median 5.2): p50 6.90 -> 2.89 ms, p99 17.9 -> 10.2, task start 8.3 -> 4.3,
-runner CPU 2.32 -> 1.39 ms per step, 141 -> 309 steps/s (1 runner), 256 -> 343 (4 runners).
-2026-12-03 (load 0.5-4.4, medians of 10 interleaved rounds, main at adb974c -> migration 0008 and
-UUIDv7 ids): WAL 72.9 -> 65.2 KB per 20-cycle task, latency and steps/s within the spread;
-`--tool echo_inline` (6 rounds): p50 1.05 ms, runner CPU 0.61 ms per step (docs/architecture.md).
-2026-12-04 (load 0.6-2.2, 6 interleaved rounds, e43c526 -> migration 0010, no NOTIFY per event):
-4 runners 1,693 -> 1,777 steps/s, database CPU per step 0.351 -> 0.309 ms (4 runners), step p50
-0.94 -> 0.90 ms, p99 2.42 -> 2.25; 2 cores allow ~2,100 steps/s at 0.95 ms of CPU per step
-(`cpu_bound_steps_per_s`). 2026-12-05 (load 0.7-2.1, 5 + 4 interleaved rounds, 16d600e -> migration
-0011, one history row per step): WAL 60.6 -> 37.8 KB per 20-cycle task (medians; target 40), database
-CPU per step 0.213 -> 0.177 ms (1 runner), 4 runners 1,843 -> 1,944 steps/s, step p50 0.685 -> 0.626 ms.
+(`-P` keeps the working directory off the path, so the other checkout's packages are measured.)
+Results are data under `docs/results/`; the design they informed is in `docs/architecture.md`.
 The database's CPU is read from /proc (a local server only).
 """
 
@@ -45,20 +28,14 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 from sqlalchemy import text
 
-# DZ_BENCH_REPO: the checkout whose code is measured (another one's for "before" figures).
-sys.path.insert(0, os.environ.get("DZ_BENCH_REPO") or str(Path(__file__).resolve().parents[1]))
-
-import pg_wal  # beside this script
-
+from benchmarks import pg_wal
 from orchestrator.config import Budgets
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine

@@ -1,12 +1,12 @@
 """dayzero's orchestrator next to LangGraph + PostgresSaver on the same task, interleaved.
 
-Runs `orchestrator_overhead.py` (this checkout; optionally an older one too, `--before DIR`, via
-its `DZ_BENCH_REPO`) and `langgraph_side_by_side.py` (under `--langgraph-python`, a venv with
+Runs `benchmarks.orchestrator_overhead` (this checkout; optionally an older one too, `--before DIR`, put
+first on the path under `python -P`) and `langgraph_side_by_side.py` (under `--langgraph-python`, a venv with
 `requirements/bench-langgraph.txt`) in turns, `--repeats` rounds, each a fresh process and a fresh
 database; reports the median of each figure per system and their ratios to LangGraph, as JSON
 (`--out`) and a bar chart (`--plot`, Pillow).
 
-    python benchmarks/orchestrator_side_by_side.py --langgraph-python /tmp/venv-lg/bin/python \\
+    python -m benchmarks.orchestrator_side_by_side --langgraph-python /tmp/venv-lg/bin/python \\
         --before /tmp/dayzero-before --repeats 3 --out side.json --plot side.png
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
 # (label, path into a run's JSON, lower is better)
 FIGURES = [
     ("step p50 (ms)", ("one_runner", "step_ms_p50"), True),
@@ -42,7 +42,7 @@ FIGURES = [
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout[out.stdout.index("{") :])
@@ -112,12 +112,14 @@ def main() -> None:
     ap.add_argument("--plot")
     args = ap.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ours = [sys.executable, str(HERE / "orchestrator_overhead.py"), "--tasks", str(args.tasks)]
-    systems: dict[str, tuple[list[str], dict[str, str]]] = {"dayzero": (ours, env)}
+    ours = [sys.executable, "-P", "-m", "benchmarks.orchestrator_overhead", "--tasks", str(args.tasks)]
+    systems: dict[str, tuple[list[str], dict[str, str]]] = {
+        "dayzero": (ours, {**env, "PYTHONPATH": str(REPO)})
+    }
     if args.before:
-        systems["dayzero before"] = (ours, {**env, "DZ_BENCH_REPO": args.before})
+        systems["dayzero before"] = (ours, {**env, "PYTHONPATH": os.pathsep.join([args.before, str(REPO)])})
     if args.langgraph_python:
-        lg = [args.langgraph_python, str(HERE / "langgraph_side_by_side.py"), "--tasks", str(args.tasks)]
+        lg = [args.langgraph_python, "-m", "benchmarks.langgraph_side_by_side", "--tasks", str(args.tasks)]
         systems["langgraph"] = (lg, env)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     with Progress() as progress:

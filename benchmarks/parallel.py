@@ -9,12 +9,12 @@ Model: `benchmarks/engine.py`'s 2.7B Kimi-Linear-shaped random config (16 heads 
 32 experts), bf16. World size 1 runs today's single-GPU path (CUDA graphs on, no worker process);
 above 1 the engine starts one worker per rank (NCCL; graphs not built under TP/EP yet).
 
-    python benchmarks/parallel.py --tp 1 --out $OUT              # one GPU: the TP=1 baseline
-    python benchmarks/parallel.py --tp 2 --ep 1 --out $OUT       # 2 GPUs
-    python benchmarks/parallel.py --tp 4 --ep 2 --out $OUT       # 8 GPUs
-    python benchmarks/parallel.py --quick --tp 2 --ep 2          # CPU smoke run (gloo, tiny model)
-    python benchmarks/parallel.py --quick --pp 2 --tp 2 --sections traffic  # traffic per step
-    python benchmarks/parallel.py --plot a.json b.json --out .   # decode/prefill chart of runs
+    python -m benchmarks.parallel --tp 1 --out $OUT              # one GPU: the TP=1 baseline
+    python -m benchmarks.parallel --tp 2 --ep 1 --out $OUT       # 2 GPUs
+    python -m benchmarks.parallel --tp 4 --ep 2 --out $OUT       # 8 GPUs
+    python -m benchmarks.parallel --quick --tp 2 --ep 2          # CPU smoke run (gloo, tiny model)
+    python -m benchmarks.parallel --quick --pp 2 --tp 2 --sections traffic  # traffic per step
+    python -m benchmarks.parallel --plot a.json b.json --out .   # decode/prefill chart of runs
 
 Writes `parallel_tp{T}_ep{E}[_pp{P}].json` (and with --plot `parallel.png`).
 """
@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import json
 import random
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -34,7 +33,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from inference.engine.engine import EngineConfig  # noqa: E402
 from inference.engine.factory import build_engine, small_model_config  # noqa: E402

@@ -13,7 +13,7 @@ both sides: dayzero's `process_image(bytes)`; the reference gets `PIL.Image.open
 `processor(images=..., return_tensors="pt")`. Every output is checked against the other
 (shapes, grids, and pixel values within 1/255 before normalisation).
 
-    python benchmarks/preprocess.py [--sets real_photos,real_photos_1080p_jpeg,jpeg_1920x1080,png_4000x3000]
+    python -m benchmarks.preprocess [--sets real_photos,real_photos_1080p_jpeg,jpeg_1920x1080,png_4000x3000]
         [--jpegs 8] [--pngs 3] [--passes 3] [--no-redact] [--out result.json]
 
 Measured on the 2-core CPU box (AMD EPYC, shared with other jobs and loaded: wall figures are
@@ -46,8 +46,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cv2
 import isal

@@ -7,8 +7,8 @@ batch (since: its cursor row). This script runs 20-cycle tasks to completion wit
 outbox with the real relay and a real `KafkaProducer`, counting the WAL records (pg_walinspect,
 this database's relations only) of the drain.
 
-    python benchmarks/relay_outbox.py [--tasks 40] [--batch 500]
-    DZ_BENCH_REPO=/path/to/other/checkout python benchmarks/relay_outbox.py  # its code
+    python -m benchmarks.relay_outbox [--tasks 40] [--batch 500]
+    PYTHONPATH=/path/to/other/checkout:. python -P -m benchmarks.relay_outbox  # that checkout's code
 
 Prints JSON.
 """
@@ -18,16 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, os.environ.get("DZ_BENCH_REPO") or str(Path(__file__).resolve().parents[1]))
-
-import orchestrator_overhead as oo  # beside this script (it honours DZ_BENCH_REPO too)
-import pg_wal
-
+from benchmarks import orchestrator_overhead as oo
+from benchmarks import pg_wal
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
 from orchestrator.kafka.relay import Relay, RelayConfig, make_relay_producer

@@ -5,7 +5,7 @@ Open loop: request i is due at t0 + i/rate whether or not earlier ones finished,
 is measured from that due time, so a stall is charged to every request it delays (no
 coordinated omission).
 
-    python benchmarks/rest_submit.py [--rate 200] [--seconds 30] [--workers 1]
+    python -m benchmarks.rest_submit [--rate 200] [--seconds 30] [--workers 1]
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ingest_kafka import scratch_database
 from orchestrator.auth import create_api_key

@@ -5,9 +5,9 @@ timed, each `schedule()` + `update()` with every sampled token a constant non-st
 is the median microseconds per step. This is the host work an engine step serialises with the
 GPU's forward (issue 12), so it is the number to keep small per running request. Prints JSON.
 
-    python benchmarks/scheduler_host.py [--batches 1 32 128] [--ctx 2000] [--steps 400]
-    python benchmarks/scheduler_host.py --profile 128   # plus a cProfile of batch 128 (stderr)
-    PYTHONPATH=/path/to/other/checkout python benchmarks/scheduler_host.py  # that code's figures
+    python -m benchmarks.scheduler_host [--batches 1 32 128] [--ctx 2000] [--steps 400]
+    python -m benchmarks.scheduler_host --profile 128   # plus a cProfile of batch 128 (stderr)
+    PYTHONPATH=/path/to/other/checkout python -m benchmarks.scheduler_host  # that code's figures
 
 Recorded 2026-12-01 on the 2-core CPU box shared with other sessions (1-minute load average
 4.8-4.9), medians of 3 runs interleaved with main at 32cac66, before -> after, us per step:

@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 MODELS = {"dayzero-small-random": ["--dummy"], "dayzero-demo": ["--model", "inference/demo_model/weights"]}
 
 

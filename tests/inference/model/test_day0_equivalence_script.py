@@ -1,4 +1,4 @@
-"""`benchmarks/day0_equivalence.py` on the CPU with the tiny configs: the script the lead runs on the
+"""`python -m benchmarks.day0_equivalence` on the CPU with the tiny configs: the script run on the
 H200 produces its JSON and chart, and its fp32 figures are the equivalence CI already asserts."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "day0_equivalence.py"
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_cpu_smoke_run(tmp_path):
     cmd = [
         sys.executable,
-        str(SCRIPT),
+        "-m",
+        "benchmarks.day0_equivalence",
         "--tiny",
         "--device",
         "cpu",
@@ -27,7 +28,7 @@ def test_cpu_smoke_run(tmp_path):
         "6",
     ]
     env = dict(os.environ, OUT=str(tmp_path), OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     res = json.loads((tmp_path / "day0_equivalence.json").read_text())
     for arch in ("deepseek_v32", "qwen3_next"):
