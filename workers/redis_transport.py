@@ -15,15 +15,21 @@ Selected by `workers.celery_app` (`broker_transport`) for `redis://` and `rediss
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+log = logging.getLogger(__name__)
+
 
 class Channel(kombu_redis.Channel):
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:
+            log.warning(
+                "a channel of a closed broker connection asked for a client: treated as a connection error"
+            )
             raise RedisConnectionError("the broker connection of this channel is closed")
         return super()._connparams(asynchronous=asynchronous)
 
