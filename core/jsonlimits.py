@@ -1,7 +1,7 @@
 """Bounded JSON: a nesting-depth check that runs on the raw bytes, before any parser recurses.
 
-It lives here because `preprocess` is the one leaf package every ingress may import (the REST
-API and Kafka ingest in `orchestrator`, the OpenAI server in `inference`): one rule for all.
+It lives in `core` because every ingress uses it (the REST API and Kafka ingest in
+`orchestrator`, the OpenAI server in `inference`, through `core.frontdoor`): one rule for all.
 Python's `json` recurses once per level, and so do Pydantic and every walker after it; a
 deeply nested body (`[[[[…` a few MiB long) would otherwise end in a `RecursionError` (a 500,
 or an ingest process that dies on the same record after every restart).
