@@ -155,7 +155,7 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--max-queue-wait",
         type=float,
-        default=0.5,
+        default=0.1,
         help="longest wait for a slot in seconds, estimated or actual; past it, 429 (default: %(default)s)",
     )
     s.add_argument(

@@ -37,7 +37,7 @@ class ServerLimits:
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_in_flight: int = 0  # 0: no shedding (`dayzero infer serve` sets it to max_num_seqs)
     max_queue: int = 0
-    max_queue_wait_s: float = 0.5
+    max_queue_wait_s: float = 0.1
     body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
