@@ -86,3 +86,17 @@ def test_over_capacity_is_429_with_retry_after_while_admitted_requests_finish(se
     assert text == alone["content"]  # the admitted stream is untouched by the shedding
     assert [r.status_code for r in queued] == [200]  # the queued one got the slot when it freed
     assert door.admission.in_flight == 0 and door.admission.queued == 0
+
+
+def test_a_dead_engine_is_503_with_retry_after_at_the_door_and_probes_still_answer():
+    cfg = EMBEDDED_ENGINE_CONFIG.evolve(max_model_len=512, num_blocks=64, checkpoint_interval=64)
+    limits = ServerLimits(max_in_flight=2, max_queue=2)
+    srv = BackgroundServer(build_engine(engine_config=cfg), model_name=MODEL, limits=limits)
+    with srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+        assert client.post("/v1/chat/completions", json=_body(2, False)).status_code == 200
+        srv.engine.shutdown()  # the engine thread stops: the server is not ready any more
+        _wait_until(lambda: not srv.engine.alive, "the engine to stop")
+        r = client.post("/v1/chat/completions", json=_body(2, False))
+        assert r.status_code == 503 and r.headers["Retry-After"].isdigit(), r.text
+        assert r.json()["error"]["code"] == "engine_unavailable"
+        assert client.get("/health").status_code == 503  # the probe answers (and says so)
