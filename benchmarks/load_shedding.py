@@ -321,7 +321,13 @@ def run_rest(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             key = create_api_key(conn, "bench").key
         engine.dispose()
         capacity = None
-        for label, extra in (("no_shedding", {"DAYZERO_INGRESS_MAX_IN_FLIGHT": "0"}), ("shedding", {})):
+        in_flight, queue, wait = args.rest_limits.split(",")
+        shed = {
+            "DAYZERO_INGRESS_MAX_IN_FLIGHT": in_flight,
+            "DAYZERO_INGRESS_MAX_QUEUE": queue,
+            "DAYZERO_INGRESS_MAX_QUEUE_WAIT_S": wait,
+        }
+        for label, extra in (("no_shedding", {"DAYZERO_INGRESS_MAX_IN_FLIGHT": "0"}), ("shedding", shed)):
             port = free_port()
             env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(REPO), **extra}
             env.pop("DAYZERO_KAFKA_BOOTSTRAP_SERVERS", None)
@@ -339,13 +345,10 @@ def run_rest(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             with server(cmd, env, f"{base}/healthz", work / f"rest-{label}.log", 60):
                 out[label] = measure(base, rest_shot(key), args, args.concurrency, f"rest/{label}", capacity)
                 capacity = capacity or out[label]["capacity"]
-    from orchestrator.config import IngressSettings
-
-    ing = IngressSettings()
     out["limits"] = {
-        "max_in_flight": ing.max_in_flight,
-        "max_queue": ing.max_queue,
-        "max_queue_wait_s": ing.max_queue_wait_s,
+        "max_in_flight": int(in_flight),
+        "max_queue": int(queue),
+        "max_queue_wait_s": float(wait),
     }
     return out
 
@@ -420,6 +423,12 @@ def main() -> int:
     ap.add_argument("--overload-s", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=16, help="REST closed-loop clients")
     ap.add_argument("--max-outstanding", type=int, default=512, help="the generator's own bound")
+    ap.add_argument(
+        "--rest-limits",
+        default="4,16,0.01",
+        help="max_in_flight,max_queue,max_queue_wait_s of the REST shedding run (this 2-core box's tuning; "
+        "the defaults are looser)",
+    )
     ap.add_argument("--max-num-seqs", type=int, default=8, help="the inference server's slots")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument(
