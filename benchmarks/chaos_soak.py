@@ -4,13 +4,15 @@ Same harness as tests/orchestrator/test_chaos.py (tests/support/chaos.py): `dayz
 runners, a Celery tools worker, `dayzero ingest` and `dayzero relay` as real processes on
 PostgreSQL, a local tansu broker and Redis; tasks arrive by REST and Kafka while processes are
 SIGKILLed, database connections cut, the database refused for a while, and the model server and
-Redis SIGKILLed and started again seconds later (`--no-service-restarts` leaves them up; broker
-restarts are not in the mix: the test broker keeps its log in memory). Prints the figures as
+Redis SIGKILLed and started again seconds later (`--no-service-restarts` leaves them up), and the
+Kafka broker frozen for as long (SIGSTOP/SIGCONT; `--no-broker-pauses` leaves it running: the
+test broker keeps its log in memory, so a restart proper would lose acknowledged records, and
+is tested on its own in the relay's tests). Prints the figures as
 JSON: kills and outages, REST answers (503s included), lost / duplicated / stuck work (all must
 be empty), same-key tool replays, and task latencies (submission → final state).
 
     python benchmarks/chaos_soak.py [--chaos-s 300] [--rest 300] [--kafka 300] [--runners 3] [--outages 5]
-        [--no-service-restarts]
+        [--no-service-restarts] [--no-broker-pauses] [--out docs/results/chaos_soak.json]
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main() -> int:
         action="store_true",
         help="do not restart the model server and Redis (restarted by default)",
     )
+    ap.add_argument("--no-broker-pauses", action="store_true", help="do not freeze the Kafka broker")
+    ap.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     args = ap.parse_args()
     cfg = ChaosConfig(
         rest_tasks=args.rest,
@@ -60,6 +64,7 @@ def main() -> int:
         outage_s=args.outage_s,
         seed=args.seed,
         service_restarts=not args.no_service_restarts,
+        broker_pauses=not args.no_broker_pauses,
     )
     with scratch_database() as url, run_tansu() as broker, ScriptedModelServer() as model:
         engine = make_engine(url)
@@ -73,12 +78,17 @@ def main() -> int:
                 model_url=model.url,
                 work_dir=Path(work),
                 cfg=cfg,
+                broker=broker.process,
             )
         engine.dispose()
     figures["ok"] = not (
         figures["lost"] or figures["duplicated"] or figures["stuck"] or figures["unexpected_exits"]
     )
-    print(json.dumps(figures, indent=1, default=str))
+    text = json.dumps(figures, indent=1, default=str)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
     return 0 if figures["ok"] else 1
 
 

@@ -78,10 +78,19 @@ class IngressSettings(BaseSettings):
         32, ge=4, le=256, description="nesting of arrays/objects in a JSON body (checked before parsing)"
     )
     max_in_flight: int = Field(
-        128,
+        8,
         ge=0,
-        description="requests per process being served at once; past it, 503 + Retry-After at once "
-        "(0 = unlimited). Event streams and probes are not counted",
+        description="requests per process being served at once (0 = no shedding); event streams and "
+        "probes are not counted",
+    )
+    max_queue: int = Field(
+        64, ge=0, description="requests waiting for a slot; past it, 429 + Retry-After at once"
+    )
+    max_queue_wait_s: float = Field(
+        0.25,
+        ge=0,
+        description="longest wait for a slot, estimated or actual; past it, 429 + Retry-After. It bounds "
+        "the latency the queue adds to accepted requests",
     )
     db_retry_after_s: int = Field(
         2, ge=1, description="Retry-After of the 503 answered while the database is down"

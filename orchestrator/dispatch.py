@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from core.outage import OutageOutlasted, wait_out
 from tools.base import ErrorKind
-from workers.payloads import PreprocessJob, ToolJob
+from workers.payloads import PreprocessJob, ToolJob, unknown_outcome
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,13 @@ class _Cancelled(Exception):
     """The task was cancelled while its tool job ran (raised out of Celery's wait)."""
 
 
-def timeout_outcome(timeout_s: float, started: float) -> dict[str, Any]:
+def timeout_outcome(job: ToolJob, started: float) -> dict[str, Any]:
+    """No result within the attempt's time: the job may have run (or may still), so its retry
+    reuses this attempt's idempotency key (`workers.payloads.idempotency_key`)."""
+    error = {"error": f"tool timed out after {job.timeout_s:g} s", "kind": ErrorKind.TIMEOUT.value}
     return {
         "ok": False,
-        "error": {"error": f"tool timed out after {timeout_s:g} s", "kind": ErrorKind.TIMEOUT.value},
+        "error": unknown_outcome(error, job.idempotency_key),
         "duration_ms": (time.perf_counter() - started) * 1000,
     }
 
@@ -97,7 +100,7 @@ class InProcessDispatcher:
                     return cancelled_outcome()
                 if time.monotonic() >= until:
                     fut.cancel()
-                    return timeout_outcome(job.timeout_s, started)
+                    return timeout_outcome(job, started)
 
     def preprocess(self, job: PreprocessJob, timeout_s: float) -> dict[str, Any]:
         from workers.jobs import preprocess_attachment
@@ -188,14 +191,12 @@ class CeleryDispatcher:
         except TaskRevokedError as exc:
             # Expired before a worker took it (a broker restart held it back) or terminated while
             # it ran: a failed attempt whose side effect may have begun (`started` unknown).
-            return {
-                "ok": False,
-                "error": {"error": f"the job was revoked: {exc}", "kind": ErrorKind.RETRYABLE.value},
-            }
+            error = {"error": f"the job was revoked: {exc}", "kind": ErrorKind.RETRYABLE.value}
+            return {"ok": False, "error": unknown_outcome(error, job.idempotency_key)}
         except (CeleryTimeout, OutageOutlasted):
             with suppress(Exception):  # the broker may still be away: the job's `expires` bounds it
                 res.revoke(terminate=True)
-            return timeout_outcome(job.timeout_s, started)
+            return timeout_outcome(job, started)
         finally:
             self._read.put(res)
 

@@ -38,6 +38,8 @@ from celery.signals import (
 )
 from kombu import Queue
 
+from workers import redis_transport
+
 PREPROCESS_QUEUE = "preprocess"
 TOOLS_QUEUE = "tools"
 PREPROCESS_TASK = "dayzero.preprocess_attachment"
@@ -74,6 +76,8 @@ def make_celery_app(
     visibility = float(visibility_timeout_s or DEFAULT_VISIBILITY_TIMEOUT_S)
     transport = {"visibility_timeout": visibility, **(broker_transport_options or {})}
     app = Celery(main, broker=broker_url, backend=result_backend or _default_result_backend(broker_url))
+    if broker_url.startswith(("redis://", "rediss://")):  # see workers.redis_transport
+        app.conf.broker_transport = redis_transport.TRANSPORT
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -33,6 +33,27 @@ class AttachmentRef:
         )
 
 
+# Set on a failed attempt's error when the job may have run (sent, then no result: a timeout, a
+# revocation, a result lost with the backend), with the key it ran under.
+OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+def idempotency_key(
+    task_id: str, step_index: int, attempt: int, previous_error: Mapping[str, Any] | None = None
+) -> str:
+    """The key a tool attempt runs under: `task_id:step_index:attempt`, except after an attempt
+    whose outcome is unknown, whose key it reuses, so that a tool that dedups on its key does
+    the side effect once. An attempt known to have failed (or not to have run) gets a fresh key."""
+    if previous_error and previous_error.get(OUTCOME_UNKNOWN) and previous_error.get("idempotency_key"):
+        return str(previous_error["idempotency_key"])
+    return f"{task_id}:{step_index}:{attempt}"
+
+
+def unknown_outcome(error: dict[str, Any], key: str) -> dict[str, Any]:
+    """Mark a failed attempt's error as one whose job may have run under `key`."""
+    return {**error, OUTCOME_UNKNOWN: True, "idempotency_key": key}
+
+
 @dataclass(frozen=True, slots=True)
 class ToolJob:
     """One tool attempt (`dayzero.run_tool`)."""
@@ -42,7 +63,7 @@ class ToolJob:
     task_id: str
     step_index: int
     attempt: int
-    idempotency_key: str  # "task_id:step_index:attempt"
+    idempotency_key: str  # see `idempotency_key`
     timeout_s: float
     workspace: str | None = None
     attachments: tuple[AttachmentRef, ...] = ()

@@ -3,8 +3,8 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (both with SSE streaming), POST /tokenize
 and /detokenize (vLLM's shapes), GET /v1/models, GET /health, GET /metrics (Prometheus). Every error is an OpenAI-style `{"error": {...}}` body;
 a bad request never stops the server and never affects another request. A client that goes
-away aborts its request, streaming or not. `guard.Guard` checks the API key and the body size
-before any route runs; the route checks the JSON's nesting before parsing it.
+away aborts its request, streaming or not. `guard.Guard` checks the API key, then the shared front
+door (`core.frontdoor`: load shedding, body size and time, JSON nesting) before any route runs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core import jsonlimits
 from inference.engine.async_engine import AsyncEngine, EngineDeadError
 from inference.server import openapi
 from inference.server.guard import Guard, ServerLimits
@@ -33,7 +34,6 @@ from inference.server.protocol import (
     usage,
 )
 from inference.server.telemetry import ServerMetrics, record_request
-from preprocess import jsonlimits
 
 
 def _error(exc: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -47,7 +47,7 @@ class ClientGone(Exception):
 def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits | None = None) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="dayzero inference", docs_url=None, redoc_url=None)
-    app.add_middleware(Guard, limits=limits)
+    app.add_middleware(Guard, limits=limits, ready=lambda: engine.alive)
     metrics = ServerMetrics(engine.stats)
     app.state.engine = engine
     app.state.serving = serving

@@ -141,6 +141,24 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
         help="largest request body in bytes, 413 past it (default: %(default)s)",
     )
     s.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="requests in flight at once, past it they queue (default: --max-num-seqs; 0: no shedding)",
+    )
+    s.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests waiting for a slot; past it, 429 + Retry-After (default: a quarter of --max-in-flight)",
+    )
+    s.add_argument(
+        "--max-queue-wait",
+        type=float,
+        default=0.1,
+        help="longest wait for a slot in seconds, estimated or actual; past it, 429 (default: %(default)s)",
+    )
+    s.add_argument(
         "--blob-url",
         default=os.environ.get("DAYZERO_BLOB_DIR"),
         help="the preprocess workers' blob store: accept their processed images by reference "
@@ -240,7 +258,14 @@ def _serve(args: argparse.Namespace) -> int:
         cluster=cluster_from_args(args),
     )
     name = served_model_name(args)
-    limits = ServerLimits(api_key=args.api_key, max_body_bytes=args.max_request_bytes)
+    in_flight = args.max_num_seqs if args.max_in_flight is None else args.max_in_flight
+    limits = ServerLimits(
+        api_key=args.api_key,
+        max_body_bytes=args.max_request_bytes,
+        max_in_flight=in_flight,
+        max_queue=in_flight // 4 if args.max_queue is None else args.max_queue,
+        max_queue_wait_s=args.max_queue_wait,
+    )
     images = ImageSources(
         blob_url=args.blob_url or None,
         url_allow_hosts=tuple(h.strip() for h in args.image_url_allow_hosts.split(",") if h.strip()),

@@ -1,22 +1,31 @@
-"""The server's front door, before any route runs: the API key and the request body's size.
+"""The server's front door, before any route runs: the API key, then `core.frontdoor` (load
+shedding, the body's size and time, the JSON nesting), with errors in OpenAI's shape.
 
 The API key works as vLLM's does: `--api-key` or DAYZERO_INFERENCE_API_KEY; every `/v1/*`
 request must send `Authorization: Bearer <key>`; `/health` and `/metrics` stay open for probes
 and scrapers. The comparison is constant-time (`hmac.compare_digest`), so response timing does
-not reveal how much of a guess was right.
+not reveal how much of a guess was right. A request without the key takes no slot.
 
-The size limit counts bytes as they arrive (a missing or lying Content-Length included) and
-answers 413 before the body is buffered, parsed or tokenized.
+Admission: at most `max_in_flight` requests are in flight (the engine's `max_num_seqs` by
+default: a streamed answer holds its slot to its last token) and at most `max_queue` wait for a
+slot, each at most `max_queue_wait_s` (estimated from how long slots are held, then actual);
+the rest are answered 429 + `Retry-After` before their body is read or tokenized, so the
+engine's own waiting queue stays short and an admitted request's time to first token bounded.
+A dead engine is answered 503 + `Retry-After` by the same door.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.frontdoor import FrontDoor, FrontDoorLimits
+
 PROTECTED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+EXEMPT_PATHS = ("/health", "/metrics")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for inline base64 images
 DEFAULT_MAX_JSON_DEPTH = 32
 
@@ -26,12 +35,26 @@ class ServerLimits:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_in_flight: int = 0  # 0: no shedding (`dayzero infer serve` sets it to max_num_seqs)
+    max_queue: int = 0
+    max_queue_wait_s: float = 0.1
+    body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key:
             raise ValueError("the API key must not be empty (leave it unset to serve without one)")
-        if self.max_body_bytes < 1024 or self.max_json_depth < 4:
-            raise ValueError("max_body_bytes must be >= 1024 and max_json_depth >= 4")
+        self.front_door()  # the door's own checks
+
+    def front_door(self) -> FrontDoorLimits:
+        return FrontDoorLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_json_depth=self.max_json_depth,
+            body_timeout_s=self.body_timeout_s,
+            max_in_flight=self.max_in_flight,
+            max_queue=self.max_queue,
+            max_queue_wait_s=self.max_queue_wait_s,
+            exempt_prefixes=EXEMPT_PATHS,
+        )
 
 
 def key_matches(header: bytes | None, api_key: str) -> bool:
@@ -41,72 +64,42 @@ def key_matches(header: bytes | None, api_key: str) -> bool:
     return hmac.compare_digest(header[len(b"Bearer ") :].strip(), api_key.encode())
 
 
-async def _send_error(send: Any, status: int, message: str, type_: str, code: str | None) -> None:
-    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    if status == 413:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+_TYPES = {401: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
+_CODES = {
+    "body-too-large": "request_too_large",
+    "body-too-deep": "invalid_json",
+    "body-timeout": "request_timeout",
+    "overloaded": "server_overloaded",
+    "unavailable": "engine_unavailable",
+}
+
+
+def openai_error(status: int, code: str, message: str, path: str = "") -> tuple[str, bytes]:
+    """A refusal as an OpenAI-style error body."""
+    err = {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": None}
+    err["code"] = _CODES.get(code, code)
+    return "application/json", json.dumps({"error": err}).encode()
 
 
 class Guard:
-    """Pure ASGI middleware: API key on /v1/* and the tokenizer routes, then the body size limit."""
+    """Pure ASGI middleware: the API key on /v1/* and the tokenizer routes, then the front door."""
 
-    def __init__(self, app: Any, limits: ServerLimits) -> None:
-        self.app, self.limits = app, limits
+    def __init__(self, app: Any, limits: ServerLimits, ready: Callable[[], bool] | None = None) -> None:
+        self.limits = limits
+        self.door = FrontDoor(app, limits.front_door(), openai_error, ready=ready)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        lim = self.limits
-        if lim.api_key is not None and scope["path"].startswith(PROTECTED_PATHS):
+        key = self.limits.api_key
+        if scope["type"] == "http" and key is not None and scope["path"].startswith(PROTECTED_PATHS):
             auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-            if not key_matches(auth, lim.api_key):
-                await _send_error(
-                    send, 401, "invalid or missing API key", "invalid_request_error", "invalid_api_key"
-                )
+            if not key_matches(auth, key):
+                _, body = openai_error(401, "invalid_api_key", "invalid or missing API key")
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
                 return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > lim.max_body_bytes:
-                await self._too_large(send)
-                return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        # Read whole here (every route reads the whole body anyway), counting as it arrives.
-        chunks, seen = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client went away before sending its body
-            chunk = msg.get("body", b"")
-            seen += len(chunk)
-            if seen > lim.max_body_bytes:
-                await self._too_large(send)
-                return
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # then the disconnect, when it comes
-
-        await self.app(scope, replay, send)
-
-    async def _too_large(self, send: Any) -> None:
-        await _send_error(
-            send,
-            413,
-            f"request bodies are limited to {self.limits.max_body_bytes} bytes",
-            "invalid_request_error",
-            "request_too_large",
-        )
+        await self.door(scope, receive, send)

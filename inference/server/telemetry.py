@@ -10,13 +10,11 @@ Metrics: engine-wide figures (pools, queue, counters) are read from `Engine.stat
 time; per-request latencies (TTFT, inter-token, queue wait, duration) are histograms observed
 when a request finishes. docs/observability.md lists every name.
 
-The SDK set-up repeats `workers.telemetry.install_tracer_provider` in three lines because
-`inference` is a leaf library: it imports nothing of ours but `preprocess`.
+The SDK set-up is `core.telemetry`'s, shared with every other process.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -28,29 +26,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from core.telemetry import install_tracer_provider as core_install
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 _tracer = trace.get_tracer("dayzero.inference")
 
 
 def install_tracer_provider(service_name: str = "dayzero-inference") -> None:
-    """OTLP/HTTP export when `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT` is set (read by the exporter);
-    `OTEL_SERVICE_NAME` wins over `service_name`; once per process."""
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    if (
-        isinstance(trace.get_tracer_provider(), TracerProvider)
-        or os.environ.get("OTEL_SDK_DISABLED") == "true"
-    ):
-        return
-    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
+    """The one SDK set-up (`core.telemetry`) under the server's default service name."""
+    core_install(service_name)
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import time
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
+from core.frontdoor import FrontDoor, FrontDoorLimits, Refusal
 from orchestrator.api import errors
 from orchestrator.api.access_log import AccessLog
 from orchestrator.api.feed import make_feed
@@ -22,166 +22,45 @@ from orchestrator.config import IngressSettings, Settings
 from orchestrator.db.engine import make_engine
 from orchestrator.metrics import HTTP_LATENCY, HTTP_REQUESTS, HTTP_SHED, register_task_states
 from orchestrator.tracing import setup_tracing
-from preprocess import jsonlimits
 
 _STREAMED_PATHS = ("/v1/attachments",)  # these enforce their own (larger) limit while streaming
-_UNCOUNTED_PATHS = ("/healthz", "/readyz", "/metrics")
+_EXEMPT_PATHS = ("/healthz", "/readyz", "/metrics")  # probes answer while the API is busy
+_UNCOUNTED = ("/events",)  # event streams are long-lived and mostly idle: never shed, not counted
 
 
-class LimitsAndMetrics:
-    """Pure ASGI middleware, in front of everything: load shedding (503 + Retry-After past
-    `max_in_flight` requests), a body size limit (413), a body time limit (408) and a JSON
-    nesting limit (400) checked on the raw bytes before anything parses them, and per-route
-    request metrics.
-
-    Shedding at the door keeps latency bounded under overload: past the limit a request is
-    answered at once instead of queueing for the thread pool (at 2x capacity the queue grew
-    without bound: p50 18.6 s). Event streams and probes are not counted: a stream is long-lived
-    and mostly idle, and a probe must answer while the API is busy."""
-
-    def __init__(
-        self,
-        app: Any,
-        max_body_bytes: int,
-        max_json_depth: int = 32,
-        max_in_flight: int = 0,
-        body_timeout_s: float = 30.0,
-    ):
-        self.app = app
-        self.body_timeout_s = body_timeout_s
-        self.max = max_body_bytes
-        self.max_depth = max_json_depth
-        self.max_in_flight = max_in_flight  # 0: unlimited
-        self.in_flight = 0
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        path = scope["path"]
-        counted = self.max_in_flight > 0 and not (
-            path.startswith(_UNCOUNTED_PATHS) or path.endswith("/events")
-        )
-        if counted and self.in_flight >= self.max_in_flight:
-            HTTP_SHED.inc()
-            await _send_problem(
-                scope, send, 503, "overloaded", "Service Unavailable",
-                f"more than {self.max_in_flight} requests in flight; retry shortly",
-                retry_after=1,
-            )  # fmt: skip
-            self._observe(scope, 503, t0)
-            return
-        if counted:
-            self.in_flight += 1
-        try:
-            await self._limited(scope, receive, send, t0)
-        finally:
-            if counted:
-                self.in_flight -= 1
-
-    async def _limited(self, scope: dict, receive: Any, send: Any, t0: float) -> None:
-        limited = scope["method"] in ("POST", "PUT", "PATCH") and not scope["path"].startswith(
-            _STREAMED_PATHS
-        )
-        if not limited:
-            await self.app(scope, receive, self._tracking(scope, send, t0))
-            return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max:
-                await self._too_large(scope, send)
-                self._observe(scope, 413, t0)
-                return
-        # The body is read here, whole (it is bounded), so its nesting is checked before any parser
-        # recurses into it; the app then receives it in one piece.
-        chunks, seen = [], 0
-        while True:
-            try:  # a body shorter than its Content-Length must not hold the connection for ever
-                msg = await asyncio.wait_for(receive(), self.body_timeout_s)
-            except TimeoutError:
-                await _send_problem(
-                    scope, send, 408, "body-timeout", "Request Timeout",
-                    f"no request body arrived for {self.body_timeout_s:g} s",
-                )  # fmt: skip
-                self._observe(scope, 408, t0)
-                return
-            if msg["type"] != "http.request":
-                return  # the client went away
-            chunk = msg.get("body", b"")
-            seen += len(chunk)
-            if seen > self.max:
-                await self._too_large(scope, send)
-                self._observe(scope, 413, t0)
-                return
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        try:
-            jsonlimits.check_depth(body, self.max_depth)
-        except jsonlimits.JSONTooDeep as exc:
-            await _send_problem(scope, send, 400, "body-too-deep", "Bad Request", str(exc))
-            self._observe(scope, 400, t0)
-            return
-        sent = False
-
-        async def replay() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: wait for the disconnect, as the server would
-
-        await self.app(scope, replay, self._tracking(scope, send, t0))
-
-    def _tracking(self, scope: dict, send: Any, t0: float) -> Any:
-        async def tracking_send(msg: dict) -> None:
-            if msg["type"] == "http.response.start":
-                self._observe(scope, msg["status"], t0)
-            await send(msg)
-
-        return tracking_send
-
-    def _observe(self, scope: dict, status: int, t0: float) -> None:
-        route = scope.get("route")
-        path = getattr(route, "path", None) or "unmatched"
-        HTTP_LATENCY.labels(scope["method"], path).observe(time.perf_counter() - t0)
-        HTTP_REQUESTS.labels(scope["method"], path, str(status)).inc()
-
-    async def _too_large(self, scope: dict, send: Any) -> None:
-        await _send_problem(
-            scope,
-            send,
-            413,
-            "body-too-large",
-            "Content Too Large",
-            f"request bodies are limited to {self.max} bytes",
-        )
+def front_door_limits(ingress: IngressSettings) -> FrontDoorLimits:
+    """The REST API's front door (`core.frontdoor`): body, depth and shedding limits."""
+    return FrontDoorLimits(
+        max_body_bytes=ingress.max_body_bytes,
+        max_json_depth=ingress.max_json_depth,
+        body_timeout_s=ingress.body_timeout_s,
+        max_in_flight=ingress.max_in_flight,
+        max_queue=ingress.max_queue,
+        max_queue_wait_s=ingress.max_queue_wait_s,
+        retry_after_s=1,
+        exempt_prefixes=_EXEMPT_PATHS,
+        uncounted=_UNCOUNTED,
+        streamed_prefixes=_STREAMED_PATHS,
+    )
 
 
-async def _send_problem(
-    scope: dict, send: Any, status: int, type_: str, title: str, detail: str, retry_after: int | None = None
-) -> None:
-    import json
+def _problem(status: int, code: str, message: str, path: str) -> tuple[str, bytes]:
+    """A front-door refusal as problem+json (RFC 9457), like every other API error."""
+    body = {"type": errors.TYPE_BASE + code, "title": errors.title(status), "status": status}
+    body.update(detail=message, instance=path)
+    return errors.PROBLEM_MEDIA_TYPE, json.dumps(body).encode()
 
-    body = json.dumps(
-        {
-            "type": errors.TYPE_BASE + type_,
-            "title": title,
-            "status": status,
-            "detail": detail,
-            "instance": scope["path"],
-        }
-    ).encode()
-    headers = [
-        (b"content-type", errors.PROBLEM_MEDIA_TYPE.encode()),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-    if retry_after is not None:
-        headers.append((b"retry-after", str(retry_after).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+
+def _observe(scope: dict, status: int, seconds: float) -> None:
+    route = scope.get("route")
+    path = getattr(route, "path", None) or "unmatched"
+    HTTP_LATENCY.labels(scope["method"], path).observe(seconds)
+    HTTP_REQUESTS.labels(scope["method"], path, str(status)).inc()
+
+
+def _count_shed(r: Refusal) -> None:
+    if r.status in (429, 503):
+        HTTP_SHED.inc()
 
 
 def _openapi_response(resp: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +73,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     # What the middleware and the DB-outage handler may answer on any API route, documented once.
-    shared = errors.problem_responses(503)
+    shared = errors.problem_responses(429, 503)
     with_body = errors.problem_responses(400, 413)
     for name, path in doc.get("paths", {}).items():
         for op in path.values():
@@ -252,11 +131,11 @@ def create_app(
         app.include_router(r)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(
-        LimitsAndMetrics,
-        max_body_bytes=ingress.max_body_bytes,
-        max_json_depth=ingress.max_json_depth,
-        max_in_flight=ingress.max_in_flight,
-        body_timeout_s=ingress.body_timeout_s,
+        FrontDoor,
+        limits=front_door_limits(ingress),
+        render=_problem,
+        observe=_observe,
+        on_refusal=_count_shed,
     )
     app.add_middleware(AccessLog)  # outermost: it also sees what the limits answer
     return app

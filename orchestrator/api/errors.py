@@ -62,9 +62,11 @@ _TITLES = {
     405: "Method Not Allowed",
     406: "Not Acceptable",
     409: "Conflict",
+    408: "Request Timeout",
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -158,6 +160,10 @@ def install(app: FastAPI) -> None:
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem_response(request, 500, "Internal Server Error")
+
+
+def title(status: int) -> str:
+    return _TITLES.get(status, "Error")
 
 
 def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from core import jsonlimits
 from core.backoff import Backoff
 from core.outage import Stopped, is_outage, wait_out
 from orchestrator.api.schemas import KafkaTaskMessage
@@ -41,7 +42,6 @@ from orchestrator.tasks.create import NewTask, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict
 from orchestrator.tasks.submission import InvalidSubmission, submit_task, to_new_task
 from orchestrator.tracing import context_of, trace_error, tracer, valid_traceparent
-from preprocess import jsonlimits
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
+from sqlalchemy import select
 
 from orchestrator.clock import utcnow
+from orchestrator.db.tables import attempts_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import TOOL_ATTEMPTS
 from orchestrator.retry import Decision, decide_tool
@@ -20,7 +22,7 @@ from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent
 from orchestrator.tracing import current_traceparent, trace_error
 from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
 from workers.fence import not_after as job_not_after
-from workers.payloads import AttachmentRef, ToolJob
+from workers.payloads import AttachmentRef, ToolJob, idempotency_key
 
 if TYPE_CHECKING:
     from orchestrator.runner.loop import Runner
@@ -45,6 +47,19 @@ def remove_workspace(workspace_dir: str | None, task_id: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def previous_error(r: Runner, task: TaskView, step: StepView) -> dict[str, Any] | None:
+    """The error of the step's attempt before this one (None on a first attempt)."""
+    if step.attempt_count <= 1:
+        return None
+    a = attempts_t.c
+    with r.conn.begin():  # its own short transaction: the step's commit needs none open
+        return r.conn.execute(
+            select(a.error).where(
+                a.task_id == task.id, a.step_index == step.index, a.attempt == step.attempt_count - 1
+            )
+        ).scalar_one_or_none()
+
+
 def tool_job(r: Runner, task: TaskView, step: StepView, timeout_s: float) -> ToolJob:
     path = workspace_path(r.config.workspace_dir, task.id)
     workspace = str(path) if path is not None else None
@@ -54,7 +69,7 @@ def tool_job(r: Runner, task: TaskView, step: StepView, timeout_s: float) -> Too
         task_id=task.id,
         step_index=step.index,
         attempt=step.attempt_count,
-        idempotency_key=f"{task.id}:{step.index}:{step.attempt_count}",
+        idempotency_key=idempotency_key(task.id, step.index, step.attempt_count, previous_error(r, task, step)),
         timeout_s=timeout_s,
         workspace=workspace,
         attachments=tuple(AttachmentRef.from_dict(a) for a in task.attachments),

@@ -85,3 +85,29 @@ def test_failure_before_a_side_effect_started_is_retried(db, make_runner, state_
     assert [(a.attempt, a.status) for a in attempts] == [(1, "FAILED"), (2, "SUCCEEDED")]
     assert attempts[0].error["started"] is False
     assert len((state_dir / "charges.log").read_text().split()) == 1
+
+
+def test_a_keyed_tool_retried_after_an_unknown_outcome_reuses_the_key(db, make_runner, state_dir):
+    # Attempt 1 charges, then runs past its timeout: its outcome is unknown to the runner. The
+    # retry must run under attempt 1's key, so the tool's own dedup keeps it to one charge.
+    task_id = submit(db, {"cycles": 1, "tool": "keyed_charge"})
+    make_runner().run_until_idle(timeout_s=30)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = [a for a in list_attempts(conn, task_id) if a.step_index == 1]
+    assert task.status == "SUCCEEDED"
+    assert [(a.attempt, a.status) for a in attempts] == [(1, "FAILED"), (2, "SUCCEEDED")]
+    assert attempts[0].error["kind"] == "timeout" and attempts[0].error["outcome_unknown"] is True
+    runs = (state_dir / "keyed-runs.log").read_text().split()
+    assert runs == [f"{task_id}:1:1", f"{task_id}:1:1"]  # the retry ran under the first key
+    assert (state_dir / "charges.log").read_text().split() == [f"{task_id}:1:1"]
+
+
+def test_a_keyed_tool_retried_after_a_known_failure_gets_a_fresh_key(db, make_runner, state_dir):
+    from workers.payloads import idempotency_key
+
+    known = {"error": "connection refused", "kind": "retryable", "started": False}
+    unknown = {**known, "outcome_unknown": True, "idempotency_key": "t:1:1"}
+    assert idempotency_key("t", 1, 2, known) == "t:1:2"
+    assert idempotency_key("t", 1, 3, unknown) == "t:1:1"
+    assert idempotency_key("t", 1, 1, None) == "t:1:1"

@@ -191,6 +191,35 @@ class SlowCharge:
         return ToolResult(content={"charged": True})
 
 
+class KeyedCharge:
+    """A charge that dedups on its idempotency key (as a payment API does): a key seen before
+    returns the first result without charging again. Every execution is logged with its key
+    (`keyed-runs.log`); the first execution of a step is slow (past the 0.5 s timeout) after it
+    charged, so its attempt times out with the charge done: outcome unknown to the runner."""
+
+    spec = ToolSpec(
+        name="keyed_charge",
+        description="charge a card under an idempotency key",
+        parameters=OBJ,
+        idempotent=False,
+        accepts_idempotency_key=True,
+        retry=RetryPolicy(max_attempts=3, backoff_base_s=0.05, backoff_max_s=0.1, timeout_s=0.5),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        runs = _state_dir() / "keyed-runs.log"
+        first = not runs.exists() or f"{context.task_id}:{context.step_id}:" not in runs.read_text()
+        with open(runs, "a") as f:
+            f.write(f"{context.idempotency_key}\n")
+        charges = _state_dir() / "charges.log"
+        if not charges.exists() or context.idempotency_key not in charges.read_text().split():
+            with open(charges, "a") as f:
+                f.write(f"{context.idempotency_key}\n")
+        if first:
+            time.sleep(float(arguments.get("sleep_s", 1.5)))
+        return ToolResult(content={"charged": context.idempotency_key})
+
+
 class Gate:
     """Waits until the file `gate-open` exists in the state dir: a test holds a task mid-step, and
     lets it go when it has seen what it wanted (no sleeps, no timing assumptions)."""
@@ -251,6 +280,7 @@ def dayzero_tools() -> list[Any]:
         Charge(),
         FlakyCharge(),
         SlowCharge(),
+        KeyedCharge(),
         Gate(),
         Remit(),
         WhoAmI(),

@@ -74,37 +74,62 @@ def test_database_outage_is_a_503_with_retry_after(api):
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_overload_is_shed_with_503_not_queued(db, api_settings):
-    # Before: requests past capacity queued without bound (p50 18.6 s at 2x capacity), never a 503.
+def test_overload_is_shed_with_429_while_admitted_requests_complete(db, api_settings):
+    # Before: requests past capacity queued without bound (p50 18.6 s at 2x capacity); then a
+    # bare in-flight count without a queue bound. Now: 2 in flight, 1 waiting, the rest 429.
     keys = make_keys(db, "acme")
-    ingress = IngressSettings(max_in_flight=2, gc_freeze=False, sse_listen=False)
+    ingress = IngressSettings(
+        max_in_flight=2, max_queue=1, max_queue_wait_s=60, gc_freeze=False, sse_listen=False
+    )
     app = create_app(api_settings, engine=db, ingress=ingress)
     h = {"Authorization": f"Bearer {keys['acme']}"}
     results: list[int] = []
     with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as client:
         assert client.get("/v1/tasks", headers=h).status_code == 200  # warm the key cache
+        door = _front_door(app)
         with db.connect() as lock:
             lock.execute(text("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE"))  # every submit now waits
             threads = [
                 threading.Thread(
                     target=lambda i=i: results.append(
-                        client.post("/v1/tasks", json={"goal": f"g{i}"}, headers=h).status_code
+                        httpx.post(
+                            f"{url}/v1/tasks", json={"goal": f"g{i}"}, headers=h, timeout=60
+                        ).status_code
                     )
                 )
-                for i in range(2)
+                for i in range(3)
             ]
-            for t in threads:
+            for t in threads[:2]:
                 t.start()
             _wait_for_lock_waiters(db, 2)  # both requests are in flight, blocked in the database
-            shed = client.post("/v1/tasks", json={"goal": "third"}, headers=h)
-            assert shed.status_code == 503 and shed.headers["Retry-After"] == "1"
+            threads[2].start()
+            _wait_until(lambda: door.admission.queued == 1, "the third request to queue")
+            shed = client.post("/v1/tasks", json={"goal": "fourth"}, headers=h)
+            assert shed.status_code == 429 and shed.headers["Retry-After"].isdigit(), shed.text
             assert shed.json()["type"].endswith("/overloaded")
             assert client.get("/healthz").status_code == 200  # probes are never shed
+            assert client.get("/readyz").status_code == 200
             lock.rollback()
         for t in threads:
             t.join(60)
-        assert sorted(results) == [201, 201]
+        assert sorted(results) == [201, 201, 201]  # the admitted ones, the queued one included
         assert client.post("/v1/tasks", json={"goal": "after"}, headers=h).status_code == 201
+
+
+def _front_door(app):
+    from core.frontdoor import FrontDoor
+
+    node = app.middleware_stack
+    while not isinstance(node, FrontDoor):
+        node = node.app
+    return node
+
+
+def _wait_until(cond, what: str, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 def _wait_for_lock_waiters(db, n: int, timeout_s: float = 30.0) -> None:

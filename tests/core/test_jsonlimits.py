@@ -1,4 +1,4 @@
-"""The nesting check every ingress runs on raw JSON before parsing (preprocess.jsonlimits)."""
+"""The nesting check every ingress runs on raw JSON before parsing (core.jsonlimits)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from preprocess.jsonlimits import JSONTooDeep, check_depth, loads
+from core.jsonlimits import JSONTooDeep, check_depth, loads
 
 
 def _nested(depth: int) -> str:
