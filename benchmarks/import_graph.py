@@ -119,7 +119,9 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
     return sorted(set(out))
 
 
-def build_graph(packages: tuple[str, ...] = PACKAGES, root: Path = REPO) -> tuple[dict[str, Path], list[Edge]]:
+def build_graph(
+    packages: tuple[str, ...] = PACKAGES, root: Path = REPO
+) -> tuple[dict[str, Path], list[Edge]]:
     """The modules of `packages` (name -> file) and the import edges between them."""
     files: dict[str, Path] = {}
     for pkg in packages:
@@ -226,7 +228,9 @@ def report(packages: tuple[str, ...]) -> dict:
         "packages": list(packages),
         "modules": len(files),
         "edges": {k: sum(e.kind == k for e in edges) for k in ("top", "function", "typing")},
-        "function_level_imports": [f"{e.source}:{e.line} -> {e.target}" for e in edges if e.kind == "function"],
+        "function_level_imports": [
+            f"{e.source}:{e.line} -> {e.target}" for e in edges if e.kind == "function"
+        ],
         "circles": [{"modules": c, "edges": closing(c)} for c in found],
         "circles_top_level_only": circles(edges, ("top",)),
         "upward_imports": [f"{e.source}:{e.line} -> {e.target} ({e.kind})" for e in upward_imports(edges)],
