@@ -11,8 +11,9 @@ It reports:
 
 - circles: strongly connected components of the graph of `top` and `function` edges (a lazy import
   inside a function still ties the two modules together), each with the edges that close it;
-- upward imports: a module of a layered package importing a sibling subpackage that `LAYERS`
-  places above its own (for `inference`: kernels < model < cache < engine < parallel < server);
+- upward imports: a module of a layered package importing a module that `LAYERS` ranks above
+  its own (for `inference`: specs < kernels < model < cache < engine < parallel <
+  factory < chat < server);
 - files over `MAX_LINES` lines (tests excluded).
 
 Run from the repository root:
@@ -38,18 +39,32 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "orchestrator", "workers", "tools", "preprocess", "inference", "training", "migrations")
 MAX_LINES = 500
 
-# Layer order of each layered package's subpackages and top-level modules, lowest first: a module may
-# import its own layer and the layers below. Names missing here are unranked (never "upward").
+# Layer order of each layered package, lowest first: a module may import its own layer and the
+# layers below. An entry is a subpackage or module under the package (`kernels`) or a module deeper
+# down (`parallel.split_rule`); the longest entry that prefixes a module's name ranks it. Names
+# missing here are unranked (never "upward").
 LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
     "inference": (
-        ("config", "tokenizer", "parsers", "demo_model"),
+        # specs and torch-free rules: config parsing, tokenizers, output parsers, grammars, and the
+        # parallel split rule that `analyze` counts by and `parallel/sharding.py` cuts by
+        (
+            "config",
+            "tokenizer",
+            "parsers",
+            "structured",
+            "demo_model",
+            "parallel.config",
+            "parallel.split_rule",
+        ),
         ("kernels",),
-        ("model", "quantized_weights", "loader", "analyze"),
+        ("model", "quantized_weights", "weight_errors", "loader", "analyze"),
         ("cache",),
         ("engine",),
         ("parallel",),
-        ("structured", "chat", "embedded"),
-        ("server", "commands"),
+        # the composition root: builds the single-GPU engine or the parallel one
+        ("engine.factory",),
+        ("chat",),
+        ("server", "embedded", "commands"),
     ),
 }
 
@@ -189,10 +204,13 @@ def _rank(module: str) -> tuple[str, int] | None:
     layers = LAYERS.get(parts[0])
     if layers is None or len(parts) < 2:
         return None
+    best: tuple[int, int] | None = None  # (entry length, rank)
     for rank, names in enumerate(layers):
-        if parts[1] in names:
-            return parts[0], rank
-    return None
+        for name in names:
+            entry = name.split(".")
+            if parts[1 : 1 + len(entry)] == entry and (best is None or len(entry) > best[0]):
+                best = (len(entry), rank)
+    return None if best is None else (parts[0], best[1])
 
 
 def upward_imports(edges: list[Edge], kinds: tuple[str, ...] = ("top", "function")) -> list[Edge]:
