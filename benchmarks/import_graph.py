@@ -45,14 +45,16 @@ MAX_LINES = 500
 # missing here are unranked (never "upward").
 LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
     "inference": (
-        # specs and torch-free rules: config parsing, tokenizers, output parsers, grammars, and the
-        # parallel split rule that `analyze` counts by and `parallel/sharding.py` cuts by
+        # specs and torch-free rules: config parsing, tokenizers, output parsers, grammars, the cache
+        # spec (its byte arithmetic) and the parallel split rule, which `analyze` counts by and the
+        # pools / `parallel/sharding.py` build by
         (
             "config",
             "tokenizer",
             "parsers",
             "structured",
             "demo_model",
+            "cache.spec",
             "parallel.config",
             "parallel.split_rule",
         ),
