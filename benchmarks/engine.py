@@ -327,8 +327,8 @@ def decode_paths(model, spec, dtype, device) -> dict[str, Any]:
     """The decode fast paths against their references on this GPU: fla's fused in-place KDA decode
     vs the PyTorch recurrence, the grouped-GEMM MoE vs the per-expert loop, and the engine with
     CUDA graphs vs eager (greedy tokens of 32 requests)."""
-    from inference.model.ops.kda import kda_decode, kda_decode_ref
-    from inference.model.ops.moe import moe_experts_grouped, moe_experts_reference
+    from inference.kernels.kda import kda_decode, kda_decode_ref
+    from inference.kernels.moe_experts import moe_experts_grouped, moe_experts_reference
 
     res: dict[str, Any] = {}
     g = torch.Generator(device=device).manual_seed(0)

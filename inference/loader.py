@@ -25,6 +25,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from inference.quantized_weights import QuantizedCheckpoint
+from inference.weight_errors import ChecksumError, WeightLoadError
+
 if TYPE_CHECKING:
     from inference.config import QuantSpec
 
@@ -46,18 +49,6 @@ SINGLE_FILE = "model.safetensors"
 MANIFEST_FILE = "checksums.sha256.json"
 # Published KDA checkpoints may store A_log as [H] instead of [1, 1, H, 1]; same values.
 _RESHAPE_OK = ("A_log",)
-
-
-class WeightLoadError(ValueError):
-    """The checkpoint does not fit the model (missing, unexpected or mis-shaped tensors)."""
-
-
-class ChecksumError(WeightLoadError):
-    """A checkpoint file does not match its SHA-256 manifest entry (or is missing)."""
-
-    def __init__(self, file: str, message: str) -> None:
-        super().__init__(f"checkpoint file '{file}': {message}; refusing to load")
-        self.file = file
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -188,7 +179,6 @@ def load_weights(
     seen: set[str] = set()
     shards = _shard_map(root)
     # --- quantized-checkpoint hook: per shard, the weights it fills, read dequantized ---
-    from inference.quantized_weights import QuantizedCheckpoint  # here: it imports this module
 
     quantized = QuantizedCheckpoint(quantization, root, shards, next(model.parameters()).device)
     for fname, names in _progress(shards.items(), len(shards), progress):

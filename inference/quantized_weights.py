@@ -37,7 +37,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from inference.config import QuantSpec
-from inference.loader import WeightLoadError
+from inference.weight_errors import WeightLoadError
 
 __all__ = [
     "QuantizedCheckpoint",

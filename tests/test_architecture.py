@@ -51,3 +51,33 @@ def _imported_packages(package: str) -> set[str]:
 )
 def test_dependencies_point_one_way(package, forbidden):
     assert not (_imported_packages(package) & forbidden)
+
+
+def _import_graph():
+    from benchmarks import import_graph
+
+    return import_graph
+
+
+@pytest.mark.parametrize("package", ["inference", "training"])
+def test_no_import_circles(package):
+    """No two modules reach each other through imports (module- or function-level): a factory
+    imports its planner, a step takes a context object, shared records live below both users."""
+    graph = _import_graph()
+    _, edges = graph.build_graph((package,), REPO)
+    assert graph.circles(edges) == []
+
+
+def test_inference_imports_point_down_its_layers():
+    """specs < kernels < model < cache < engine < parallel < factory < chat < server
+    (`benchmarks/import_graph.py`'s `LAYERS`)."""
+    graph = _import_graph()
+    _, edges = graph.build_graph(("inference",), REPO)
+    assert [f"{e.source}:{e.line} -> {e.target}" for e in graph.upward_imports(edges)] == []
+
+
+@pytest.mark.parametrize("package", ["inference", "training"])
+def test_no_module_over_500_lines(package):
+    graph = _import_graph()
+    files, _ = graph.build_graph((package,), REPO)
+    assert graph.big_files(files) == {}

@@ -15,6 +15,7 @@ or GQA K and V), recurrent state per sequence (fp32 KDA/GDN states + conv window
 
 from __future__ import annotations
 
+from inference.cache.spec import STATE_DTYPE_BYTES, HybridCacheSpec
 from inference.config import DENSE, GDN, GQA, KDA, MLA, MOE, ModelSpec
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
 ]
 
 KV_DTYPE_BYTES = 2  # bf16 KV and conv windows, as the engine allocates them
-STATE_DTYPE_BYTES = 4  # recurrent states stay fp32
 
 
 def _kda_params(s: ModelSpec) -> dict[str, int]:
@@ -181,25 +181,17 @@ def parameter_counts(s: ModelSpec) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def kv_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
-    if kind == MLA:
-        return (s.mla.latent_dim + (s.dsa.head_dim if s.dsa else 0)) * dtype_bytes
-    if kind == GQA:
-        return 2 * s.gqa.num_kv_heads * s.gqa.head_dim * dtype_bytes
-    return 0
+    """Paged-cache bytes one token takes in one layer of `kind` (the cache spec's arithmetic)."""
+    if kind not in (MLA, GQA):
+        return 0
+    return HybridCacheSpec.from_model_spec(s, dtype_bytes).kv_bytes_per_layer_token
 
 
 def state_per_layer(s: ModelSpec, kind: str, dtype_bytes: int) -> int:
-    if kind == KDA:
-        k = s.kda
-        return (
-            k.num_heads * k.head_dim**2 * STATE_DTYPE_BYTES
-            + 3 * k.proj_dim * (k.conv_kernel_size - 1) * dtype_bytes
-        )
-    if kind == GDN:
-        g = s.gdn
-        state = g.num_v_heads * g.k_head_dim * g.v_head_dim * STATE_DTYPE_BYTES
-        return state + g.conv_dim * (g.conv_kernel_size - 1) * dtype_bytes
-    return 0
+    """State-slot bytes one sequence takes in one layer of `kind` (the cache spec's arithmetic)."""
+    if kind not in (KDA, GDN):
+        return 0
+    return HybridCacheSpec.from_model_spec(s, dtype_bytes).state_bytes_per_layer_slot
 
 
 def cache_bytes(s: ModelSpec, kv_dtype_bytes: int = KV_DTYPE_BYTES) -> tuple[int, int]:

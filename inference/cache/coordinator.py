@@ -46,98 +46,22 @@ before the use; a checkpoint that is a copy source or a pending write is pinned.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from inference.cache.block_pool import HIGH, LOW, BlockKey, BlockPool
 from inference.cache.promotion import Promoter
+from inference.cache.records import (
+    Allocation,
+    CacheConfig,
+    MMSpan,
+    PrefixHit,
+    ReqCache,
+    Snapshot,
+    TailKey,
+    extra_keys,
+)
 from inference.cache.state_pool import Checkpoint, StatePool
-from inference.cache.tiers import TierConfig, TierIndex, TierOps, tier_capacity
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    block_size: int = 16
-    num_blocks: int = 1024
-    num_state_slots: int = 64
-    enable_prefix_caching: bool = True
-    checkpoint_interval: int = 1024  # tokens; a multiple of block_size
-    tiers: TierConfig = field(
-        default_factory=TierConfig
-    )  # host and disk tiers below the GPU pools (off by default)
-
-    def __post_init__(self) -> None:
-        if self.block_size <= 0 or self.num_blocks <= 0 or self.num_state_slots <= 0:
-            raise ValueError("block_size, num_blocks and num_state_slots must be positive")
-        if self.checkpoint_interval <= 0 or self.checkpoint_interval % self.block_size:
-            raise ValueError("checkpoint_interval must be a positive multiple of block_size")
-
-
-@dataclass(frozen=True, slots=True)
-class MMSpan:
-    """Positions [offset, offset+length) hold placeholders of an item whose content hash is `key`."""
-
-    offset: int
-    length: int
-    key: Hashable
-
-
-@dataclass(frozen=True, slots=True)
-class TailKey:
-    """Identity of a checkpoint inside a block: the full-block chain before it and the tail tokens."""
-
-    parent: int | None
-    tokens: tuple[int, ...]
-    extra: tuple[Hashable, ...] = ()
-
-    @property
-    def hash(self) -> int:
-        return hash(("tail", self.parent, self.tokens, self.extra))
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixHit:
-    num_tokens: int = 0
-    block_ids: tuple[int, ...] = ()  # shared full blocks
-    checkpoint_key: int | None = None
-    partial_block: int | None = None  # the checkpoint's private copy of the partial block
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """What the runner must do before the forward for one request, and its new blocks."""
-
-    new_block_ids: tuple[int, ...]
-    slot: int
-    copy_from: int | None = None  # checkpoint slot to copy into `slot`
-    zero: bool = False  # zero `slot` (a fresh sequence)
-    block_copy: tuple[int, int] | None = None  # (checkpoint's partial block, the request's block)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Copy live slot -> checkpoint slot (and, inside a block, the KV block -> the checkpoint's)."""
-
-    src_slot: int
-    dst_slot: int
-    block_copy: tuple[int, int] | None = None
-
-
-@dataclass(slots=True)
-class _ReqCache:
-    block_ids: list[int] = field(default_factory=list)
-    slot: int | None = None
-    keys: list[BlockKey] = field(default_factory=list)  # keys of full blocks, computed lazily
-    num_cached: int = 0  # leading blocks registered in the pool (by us or shared)
-    pending: list[int] = field(default_factory=list)  # checkpoint keys reserved in this step
-    num_flagged: int = 0  # leading block keys marked worth offloading (offload_min_tokens)
-    # what `allocate` returns for a step its blocks already cover (set with `slot`): built once,
-    # not per decode step (it is frozen, so sharing it is safe)
-    no_new: Allocation | None = None
-
-
-def _extra(mm: Sequence[MMSpan], lo: int, hi: int) -> tuple[Hashable, ...]:
-    return tuple(s.key for s in mm if s.offset < hi and s.offset + s.length > lo)
+from inference.cache.tiers import TierIndex, TierOps, tier_capacity
 
 
 class HybridCacheCoordinator:
@@ -151,7 +75,7 @@ class HybridCacheCoordinator:
         self.states = StatePool(config.num_state_slots)
         self.blocks.on_evict = self._on_block_evicted
         self.states.on_evict = self._on_checkpoint_dropped
-        self._reqs: dict[str, _ReqCache] = {}
+        self._reqs: dict[str, ReqCache] = {}
         self._pinned: list[int] = []  # checkpoint keys pinned for the step being run
         self._deferred_pins: list[int] = []  # pinned for the next step (deferred snapshots)
         self._tails: dict[int | None, dict[int, TailKey]] = {}  # parent hash -> in-block checkpoints
@@ -172,29 +96,29 @@ class HybridCacheCoordinator:
         self._worth_ckpts: set[int] = set()
 
     # -- keys ------------------------------------------------------------------------------
-    def _keys(self, rc: _ReqCache, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> list[BlockKey]:
+    def _keys(self, rc: ReqCache, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> list[BlockKey]:
         B = self.B
         while (len(rc.keys) + 1) * B <= len(token_ids):
             j = len(rc.keys)
             lo, hi = j * B, (j + 1) * B
             parent = rc.keys[-1].hash if rc.keys else None
-            rc.keys.append(BlockKey(parent, tuple(token_ids[lo:hi]), _extra(mm, lo, hi)))
+            rc.keys.append(BlockKey(parent, tuple(token_ids[lo:hi]), extra_keys(mm, lo, hi)))
         return rc.keys
 
-    def _rc(self, req_id: str) -> _ReqCache:
+    def _rc(self, req_id: str) -> ReqCache:
         rc = self._reqs.get(req_id)
         if rc is None:
-            rc = self._reqs[req_id] = _ReqCache()
+            rc = self._reqs[req_id] = ReqCache()
         return rc
 
-    def _ident(self, rc: _ReqCache, token_ids: Sequence[int], p: int, mm: Sequence[MMSpan]):
+    def _ident(self, rc: ReqCache, token_ids: Sequence[int], p: int, mm: Sequence[MMSpan]):
         """(key, identity) of a checkpoint at position p of this sequence."""
         keys = self._keys(rc, token_ids, mm)
         j, r = divmod(p, self.B)
         if r == 0:
             return keys[j - 1].hash, keys[j - 1]
         tail = TailKey(
-            keys[j - 1].hash if j else None, tuple(token_ids[j * self.B : p]), _extra(mm, j * self.B, p)
+            keys[j - 1].hash if j else None, tuple(token_ids[j * self.B : p]), extra_keys(mm, j * self.B, p)
         )
         return tail.hash, tail
 
@@ -215,7 +139,7 @@ class HybridCacheCoordinator:
                 if p <= best.num_tokens or p > limit or tuple(token_ids[j * B : p]) != tail.tokens:
                     continue
                 ck = self.states.get_checkpoint(key)
-                if ck is not None and ck.ident == tail and tail.extra == _extra(mm, j * B, p):
+                if ck is not None and ck.ident == tail and tail.extra == extra_keys(mm, j * B, p):
                     best = PrefixHit(p, tuple(blocks), key, self._ckpt_block[key])
             if j == len(keys) or (j + 1) * B > limit:
                 break
@@ -245,7 +169,7 @@ class HybridCacheCoordinator:
         Returns None, changing nothing, if the pools are short."""
         rc = self._reqs.get(req_id)
         if rc is None:
-            rc = self._reqs[req_id] = _ReqCache()
+            rc = self._reqs[req_id] = ReqCache()
         elif rc.no_new is not None and -(-(num_computed + num_new) // self.B) <= len(rc.block_ids):
             # a running sequence whose blocks cover the step (most decode steps): the general path
             # below would take no block and copy nothing, so skip straight to its answer
@@ -360,7 +284,7 @@ class HybridCacheCoordinator:
         rc.pending.append(key)
         return Snapshot(rc.slot, ck.slot, copy)
 
-    def _flag_worth(self, rc: _ReqCache, key: int, p: int) -> None:
+    def _flag_worth(self, rc: ReqCache, key: int, p: int) -> None:
         """A checkpoint at p >= offload_min_tokens makes it and the blocks before it worth
         offloading (a short prefix is cheaper to recompute than to keep below the GPU)."""
         if self.tiers is None or not self.config.tiers.offload_min_tokens:

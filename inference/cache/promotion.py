@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inference.cache.block_pool import HIGH, BlockKey
+from inference.cache.records import MMSpan, extra_keys
 from inference.cache.tiers import BLOCK, DISK, HOST, TierEntry, Transfer
 
 if TYPE_CHECKING:
-    from inference.cache.coordinator import HybridCacheCoordinator, MMSpan
+    from inference.cache.coordinator import HybridCacheCoordinator
 
 
 @dataclass(slots=True)
@@ -73,8 +74,6 @@ class Promoter:
     def plans(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan]):
         """Every usable hit over the GPU and the tiers (`_Plan`s, shallowest first), or WAIT.
         Each ends at a checkpoint matching its tokens exactly, with the full KV chain before it."""
-        from inference.cache.coordinator import _extra
-
         c, tiers = self.c, self.c.tiers
         B, limit = c.B, len(token_ids) - 1
         keys = c._keys(c._rc(req_id), token_ids, mm)
@@ -86,7 +85,7 @@ class Promoter:
                 p = j * B + len(tail.tokens)
                 if p > limit or any(f.num_tokens == p for f in found[-B:]):
                     continue
-                if tuple(token_ids[j * B : p]) != tail.tokens or tail.extra != _extra(mm, j * B, p):
+                if tuple(token_ids[j * B : p]) != tail.tokens or tail.extra != extra_keys(mm, j * B, p):
                     continue
                 if key in self.inflight:
                     return WAIT

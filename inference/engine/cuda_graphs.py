@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from inference.kernels.kda import RECURRENT_MAX_TOKENS
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
-from inference.model.ops.kda import RECURRENT_MAX_TOKENS
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from inference.engine.request import Request, TokenLogprob
 from inference.engine.sampler import Sampler
 from inference.engine.scheduler import ScheduledRequest, SchedulerOutput
 from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors
-from inference.model.forward_meta import ForwardMeta
+from inference.model.forward_meta import ForwardMeta, StepInputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,47 +112,25 @@ class ModelRunner:
             return list(s.block_ids)
         return self.tables[s.req_id] + list(s.block_ids) if s.block_ids else self.tables[s.req_id]
 
+    def _step_inputs(self, out: SchedulerOutput) -> StepInputs:
+        """The host lists of a step (`StepInputs`), tables as they stand after it (not stored)."""
+        seqs = out.scheduled
+        return StepInputs.build(
+            self.block_size,
+            [len(s.token_ids) for s in seqs],
+            [s.start for s in seqs],
+            [self._table(s) for s in seqs],
+            [s.slot for s in seqs],
+            token_ids=[s.token_ids for s in seqs],
+            sample=[s.sample for s in seqs],
+        )
+
     def build_meta(self, out: SchedulerOutput) -> tuple[ForwardMeta, list[int], list[int]]:
         """ForwardMeta for the step, the flat input ids, and the batch rows of sampled requests."""
-        B = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        cu = [0]
-        q_lens: list[int] = []
-        s_lens: list[int] = []
-        tables: list[list[int]] = []
-        slots: list[int] = []
-        logit_rows: list[int] = []
-        for s in out.scheduled:
-            table = self._table(s)
+        step = self._step_inputs(out)
+        for s, table in zip(out.scheduled, step.tables, strict=True):
             self.tables[s.req_id] = table
-            n = len(s.token_ids)
-            ids.extend(s.token_ids)
-            for pos in range(s.start, s.start + n):
-                positions.append(pos)
-                slot_mapping.append(table[pos // B] * B + pos % B)
-            cu.append(cu[-1] + n)
-            q_lens.append(n)
-            s_lens.append(s.start + n)
-            tables.append(table)
-            slots.append(s.slot)
-            if s.sample:
-                logit_rows.append(cu[-1] - 1)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        meta = ForwardMeta(
-            positions=self._to(positions, torch.int64),
-            cu_seqlens=self._to(cu, torch.int32),
-            seq_lens=self._to(s_lens, torch.int32),
-            block_tables=self._to([x for t in padded for x in t], torch.int32).view(len(padded), width),
-            slot_mapping=self._to(slot_mapping, torch.int64),
-            state_slots=self._to(slots, torch.int64),
-            query_lens_cpu=tuple(q_lens),
-            seq_lens_cpu=tuple(s_lens),
-            logits_indices=self._to(logit_rows, torch.int64),
-        )
-        return meta, ids, logit_rows
+        return step.to_meta(self._to, step.logit_rows), step.ids, step.logit_rows
 
     def _image_embeds(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> torch.Tensor | None:
         parts = []
@@ -193,23 +171,10 @@ class ModelRunner:
     def _graph_batch(self, out: SchedulerOutput, decode: bool) -> tuple[DecodeBatch, list[int]]:
         """Host lists of a step for the graphs (`decode`: one token per sequence), and the
         sequences to sample (tables not stored)."""
-        B = self.block_size
-        ids, positions, slot_mapping, seq_lens, tables, slots, rows = [], [], [], [], [], [], []
-        q_lens: list[int] = []
-        for i, s in enumerate(out.scheduled):
-            table = self._table(s)
-            ids.extend(s.token_ids)
-            for pos in range(s.start, s.start + len(s.token_ids)):
-                positions.append(pos)
-                slot_mapping.append(table[pos // B] * B + pos % B)
-            q_lens.append(len(s.token_ids))
-            seq_lens.append(s.start + len(s.token_ids))
-            tables.append(table)
-            slots.append(s.slot)
-            if s.sample:
-                rows.append(i)
-        batch = DecodeBatch(ids, positions, slot_mapping, seq_lens, tables, slots, None if decode else q_lens)
-        return batch, rows
+        st = self._step_inputs(out)
+        q_lens = None if decode else st.query_lens
+        batch = DecodeBatch(st.ids, st.positions, st.slot_mapping, st.seq_lens, st.tables, st.slots, q_lens)
+        return batch, st.sample_seqs
 
     @torch.inference_mode()
     def execute(

@@ -26,7 +26,7 @@ rows of the pinned slabs it streams through, on reader threads of their own, so 
 conversation never queues behind the writes of the one its return evicts. The many units of a
 store or a promotion are registered a slab's worth at a time, in `DISK_THREADS` parts, not one
 future each. Every file operation runs after the operations registered before it on the same
-file (a read or delete after the write of its own file, never after other files'; `_fulfil`
+file (a read or delete after the write of its own file, never after other files'; `fulfil_after`
 says why that cannot deadlock). The scheduler's bookkeeping is final when it emits the ops:
 these orderings make every later op on the same location see it done. On a CPU the host copies
 are synchronous; the rest is the same.
@@ -34,23 +34,19 @@ are synchronous; the rest is the same.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from functools import partial
 
-import fsspec
 import numpy as np
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
 from inference.cache.tiers import BLOCK, DISK, HOST, STATE, Drop, Load, Move, Store, TierCapacity, Transfer
+from inference.engine.tier_files import DISK_THREADS, TierFiles, fulfil_after, split_parts
 from inference.model.cache_tensors import HybridCacheTensors
 
-DISK_THREADS = 4  # file reads/writes at once (page-cache copies and object-store requests overlap)
 DIRECT_MIN = 8  # units: a shorter run is cheaper through the staging buffer (one copy per host run)
 # A promotion from disk streams through a fixed ring of pinned slabs (allocated once, with the
 # store), not a pinned buffer the size of the promotion: that was a fresh page-locked allocation
@@ -108,8 +104,8 @@ class _Pending:
     started: float
 
 
-class TierStore:
-    """Host pools, disk files and the copy engine for one `HybridCacheTensors`."""
+class TierStore(TierFiles):
+    """Host pools, disk files (`TierFiles`) and the copy engine for one `HybridCacheTensors`."""
 
     def __init__(self, cache: HybridCacheTensors, capacity: TierCapacity, disk_url: str = "") -> None:
         self.cache = cache
@@ -123,24 +119,9 @@ class TierStore:
             for k, groups in self.gpu.items()
         }
         self.unit_bytes = {k: sum(g.shape[1] for g in groups) for k, groups in self.gpu.items()}
-        self._tmp = None
-        if capacity.disk_bytes:
-            if not disk_url:
-                self._tmp = tempfile.TemporaryDirectory(prefix="dayzero-kv-")
-                disk_url = self._tmp.name
-            self.fs, self.root = fsspec.core.url_to_fs(disk_url)
-            self.fs.makedirs(self.root, exist_ok=True)
-        self._local = isinstance(getattr(self, "fs", None), LocalFileSystem)
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         disk = bool(capacity.disk_bytes)
-        # `DISK_THREADS` file operations at a time in each of three pools, ordered per file across
-        # all three (`_register`): the engine thread's moves and deletes, the copy thread's store
-        # writes, the loader's reads
-        self._pool = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-io") if disk else None
-        self._store_io = (
-            ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-store") if disk else None
-        )
-        self._readers = ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="kv-tier-read") if disk else None
+        self._init_files(capacity.disk_bytes, disk_url)
         # the copy thread: takes the bytes of units bound for disk (off the engine thread), from
         # the device through its own slab on its own stream
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-copy") if disk else None
@@ -157,8 +138,6 @@ class TierStore:
             self.slab_bytes if cuda and disk else 0, dtype=torch.uint8, pin_memory=cuda
         )
         self._pending: list[_Pending] = []
-        self._writes: list[Future] = []  # file operations not yet seen done (errors surface in poll)
-        self._last_op: dict[str, Future] = {}  # file -> its latest queued operation
         self._host_reads: dict[tuple[int, int], Future] = {}  # host location -> a move taking it
         self._host_event = None  # marks the last device -> host store (a move reads after it)
         self.num_moves = 0
@@ -166,26 +145,6 @@ class TierStore:
         self.transfer_times: deque[tuple[int, float]] = deque(maxlen=256)
         self.bytes_loaded = {HOST: 0, DISK: 0}
         self.bytes_stored = {HOST: 0, DISK: 0}
-
-    # -- disk ------------------------------------------------------------------------------
-    def _path(self, kind: int, loc: int) -> str:
-        return f"{self.root}/{'kv' if kind == BLOCK else 'state'}-{loc}.bin"
-
-    def _register(self, paths: list[str], fut: Future) -> list[Future | None]:
-        """Make `fut` the latest operation on each of `paths` (the per-file order, kept on the
-        engine thread); returns each path's previous operation, which `fut`'s work waits for."""
-        prevs = [self._last_op.get(p) for p in paths]
-        for p in paths:
-            self._last_op[p] = fut
-        self._writes.append(fut)
-        return prevs
-
-    def _file_op(self, path: str, fn) -> Future:
-        """Queue one file operation of the engine thread (a move's write, a delete) on its I/O
-        threads, after every operation queued before on the same file."""
-        fut: Future = Future()
-        self._pool.submit(_fulfil, fut, self._register([path], fut), fn)
-        return fut
 
     def _batches(self, kind: int, paths: list[str]) -> list[list[tuple[range, Future, list]]]:
         """Register one operation per part of each slab's worth of `paths` (a chunk, split into
@@ -197,7 +156,7 @@ class TierStore:
         chunks = []
         for b0 in range(0, len(paths), per):
             parts = []
-            for q in _split(range(b0, min(b0 + per, len(paths))), DISK_THREADS):
+            for q in split_parts(range(b0, min(b0 + per, len(paths))), DISK_THREADS):
                 fut: Future = Future()
                 parts.append((q, fut, self._register([paths[i] for i in q], fut)))
             chunks.append(parts)
@@ -224,44 +183,13 @@ class TierStore:
                     src, base = units.numpy(), 0
                 for q, fut, prevs in parts:
                     job = partial(self._write_files, [paths[i] for i in q], [src[i - base] for i in q])
-                    self._store_io.submit(_fulfil, fut, prevs, job)
+                    self._store_io.submit(fulfil_after, fut, prevs, job)
                     sent += 1
                 for _, fut, _ in parts:
                     fut.exception()  # waits: the slab is refilled next, its files are written
         except BaseException as e:  # the parts not sent fail, seen in `poll`
             for fut in [f for parts in chunks for _, f, _ in parts][sent:]:
                 fut.set_exception(e)
-
-    def _write_files(self, paths: list[str], rows: list[np.ndarray]) -> None:
-        for path, row in zip(paths, rows, strict=True):
-            self._write_file(path, row)
-
-    def _write_file(self, path: str, data) -> None:
-        if self._local:  # plain file I/O (releases the GIL): fsspec's local layer costs more
-            with open(path, "wb") as f:
-                f.write(data)
-        else:
-            self.fs.pipe_file(path, bytes(data))
-
-    def _read_into(self, path: str, row: np.ndarray) -> None:
-        """One unit file's bytes into its slab row, checked against the row's size. A local file
-        is read straight into the row: no allocation, and the pinned row's pages are resident (on
-        the H200 host, 4 threads of 295 KB files while as many are written: 2.31 GB/s, against
-        0.74 GB/s for fsspec's `cat_file`, which returns fresh bytes); other filesystems through
-        fsspec."""
-        if self._local:
-            with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                view, got = memoryview(row), 0
-                while size == row.size and got < size and (k := f.readinto(view[got:])):
-                    got += k
-        else:
-            data = self.fs.cat_file(path)
-            size = got = len(data)
-            if size == row.size:
-                row[:] = np.frombuffer(data, dtype=np.uint8)
-        if size != row.size or got != size:
-            raise OSError(f"KV tier file {path} has {size} bytes ({got} read), expected {row.size}")
 
     # -- ops in order ----------------------------------------------------------------------
     def apply(self, ops: list[Store | Move | Drop]) -> None:
@@ -428,7 +356,7 @@ class TierStore:
             rows = slab[: (b1 - b0) * n].view(b1 - b0, n)
             host = rows.numpy()
             for q, fut, prevs in parts:
-                self._readers.submit(_fulfil, fut, prevs, partial(self._read_rows, paths, host, q, b0))
+                self._readers.submit(fulfil_after, fut, prevs, partial(self._read_rows, paths, host, q, b0))
             # every read into this slab has ended (none may write it once it is back in the
             # ring); the first error is raised, and seen in `poll`
             errors = [e for _, fut, _ in parts if (e := fut.exception()) is not None]
@@ -491,45 +419,13 @@ class TierStore:
         """Disk writes and deletes queued or running on the worker thread."""
         return sum(not f.done() for f in self._writes)
 
-    def flush(self) -> None:
-        """Wait for the queued disk writes and deletes."""
-        while self._writes:
-            self._writes.pop(0).result()
-
     def close(self) -> None:
         """Finish queued disk work, then remove a temporary disk folder."""
         if self._loader is not None:
             self._loader.shutdown(wait=True)
         if self._copier is not None:
             self._copier.shutdown(wait=True)
-        for pool in (self._pool, self._store_io, self._readers):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-
-
-def _fulfil(fut: Future, prevs: list[Future | None], fn) -> None:
-    """Run `fn` once every earlier operation on its files has ended; its outcome into `fut`.
-
-    Why this cannot deadlock: each pool is fed by one thread in the order the operations were
-    registered (the engine thread feeds `_pool`, the copy thread the store writers, the loader
-    the readers), and an operation waits only on operations registered before it."""
-    try:
-        for p in prevs:
-            if p is not None:
-                p.exception()  # waits; its own error is raised where it is collected
-        result = fn()
-    except BaseException as e:
-        fut.set_exception(e)
-    else:
-        fut.set_result(result)
-
-
-def _split(r: range, k: int) -> list[range]:
-    """`r` as at most `k` consecutive ranges of near-equal length."""
-    step = max(1, -(-len(r) // k))
-    return [range(i, min(i + step, r.stop)) for i in range(r.start, r.stop, step)]
+        self._close_files()
 
 
 def _take_bytes(rows: list[torch.Tensor], event) -> bytes:

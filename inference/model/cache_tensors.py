@@ -27,100 +27,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from inference.config import ModelSpec
+from inference.cache.spec import HybridCacheSpec, dtype_bytes
+from inference.kernels.fp8 import FP8_MAX, quantize_rows_fp8
 
 __all__ = ["FP8_MAX", "HybridCacheSpec", "HybridCacheTensors", "quantize_rows_fp8"]
-
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def quantize_rows_fp8(rows: Tensor) -> tuple[Tensor, Tensor]:
-    """`[T, D]` -> (`[T, D]` float8_e4m3fn, `[T]` fp32 scales) with `rows ~= q.float() * scale`."""
-    amax = rows.detach().abs().amax(dim=-1).float()
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (rows.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
-
-
-def _dtype_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-@dataclass(frozen=True, slots=True)
-class HybridCacheSpec:
-    """Shapes and byte counts the engine sizes its pools from."""
-
-    mla_layers: tuple[int, ...]
-    kda_layers: tuple[int, ...]
-    latent_dim: int  # kv_lora_rank + qk_rope_head_dim
-    index_head_dim: int  # 0 when DSA is off
-    kda_num_heads: int
-    kda_head_dim: int
-    conv_channels: int  # 3 * num_heads * head_dim (q | k | v)
-    conv_window: int  # kernel_size - 1
-    kv_dtype_bytes: int
-    latent_fp8: bool = False  # MLA latents as float8_e4m3fn with one fp32 scale per row
-
-    @staticmethod
-    def from_model_spec(
-        spec: ModelSpec, dtype: torch.dtype = torch.bfloat16, *, latent_fp8: bool = False
-    ) -> HybridCacheSpec:
-        """Cache shapes of `spec` with KV (and conv windows) stored in `dtype` (MLA latents in FP8
-        with per-row scales when `latent_fp8`)."""
-        kda, mla, gqa, gdn = spec.kda, spec.mla, spec.gqa, spec.gdn
-        # Other families on the same two pools: Qwen3-Next's GQA K|V rows are paged like the latent
-        # (width 2 * kv_heads * head_dim), its gated-DeltaNet states sit in the state slots.
-        if gdn is not None:
-            recurrent = (
-                spec.gdn_layers,
-                gdn.num_v_heads,
-                gdn.k_head_dim,
-                gdn.conv_dim,
-                gdn.conv_kernel_size - 1,
-            )
-        elif kda is not None:
-            recurrent = (
-                spec.kda_layers,
-                kda.num_heads,
-                kda.head_dim,
-                3 * kda.proj_dim,
-                kda.conv_kernel_size - 1,
-            )
-        else:
-            recurrent = ((), 0, 0, 0, 0)
-        if gqa is not None:
-            paged, width = spec.gqa_layers, 2 * gqa.num_kv_heads * gqa.head_dim
-        else:
-            paged, width = spec.mla_layers, mla.latent_dim if mla is not None else 0
-        return HybridCacheSpec(
-            mla_layers=paged,
-            kda_layers=recurrent[0],
-            latent_dim=width,
-            index_head_dim=spec.dsa.head_dim if spec.dsa is not None else 0,
-            kda_num_heads=recurrent[1],
-            kda_head_dim=recurrent[2],
-            conv_channels=recurrent[3],
-            conv_window=recurrent[4],
-            kv_dtype_bytes=_dtype_bytes(dtype),
-            latent_fp8=latent_fp8,
-        )
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes one token occupies across all MLA layers (latent KV plus indexer keys)."""
-        latent = self.latent_dim + 4 if self.latent_fp8 else self.latent_dim * self.kv_dtype_bytes
-        index = self.index_head_dim * (1 if self.latent_fp8 else self.kv_dtype_bytes)
-        if self.latent_fp8 and self.index_head_dim:
-            index += 4
-        per_layer = latent + index
-        return per_layer * len(self.mla_layers)
-
-    @property
-    def state_bytes_per_slot(self) -> int:
-        """Bytes one state slot occupies across all KDA layers (fp32 state plus conv window)."""
-        state = self.kda_num_heads * self.kda_head_dim * self.kda_head_dim * 4
-        conv = self.conv_channels * self.conv_window * self.kv_dtype_bytes
-        return (state + conv) * len(self.kda_layers)
 
 
 @dataclass
@@ -147,7 +57,7 @@ class HybridCacheTensors:
         """Allocate zeroed pools: `num_blocks` KV blocks of `block_size` tokens, `num_slots` slots."""
         if num_blocks <= 0 or block_size <= 0 or num_slots <= 0:
             raise ValueError(f"need positive sizes, got {num_blocks=} {block_size=} {num_slots=}")
-        if _dtype_bytes(dtype) != spec.kv_dtype_bytes:
+        if dtype_bytes(dtype) != spec.kv_dtype_bytes:
             raise ValueError(f"spec was built for {spec.kv_dtype_bytes}-byte KV, got {dtype}")
         out = HybridCacheTensors(spec=spec, block_size=block_size)
         for i in spec.mla_layers:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["ForwardMeta"]
+__all__ = ["ForwardMeta", "StepInputs"]
 
 
 @dataclass(frozen=True)
@@ -98,29 +99,79 @@ class ForwardMeta:
         device: torch.device | str = "cpu",
         logits_indices: list[int] | None = None,
     ) -> ForwardMeta:
-        """Build the tensors from plain lists (tests and simple callers; the engine has its own)."""
-        positions: list[int] = []
-        slots: list[int] = []
-        for q, c, table in zip(query_lens, context_lens, block_tables, strict=True):
-            for pos in range(c, c + q):
-                positions.append(pos)
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
-        cu = [0]
-        for q in query_lens:
-            cu.append(cu[-1] + q)
-        width = max(len(t) for t in block_tables)
-        padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
-        seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
+        """Build the tensors from plain lists (tests and simple callers), through `StepInputs`."""
+        step = StepInputs.build(block_size, query_lens, context_lens, block_tables, state_slots)
+        return step.to_meta(
+            lambda data, dtype: torch.tensor(data, dtype=dtype, device=device), logits_indices
+        )
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Host lists of one step's flat batch: the one place a step's positions, KV slot mapping,
+    offsets and padded block tables are computed (the model runner's eager forward and its CUDA
+    graphs' batches, and `ForwardMeta.for_sequences`, all build them here).
+
+    Sequence `i` contributes `query_lens[i]` tokens at positions `starts[i]..seq_lens[i] - 1`;
+    `logit_rows` are the flat rows of the last token of each sampled sequence, `sample_seqs` those
+    sequences' indices.
+    """
+
+    ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    cu_seqlens: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    tables: list[list[int]]
+    slots: list[int]
+    logit_rows: list[int]
+    sample_seqs: list[int]
+
+    @staticmethod
+    def build(
+        block_size: int,
+        query_lens: Sequence[int],
+        starts: Sequence[int],
+        tables: Sequence[list[int]],
+        slots: Sequence[int],
+        *,
+        token_ids: Sequence[Sequence[int]] | None = None,
+        sample: Sequence[bool] | None = None,
+    ) -> StepInputs:
+        """The lists of a step whose sequence `i` computes `query_lens[i]` tokens from position
+        `starts[i]` with block table `tables[i]` and state slot `slots[i]` (`token_ids[i]`: its
+        new tokens; `sample[i]`: whether its last row is sampled)."""
+        B = block_size
+        step = StepInputs([], [], [], [0], list(query_lens), [], list(tables), list(slots), [], [])
+        for i, (n, start, table) in enumerate(zip(query_lens, starts, tables, strict=True)):
+            if token_ids is not None:
+                step.ids.extend(token_ids[i])
+            for pos in range(start, start + n):
+                step.positions.append(pos)
+                step.slot_mapping.append(table[pos // B] * B + pos % B)
+            step.cu_seqlens.append(step.cu_seqlens[-1] + n)
+            step.seq_lens.append(start + n)
+            if sample is not None and sample[i]:
+                step.logit_rows.append(step.cu_seqlens[-1] - 1)
+                step.sample_seqs.append(i)
+        return step
+
+    def to_meta(
+        self, to: Callable[[list[int], torch.dtype], Tensor], logits_indices: list[int] | None
+    ) -> ForwardMeta:
+        """The step's `ForwardMeta`; `to(list, dtype)` makes each tensor (on the device, pinned
+        copies or not, as the caller wants)."""
+        width = max(len(t) for t in self.tables)
+        flat_tables = [x for t in self.tables for x in (*t, *[0] * (width - len(t)))]
         return ForwardMeta(
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            state_slots=torch.tensor(list(state_slots), dtype=torch.int64, device=device),
-            query_lens_cpu=tuple(query_lens),
-            seq_lens_cpu=tuple(seq_lens),
-            logits_indices=None
-            if logits_indices is None
-            else torch.tensor(logits_indices, dtype=torch.int64, device=device),
+            positions=to(self.positions, torch.int64),
+            cu_seqlens=to(self.cu_seqlens, torch.int32),
+            seq_lens=to(self.seq_lens, torch.int32),
+            block_tables=to(flat_tables, torch.int32).view(len(self.tables), width),
+            slot_mapping=to(self.slot_mapping, torch.int64),
+            state_slots=to(self.slots, torch.int64),
+            query_lens_cpu=tuple(self.query_lens),
+            seq_lens_cpu=tuple(self.seq_lens),
+            logits_indices=None if logits_indices is None else to(logits_indices, torch.int64),
         )

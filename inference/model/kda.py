@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
+from inference.kernels.kda import causal_conv_varlen, kda_decode, kda_gate, kda_varlen
 from inference.kernels.short_conv import short_conv_decode
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.fused_params import concat_params
 from inference.model.layers import GatedRMSNorm
-from inference.model.ops.kda import causal_conv_varlen, kda_decode, kda_gate, kda_varlen
 
 __all__ = ["KimiDeltaAttention", "ShortConv"]
 

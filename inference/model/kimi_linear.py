@@ -6,14 +6,13 @@ import torch
 from torch import Tensor, nn
 
 from inference.config import KDA, MLA, MOE, ModelSpec
+from inference.kernels.registry import select
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.kda import KimiDeltaAttention
 from inference.model.layers import RMSNorm
 from inference.model.mla import MLAttention
 from inference.model.moe import DenseMLP, Expert, SparseMoE
-from inference.model.ops.kda import fla_installed
-from inference.model.ops.moe import grouped_mm_available
 
 __all__ = ["DecoderLayer", "KimiLinearForCausalLM", "KimiLinearModel"]
 
@@ -110,12 +109,12 @@ class KimiLinearForCausalLM(nn.Module):
         the shapes alone (`kernels/dsa`, `kernels/topk`), the selection over the graph's
         block-table width with the keys past each row's length masked.
         """
-        return self.spec.moe is None or (dtype == torch.bfloat16 and grouped_mm_available())
+        return self.spec.moe is None or select("moe_experts", "cuda", dtype) == "fast"
 
     def supports_short_step_graphs(self, dtype: torch.dtype) -> bool:
         """Whether a short step (`ForwardMeta.row_seq`) in `dtype` is capturable too: also needs
         fla's recurrent KDA kernel (16-bit; the fp32 reference reads lengths on the host)."""
-        return self.supports_decode_graphs(dtype) and dtype != torch.float32 and fla_installed()
+        return self.supports_decode_graphs(dtype) and select("kda", "cuda", dtype) == "fast"
 
     def embed(self, input_ids: Tensor, image_embeds: Tensor | None = None) -> Tensor:
         """`[T]` ids -> `[T, hidden]`; image placeholder rows are replaced by `image_embeds` in order."""

@@ -19,17 +19,37 @@ import torch
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
+from inference.kernels.dsa import dsa_topk_paged
+from inference.kernels.mla_decode import mla_decode_paged
+from inference.kernels.mla_prefill import mla_prefill_varlen
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.layers import RMSNorm, rope_half_split, rope_interleaved
-from inference.model.ops.mla import dsa_topk_paged, mla_decode_paged, mla_prefill_varlen
 from inference.model.rope import RotaryAngles
 
-__all__ = ["DSAIndexer", "MLAttention"]
+__all__ = ["DSAIndexer", "MLAttention", "dsa_topk_indices"]
 
 # (indexer queries [T, Hi, D], indexer weights [T, Hi], indexer key pool of this layer, its FP8
 # scales or None)
 _IndexInputs = tuple[Tensor, Tensor, Tensor, Tensor | None]
+
+
+def dsa_topk_indices(
+    q_index: Tensor, k_index: Tensor, weights: Tensor, context_len: int, topk: int
+) -> tuple[Tensor, Tensor]:
+    """Lightning-indexer selection over dense keys `k_index` `[S, D]` for `L` queries at
+    positions `context_len + l`: `(indices [L, k] int64, valid [L, k] bool)`, `k = min(topk, S)`.
+
+    The paged op with the keys as one block of one sequence (`-1` entries become `valid=False`).
+    """
+    length, s = q_index.shape[0], k_index.shape[0]
+    pool = k_index[None]  # one block of S rows
+    tables = torch.zeros(1, 1, dtype=torch.int32, device=k_index.device)
+    lens = torch.arange(length, device=k_index.device) + context_len + 1
+    rows = torch.zeros(length, dtype=torch.long, device=k_index.device)
+    idx = dsa_topk_paged(q_index, weights, pool, tables, lens.clamp(max=s), topk=topk, table_rows=rows)
+    valid = idx >= 0
+    return idx.clamp(min=0), valid
 
 
 class DSAIndexer(nn.Module):

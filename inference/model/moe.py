@@ -13,9 +13,9 @@ from torch import Tensor, nn
 
 from inference.config import MoESpec
 from inference.kernels.moe_dispatch import silu_mul
+from inference.kernels.moe_experts import moe_experts_grouped, moe_experts_reference, use_grouped_moe
 from inference.kernels.moe_router import sigmoid_topk_route
 from inference.model.fused_params import concat_params
-from inference.model.ops.moe import grouped_mm_available, moe_experts_grouped, moe_experts_reference
 
 __all__ = ["DeepseekExpert", "DenseMLP", "Expert", "SparseMoE", "TopKRouter"]
 
@@ -39,7 +39,7 @@ class DenseMLP(nn.Module):
 class Expert(nn.Module):
     """One routed expert's weights in the published layout: w1 = gate, w3 = up, w2 = down.
 
-    A holder only: `SparseMoE` computes all experts at once (`ops/moe.py`).
+    A holder only: `SparseMoE` computes all experts at once (`inference/kernels/moe_experts`).
     """
 
     def __init__(self, hidden: int, intermediate: int) -> None:
@@ -103,7 +103,8 @@ class TopKRouter(nn.Module):
 class SparseMoE(nn.Module):
     """Routed experts plus always-on shared experts.
 
-    On CUDA in bf16 (with `torch._grouped_mm`) the routed experts run as two grouped GEMMs over stacked
+    Where the kernel registry picks the grouped path (family `moe_experts`: CUDA, bf16,
+    `torch._grouped_mm`) the routed experts run as two grouped GEMMs over stacked
     `[E, 2I, H]` / `[E, H, I]` weights, sync-free so a decode step can be captured in a CUDA graph.
     The stacks are built on first use and the per-expert parameters are re-pointed into them, so the
     published `experts.N.w1/w2/w3` names keep working (state_dict, loading) with no second copy.
@@ -139,14 +140,9 @@ class SparseMoE(nn.Module):
         self._w2 = concat_params([x.weights()[2] for x in experts], self._w2)
         return self._w13.view(e, 2 * i, -1), self._w2.view(e, -1, i)
 
-    @staticmethod
-    def _grouped(x: Tensor) -> bool:
-        """Whether the routed experts run as grouped GEMMs (CUDA, bf16, `torch._grouped_mm`)."""
-        return x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available()
-
     def routed(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
         """Weighted sum of the chosen experts' outputs `[T, hidden]`; `ids` index `expert_modules()`."""
-        if self._grouped(x):
+        if use_grouped_moe(x):
             return moe_experts_grouped(x, weights, ids, *self._stacked())
         gate, up, down = zip(*(e.weights() for e in self.expert_modules()), strict=True)
         return moe_experts_reference(x, weights, ids, list(gate), list(down), list(up))
@@ -155,7 +151,7 @@ class SparseMoE(nn.Module):
         """x: `[T, hidden]` -> `[T, hidden]`."""
         weights, ids = self.gate(x)
         shared = self.shared_experts(x) if self.shared_experts is not None else None
-        if self._grouped(x):
+        if use_grouped_moe(x):
             # the shared experts' sum fused into the routed combine
             return moe_experts_grouped(x, weights, ids, *self._stacked(), shared=shared)
         out = self.routed(x, weights, ids)

@@ -1,5 +1,5 @@
 """Qwen3-Next (`qwen3_next`): gated DeltaNet + gated GQA attention + softmax MoE, from the shared
-layers and two new op files (`ops/gdn.py` on the KDA delta rule, `ops/gqa.py` paged attention).
+layers and two op families (`kernels/kda/gdn.py` on the KDA delta rule, `kernels/gqa` paged attention).
 
 Parameter names are the published checkpoint's: `model.layers.N.linear_attn.{in_proj_qkvz,
 in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj}`, `self_attn.{q_proj, k_proj, v_proj, o_proj,
@@ -18,16 +18,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import GDN, GQA, MOE, ModelSpec, MoESpec
+from inference.kernels.gqa import gqa_paged_attention, gqa_write_kv
+from inference.kernels.kda import causal_conv_varlen
+from inference.kernels.kda.gdn import gdn_gate, gdn_varlen
+from inference.kernels.moe_experts import moe_experts_reference
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.kda import ShortConv
 from inference.model.kimi_linear import KimiLinearForCausalLM
 from inference.model.layers import rope_cos_sin, rope_half_split
 from inference.model.moe import DeepseekExpert, DenseMLP
-from inference.model.ops.gdn import gdn_gate, gdn_varlen
-from inference.model.ops.gqa import gqa_paged_attention, gqa_write_kv
-from inference.model.ops.kda import causal_conv_varlen
-from inference.model.ops.moe import moe_experts_reference
 
 __all__ = ["Qwen3NextForCausalLM", "ZeroCenteredRMSNorm"]
 

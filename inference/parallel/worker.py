@@ -255,7 +255,7 @@ def _plan(model: torch.nn.Module, args: WorkerArgs, cache_spec: HybridCacheSpec,
     """This rank's `MemoryPlan`, by the single-GPU rule (`plan_pools`: on CUDA a profiled forward
     of the largest step, run by every rank in step, and what `mem_fraction` leaves for the KV
     pool; on CPU the configured pools)."""
-    from inference.engine.factory import plan_pools
+    from inference.engine.memory_planner import plan_pools
     from inference.tokenizer import ByteTokenizer
 
     _, plan = plan_pools(

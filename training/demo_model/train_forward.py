@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from inference.kernels.kda import causal_conv_varlen, kda_chunk_ref, kda_gate, kda_varlen, l2norm
+from inference.kernels.moe_experts import moe_experts_reference
 from inference.model.kda import KimiDeltaAttention
 from inference.model.kimi_linear import DecoderLayer, KimiLinearForCausalLM
 from inference.model.mla import MLAttention
 from inference.model.moe import DenseMLP, SparseMoE
-from inference.model.ops.kda import causal_conv_varlen, kda_chunk_ref, kda_gate, kda_varlen, l2norm
-from inference.model.ops.moe import moe_experts_reference
 
 __all__ = ["KDA_MODES", "text_model", "train_hidden", "train_logits"]
 

@@ -27,8 +27,8 @@ import triton.language as tl
 from torch import Tensor
 
 from inference.kernels.dsa.reference import SCORE_BUDGET, selected_count
+from inference.kernels.fp8 import FP8_MAX
 from inference.kernels.topk.fast import select_rows
-from inference.model.cache_tensors import FP8_MAX
 
 __all__ = ["SCORE_TILE", "dsa_scores_fast", "dsa_topk_paged_fast"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from inference.kernels.fp8 import quantize_rows_fp8
 from inference.kernels.mla_decode.reference import paged_rows
 from inference.kernels.topk.reference import topk_positions_reference
 
@@ -41,9 +42,6 @@ def dsa_scores_reference(
         keys = keys * index_scales[blk, slot][..., None]
     q = q_index.float()
     if index_scales is not None:
-        # imported here: inference.model imports this package (its op seams)
-        from inference.model.cache_tensors import quantize_rows_fp8
-
         q8, q_scale = quantize_rows_fp8(q.reshape(-1, q.shape[-1]))
         q = (q8.float() * q_scale[:, None]).view(q.shape)
     scale = q_index.shape[-1] ** -0.5

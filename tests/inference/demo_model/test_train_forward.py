@@ -111,8 +111,8 @@ def test_zero_image_embeddings_match_the_engine_with_a_zeroed_projector():
 
 
 def test_dense_expert_combine_equals_the_per_expert_reference():
+    from inference.kernels.moe_experts import moe_experts_reference
     from inference.model.moe import SparseMoE
-    from inference.model.ops.moe import moe_experts_reference
     from training.demo_model.train_forward import _experts_dense
 
     model = build_model(parse_config(_small()), seed=5)

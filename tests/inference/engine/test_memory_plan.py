@@ -99,7 +99,7 @@ def test_the_profiled_step_is_the_last_chunk_of_the_longest_sequence():
     on the CPU the step runs and writes exactly the chunk's KV rows at the end of the context."""
 
     from inference.engine.engine import EngineConfig
-    from inference.engine.factory import longest_step
+    from inference.engine.memory_planner import longest_step
 
     L, n, B = 300, 64, 16
     cfg = EngineConfig.of(block_size=B, num_blocks=-(-L // B) + 1, max_model_len=L, enable_cuda_graphs=False)
@@ -118,7 +118,7 @@ def test_cuda_profile_covers_the_attention_workspace_at_the_longest_context():
     import torch
 
     from inference.engine.engine import EngineConfig
-    from inference.engine.factory import longest_step
+    from inference.engine.memory_planner import longest_step
 
     def engine(max_len):
         cfg = EngineConfig.of(

@@ -277,7 +277,7 @@ def test_gpu_short_conv_and_router_at_model_shapes(rows):
 def test_gpu_moe_dispatch_at_model_shapes(rows):
     """The bookkeeping kernels exactly (sort) or within bf16 rounding (combine, SwiGLU), and the
     whole grouped-GEMM MoE with them vs the per-expert loop."""
-    from inference.model.ops.moe import moe_experts_grouped, moe_experts_reference
+    from inference.kernels.moe_experts import moe_experts_grouped, moe_experts_reference
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(rows)

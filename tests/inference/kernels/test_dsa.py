@@ -10,7 +10,7 @@ from inference.kernels.dsa import dsa_topk_paged
 from inference.kernels.dsa.reference import dsa_scores_reference, dsa_topk_paged_reference
 from inference.kernels.mla_decode.reference import mla_decode_paged_reference, paged_rows
 from inference.model.cache_tensors import quantize_rows_fp8
-from inference.model.ops.mla import dsa_topk_indices
+from inference.model.mla import dsa_topk_indices
 from tests.inference.kernels.conftest import ERRORS, write_error_table
 from tests.inference.kernels.helpers import assert_rel, paged_pool
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.model.ops.kda import RECURRENT_MAX_TOKENS, kda_varlen
+from inference.kernels.kda import RECURRENT_MAX_TOKENS, kda_varlen
 from tests.inference.kernels.helpers import TOL, assert_rel
 
 pytest.importorskip("fla.ops.kda", reason="fla is not installed (pip install '.[gpu]')")

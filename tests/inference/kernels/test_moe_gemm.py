@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inference.kernels.moe_dispatch.reference import combine_reference, sort_pairs_reference
+from inference.kernels.moe_experts import moe_experts_reference
 from inference.kernels.moe_gemm.fast import (
     CANDIDATE_TILES,
     DOWN_TILES,
@@ -19,7 +20,6 @@ from inference.kernels.moe_gemm.fast import (
     pick_tile,
 )
 from inference.kernels.moe_gemm.reference import moe_down_reference, moe_up_reference
-from inference.model.ops.moe import moe_experts_reference
 from tests.inference.kernels.helpers import TOL, assert_rel
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from inference.model.ops.kda import causal_conv_varlen, kda_chunk_ref, kda_recurrent_ref, kda_varlen, l2norm
+from inference.kernels.kda import causal_conv_varlen, kda_chunk_ref, kda_recurrent_ref, kda_varlen, l2norm
 from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
 
@@ -77,7 +77,7 @@ def test_pure_decode_conv_equals_the_general_path():
 def test_decode_reference_updates_the_slots_in_place_like_the_recurrence():
     """`kda_decode_ref` (gate + beta inside, state in its pool slot) equals the per-sequence
     recurrence on explicitly gated inputs, and leaves the other slots untouched."""
-    from inference.model.ops.kda import kda_decode, kda_gate
+    from inference.kernels.kda import kda_decode, kda_gate
 
     gen = torch.Generator().manual_seed(3)
     n, h, d, num_slots = 3, 2, 16, 6

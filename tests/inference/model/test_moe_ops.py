@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from inference.config import MoESpec
+from inference.kernels.moe_experts import moe_experts_grouped, moe_experts_reference
 from inference.model.moe import SparseMoE
-from inference.model.ops.moe import moe_experts_grouped, moe_experts_reference
 from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from inference.config import GDN, GQA, parse_config
+from inference.kernels.gqa import gqa_paged_attention, gqa_write_kv
+from inference.kernels.kda import l2norm
+from inference.kernels.kda.gdn import gdn_varlen
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from inference.model.ops.gdn import gdn_varlen
-from inference.model.ops.gqa import gqa_paged_attention, gqa_write_kv
-from inference.model.ops.kda import l2norm
 from inference.model.qwen3_next import Qwen3NextForCausalLM
 from inference.model.text_models import NotServableError, ignored_prefixes
 from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel

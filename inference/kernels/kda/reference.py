@@ -1,4 +1,4 @@
-"""KDA ops: varlen short causal conv, the decay gate, and the gated delta rule.
+"""KDA references (fp32 PyTorch): varlen short causal conv, the decay gate, the gated delta rule.
 
 The delta rule per head, with state `S` `[K, V]`, per-channel log decay `g_t` `[K]` and
 `beta_t` scalar (`q`, `k` L2-normalised, `q` scaled by `K ** -0.5`)::
@@ -8,15 +8,9 @@ The delta rule per head, with state `S` `[K, V]`, per-channel log decay `g_t` `[
     S_t = S' + k_t u_t^T
     o_t = S_t^T q_t
 
-`kda_varlen` runs it over a flat batch of sequences with per-sequence initial states: on CUDA
-through `fla` (`chunk_kda` for prefill, `fused_recurrent_kda` for decode and short prefill
-chunks), elsewhere through the fp32 references below (a chunked form for prefill, the plain
-recurrence for one token).
-
-`kda_decode` is the decode-only fast path: one token per sequence, the gate and beta activations
-fused into fla's recurrent kernel, and the state read and written in place in the state pool (no
-gather/scatter copies, fixed shapes: a CUDA graph can capture it). `kda_decode_ref` is its
-batched PyTorch reference.
+`kda_varlen_reference` runs it over a flat batch of sequences with per-sequence initial states (a
+chunked form for prefill, the plain recurrence for one token); `kda_decode_ref` is the batched
+one-token step that updates the state pool in place. The fast paths are fla's (`fast.py`).
 """
 
 from __future__ import annotations
@@ -27,13 +21,11 @@ from torch import Tensor
 
 __all__ = [
     "causal_conv_varlen",
-    "fla_installed",
     "kda_chunk_ref",
-    "kda_decode",
     "kda_decode_ref",
     "kda_gate",
     "kda_recurrent_ref",
-    "kda_varlen",
+    "kda_varlen_reference",
     "l2norm",
 ]
 
@@ -166,97 +158,6 @@ def kda_chunk_ref(
     return torch.cat(outs)[:length], s
 
 
-# The longest sequence of a step that still goes through fla's recurrent kernel rather than its
-# chunked one. A cached agent turn (~65 new tokens over a 16K context) measured on the H200: the
-# whole turn 6.6 ms of GPU time under 46 ms of host time, 20 ms of it in the 12 `chunk_kda` calls'
-# Python (chunk indices, ~10 launches each). The recurrent kernel is one launch, exact to the
-# reference on multi-token varlen sequences (fp32, Triton's interpreter), and walks each
-# sequence's tokens one by one: fine for a few dozen, not for long prefills.
-RECURRENT_MAX_TOKENS = 128
-
-
-def fla_installed() -> bool:
-    try:
-        import fla.ops.kda  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _fla_available(x: Tensor) -> bool:
-    return x.device.type == "cuda" and fla_installed()
-
-
-def kda_varlen(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    states: Tensor,
-    cu_seqlens: Tensor,
-    query_lens_cpu: tuple[int, ...] | None,
-    *,
-    use_fla: bool | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Gated delta rule over a flat batch of sequences, each continuing its own state.
-
-    Args:
-        q, k: `[T, H, K]` raw (normalisation and scaling happen here); v: `[T, H, V]`.
-        g: `[T, H, K]` fp32 log decay; beta: `[T, H]`.
-        states: `[N, H, K, V]` fp32 initial states (gathered from the state pool).
-        cu_seqlens: `[N+1]` offsets; query_lens_cpu: host lengths, or None when the host does
-            not know them (a step captured in a CUDA graph): every sequence is then short
-            (<= `RECURRENT_MAX_TOKENS`) and takes the recurrent kernel; the reference reads
-            `cu_seqlens`.
-        use_fla: force (True) or forbid (False) the fla path; default: CUDA, fla installed and a
-            16-bit dtype.
-    Returns:
-        `(o [T, H, V] in q.dtype, final_states [N, H, K, V] fp32)`.
-    """
-    if use_fla is None:
-        # fla's chunked kernels take their dot products in TF32, not fp32: fp32 runs stay exact
-        # on the PyTorch path (bf16/fp16 are what fla is for)
-        use_fla = _fla_available(q) and q.dtype != torch.float32
-    scale = q.shape[-1] ** -0.5
-    if use_fla:
-        from fla.ops.kda import chunk_kda, fused_recurrent_kda
-
-        cu = cu_seqlens.to(torch.long)
-        args = (q[None], k[None], v[None], g.float()[None], beta.to(q.dtype)[None])
-        if query_lens_cpu is None or max(query_lens_cpu, default=1) <= RECURRENT_MAX_TOKENS:
-            o, final = fused_recurrent_kda(
-                *args, scale=scale, initial_state=states, output_final_state=True,
-                use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-            )  # fmt: skip
-        else:
-            cu_cpu = torch.tensor([0, *torch.tensor(query_lens_cpu).cumsum(0).tolist()], dtype=torch.long)
-            o, final = chunk_kda(
-                *args, scale=scale, initial_state=states, output_final_state=True,
-                use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-            )  # fmt: skip
-        return o[0].to(q.dtype), final.float()
-    qn = l2norm(q.float()) * scale
-    kn = l2norm(k.float())
-    vf, gf, bf = v.float(), g.float(), beta.float()
-    if query_lens_cpu is None:
-        query_lens_cpu = tuple(cu_seqlens.diff().tolist())
-    outs, finals = [], []
-    start = 0
-    for i, n in enumerate(query_lens_cpu):
-        sl = slice(start, start + n)
-        if n == 0:  # a padding sequence of a captured step: its state passes through
-            outs.append(vf[sl])
-            finals.append(states[i].float())
-            continue
-        fn = kda_recurrent_ref if n == 1 else kda_chunk_ref
-        o, s = fn(qn[sl], kn[sl], vf[sl], gf[sl], bf[sl], states[i])
-        outs.append(o)
-        finals.append(s)
-        start += n
-    return torch.cat(outs).to(q.dtype), torch.stack(finals)
-
-
 def kda_decode_ref(
     q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor,
     a_log: Tensor, dt_bias: Tensor, state_pool: Tensor, slots: Tensor,
@@ -282,25 +183,36 @@ def kda_decode_ref(
     return torch.einsum("nhk,nhkv->nhv", qn, s).to(q.dtype)
 
 
-def kda_decode(
-    q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor,
-    a_log: Tensor, dt_bias: Tensor, state_pool: Tensor, slots: Tensor,
-    *, use_fla: bool | None = None,
-) -> Tensor:  # fmt: skip
-    """`kda_decode_ref`'s contract; on CUDA one fla kernel (gate, beta, l2norm, in-place state)."""
-    if use_fla is None:
-        use_fla = _fla_available(q)
-    if not use_fla:
-        return kda_decode_ref(q, k, v, f, b, a_log, dt_bias, state_pool, slots)
-    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
-
-    h = q.shape[1]
-    o, _ = fused_recurrent_kda_fwd(
-        q=q.contiguous()[:, None], k=k.contiguous()[:, None], v=v.contiguous()[:, None],
-        g=f.contiguous()[:, None], beta=b.contiguous()[:, None],
-        A_log=a_log.reshape(h).float().contiguous(), dt_bias=dt_bias.float().contiguous(),
-        initial_state=state_pool, scale=q.shape[-1] ** -0.5,
-        inplace_final_state=True, ssm_state_indices=slots,
-        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-    )  # fmt: skip
-    return o[:, 0]
+def kda_varlen_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    states: Tensor,
+    cu_seqlens: Tensor,
+    query_lens_cpu: tuple[int, ...] | None,
+) -> tuple[Tensor, Tensor]:
+    """`inference.kernels.kda.kda_varlen`'s contract in fp32: the recurrence for one-token
+    sequences, the chunked form for longer ones (lengths read from `cu_seqlens` when the host does
+    not know them)."""
+    scale = q.shape[-1] ** -0.5
+    qn = l2norm(q.float()) * scale
+    kn = l2norm(k.float())
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    if query_lens_cpu is None:
+        query_lens_cpu = tuple(cu_seqlens.diff().tolist())
+    outs, finals = [], []
+    start = 0
+    for i, n in enumerate(query_lens_cpu):
+        sl = slice(start, start + n)
+        if n == 0:  # a padding sequence of a captured step: its state passes through
+            outs.append(vf[sl])
+            finals.append(states[i].float())
+            continue
+        fn = kda_recurrent_ref if n == 1 else kda_chunk_ref
+        o, s = fn(qn[sl], kn[sl], vf[sl], gf[sl], bf[sl], states[i])
+        outs.append(o)
+        finals.append(s)
+        start += n
+    return torch.cat(outs).to(q.dtype), torch.stack(finals)

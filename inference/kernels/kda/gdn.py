@@ -1,4 +1,4 @@
-"""Gated DeltaNet (Qwen3-Next's linear attention) on the KDA delta-rule ops.
+"""Gated DeltaNet (Qwen3-Next's linear attention) on the KDA delta-rule ops (family `kda`).
 
 Gated DeltaNet's decay is one scalar per value head and step; KDA's is one per key channel. A
 scalar decay broadcast over the key channels *is* a per-channel decay, so GDN runs exactly on
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from inference.model.ops.kda import kda_varlen
+from inference.kernels.kda import kda_varlen
 
 __all__ = ["gdn_gate", "gdn_varlen"]
 
