@@ -140,8 +140,9 @@ class Engine:
         self.graph_warmup: WarmupReport | None = None
         graphs = getattr(self.runner, "graphs", None)
         if config.graph_warmup.enabled and graphs is not None:
+            sched = config.scheduler
             self.graph_warmup = warm_up(
-                config.graph_warmup, graphs, config.cache.block_size, config.scheduler.max_num_seqs
+                config.graph_warmup, graphs, config.cache.block_size, sched.max_num_seqs, sched.max_model_len
             )
         self._text: dict[str, TextStops] = {}
         self.grammars: GrammarRuntime | None = None  # built with the first constrained request

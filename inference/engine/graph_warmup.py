@@ -78,13 +78,16 @@ class _Graphs(Protocol):  # the part of `DecodeGraphs` the warm-up uses
     def capture_shape(self, key: Shape) -> bool: ...
 
 
-def warmup_shapes(cfg: GraphWarmup, graphs: _Graphs, block_size: int, max_num_seqs: int) -> list[Shape]:
-    """The graph keys the warm-up captures, in order, without repeats (see the module)."""
+def warmup_shapes(
+    cfg: GraphWarmup, graphs: _Graphs, block_size: int, max_num_seqs: int, max_model_len: int
+) -> list[Shape]:
+    """The graph keys the warm-up captures, in order, without repeats (see the module); contexts
+    the engine cannot hold (`>= max_model_len`) are left out."""
     # imported here (and torch below): the serve CLI builds a `GraphWarmup` without importing torch
     from inference.engine.cuda_graphs import pick_bucket, width_bucket
 
     shapes: list[Shape] = []
-    for ctx in cfg.contexts:
+    for ctx in (c for c in cfg.contexts if c < max_model_len):
         width = width_bucket(ctx // block_size + 1)
         for n in cfg.decode_rows:
             rows = pick_bucket(n, graphs.batch_buckets)
@@ -106,9 +109,11 @@ def _reserved() -> int:
     return torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
 
 
-def warm_up(cfg: GraphWarmup, graphs: _Graphs, block_size: int, max_num_seqs: int) -> WarmupReport:
+def warm_up(
+    cfg: GraphWarmup, graphs: _Graphs, block_size: int, max_num_seqs: int, max_model_len: int
+) -> WarmupReport:
     """Capture `warmup_shapes` until done or a bound is reached (see the module)."""
-    shapes = warmup_shapes(cfg, graphs, block_size, max_num_seqs)
+    shapes = warmup_shapes(cfg, graphs, block_size, max_num_seqs, max_model_len)
     report = WarmupReport(planned=len(shapes))
     t0, mem0 = time.perf_counter(), _reserved()
     for key in shapes:

@@ -39,13 +39,19 @@ def test_shapes_are_a_conversation_just_past_each_context():
     cfg = GraphWarmup(
         time_budget_s=1, contexts=(16384, 200000), decode_rows=(1, 3, 64), short_tokens=(96, 100, 128)
     )
-    shapes = warmup_shapes(cfg, FakeGraphs(), block_size=64, max_num_seqs=32)
+    shapes = warmup_shapes(cfg, FakeGraphs(), block_size=64, max_num_seqs=32, max_model_len=1 << 20)
     # 16K: 257 blocks -> the 320-block bucket; decode rows 1, 3 -> buckets 1, 4 (64 > max_num_seqs);
     # short steps: 2 rows (the sequence and the padding tokens), tokens 96 and 128 (100 -> 128 again)
     assert shapes[:5] == [(1, 320, None), (4, 320, None), (2, 320, 96), (2, 320, 128), (1, 3584, None)]
     # 200K keys x 96 tokens is past `short_row_keys`: that context gets decode shapes only
     assert shapes[5:] == [(4, 3584, None)]
-    no_short = warmup_shapes(cfg, FakeGraphs(short=False), block_size=64, max_num_seqs=32)
+    # a context the engine cannot hold is left out
+    assert (
+        warmup_shapes(cfg, FakeGraphs(), block_size=64, max_num_seqs=32, max_model_len=200000) == shapes[:4]
+    )
+    no_short = warmup_shapes(
+        cfg, FakeGraphs(short=False), block_size=64, max_num_seqs=32, max_model_len=1 << 20
+    )
     assert all(t is None for _, _, t in no_short)
 
 
@@ -59,30 +65,30 @@ def test_warm_up_captures_every_planned_shape_in_order(monkeypatch):
     _clock(monkeypatch, 0.001)
     graphs = FakeGraphs()
     cfg = GraphWarmup(time_budget_s=60)
-    report = warm_up(cfg, graphs, 64, 32)
+    report = warm_up(cfg, graphs, 64, 32, 1 << 20)
     assert report.stopped_by == "done" and report.planned == len(report.captured) > 0
-    assert report.captured == warmup_shapes(cfg, graphs, 64, 32) == list(graphs.graphs)
+    assert report.captured == warmup_shapes(cfg, graphs, 64, 32, 1 << 20) == list(graphs.graphs)
 
 
 def test_warm_up_stops_at_its_time_budget(monkeypatch):
     _clock(monkeypatch, 1.0)  # each reading one second later: the third check is past 2.5 s
     graphs = FakeGraphs()
-    report = warm_up(GraphWarmup(time_budget_s=2.5), graphs, 64, 32)
+    report = warm_up(GraphWarmup(time_budget_s=2.5), graphs, 64, 32, 1 << 20)
     assert report.stopped_by == "time" and 0 < len(report.captured) < report.planned
 
 
 def test_warm_up_stops_at_its_memory_budget(monkeypatch):
     used = itertools.count(0, 300 << 20)  # 300 MiB more reserved at every reading
     monkeypatch.setattr(graph_warmup, "_reserved", lambda: next(used))
-    report = warm_up(GraphWarmup(time_budget_s=60, memory_budget_mib=1000), FakeGraphs(), 64, 32)
+    report = warm_up(GraphWarmup(time_budget_s=60, memory_budget_mib=1000), FakeGraphs(), 64, 32, 1 << 20)
     assert report.stopped_by == "memory" and len(report.captured) == 3
 
 
 def test_warm_up_leaves_half_the_graph_capacity_and_stops_at_a_failed_capture():
-    report = warm_up(GraphWarmup(time_budget_s=60), FakeGraphs(max_graphs=6), 64, 32)
+    report = warm_up(GraphWarmup(time_budget_s=60), FakeGraphs(max_graphs=6), 64, 32, 1 << 20)
     assert report.stopped_by == "capacity" and len(report.captured) == 3
     failing = FakeGraphs(fail_at=2)
-    report = warm_up(GraphWarmup(time_budget_s=60), failing, 64, 32)
+    report = warm_up(GraphWarmup(time_budget_s=60), failing, 64, 32, 1 << 20)
     assert report.stopped_by == "failed" and len(report.captured) == 2
 
 
