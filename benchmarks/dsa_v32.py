@@ -23,6 +23,7 @@ Memory (78 GiB H100): the largest case is decode b32 x 1M (bf16 latents 36 GiB +
 
     python -m benchmarks.dsa_v32                      # all parts; JSON to stdout and $OUT/dsa_v32.json
     python -m benchmarks.dsa_v32 --parts decode --contexts 32768,131072
+    python -m benchmarks.dsa_v32 --plot docs/results/dsa_v32.json   # the figure, beside the JSON
 """
 
 from __future__ import annotations
@@ -293,11 +294,52 @@ def run(parts: list[str], contexts: list[int], results: dict[str, Any], save) ->
             save()
 
 
+def plot(path: Path) -> Path:
+    """DSA vs dense time by context (prefill chunk, decode b1 / b32) from a results JSON, as a PNG
+    beside it (matplotlib, imported here: the timing runs do not need it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.loads(path.read_text())
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    panels = [
+        ("prefill: 8K-query chunk", [r for r in res.get("prefill", []) if "dsa_ms" in r], "dense_ms", "dsa_ms", "ms"),
+        *[
+            (f"decode step, batch {b}", [r for r in res.get("decode", []) if r.get("batch") == b and "dsa_step_us" in r],
+             "dense_us", "dsa_step_us", "us")
+            for b in (1, 32)
+        ],
+    ]  # fmt: skip
+    for ax, (title, rows, dense, dsa, unit) in zip(axes, panels, strict=True):
+        ctx = [r["ctx"] // 1024 for r in rows]
+        ax.plot(ctx, [r[dense] for r in rows], "o-", label="dense MLA")
+        ax.plot(ctx, [r[dsa] for r in rows], "s-", label="DSA (FP8 indexer, top-2048)")
+        for x, r in zip(ctx, rows, strict=True):
+            ax.annotate(f"{r[dense] / r[dsa]:.1f}x", (x, r[dsa]), textcoords="offset points", xytext=(0, -14),
+                        ha="center", fontsize=8)  # fmt: skip
+        ax.set(xscale="log", yscale="log", title=title, xlabel="context (K tokens)", ylabel=unit)
+        ax.set_xticks(ctx, [str(c) for c in ctx])
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"DeepSeek-V3.2-shaped attention, one layer, {res.get('device', '')}: DSA vs dense (speedup)"
+    )
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="agreement,decode,prefill,scorer")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--plot", type=Path, help="only draw the PNG of a results JSON (needs matplotlib)")
     args = ap.parse_args()
+    if args.plot:
+        print(plot(args.plot))
+        return
     import triton
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
