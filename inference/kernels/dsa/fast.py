@@ -5,10 +5,9 @@ Scores: one program scores a run of `BLOCK_N`-key tiles of one query row for all
 key loads pipelined), applies ReLU and the per-head weights and sums the heads in registers:
 only the `[rows, S]` head-summed scores of the visible keys reach HBM (never `[rows, Hi, S]`),
 and rows go in blocks of at most `SCORE_BUDGET` scores, so a long prefill never holds its full
-`[L, S]` score matrix. Prefill rows (`rows_per_program` 2, 4 or 8) go to a kernel that stacks that
-many rows of one sequence on the MMA's N side, so each key tile is read and multiplied once for
-all of them (the single-row kernel is bound by re-reading the keys per row, not by the tensor
-cores). FP8 keys (`index_scales` given): the queries are
+`[L, S]` score matrix. Prefill rows (`rows_per_program` 2 or 4) go to a kernel that reads each
+key tile once for that many rows of one sequence (the single-row kernel is bound by re-reading
+the keys per row, not by the tensor cores). FP8 keys (`index_scales` given): the queries are
 quantised per head to e4m3 in the program and the dot runs on the fp8 tensor cores; since every
 scale is positive,
 `relu(s_q s_k x) = s_q s_k relu(x)`, so the query scale folds into the head weights and the key
@@ -31,7 +30,7 @@ from inference.kernels.dsa.reference import SCORE_BUDGET, selected_count
 from inference.kernels.topk.fast import select_rows
 from inference.model.cache_tensors import FP8_MAX
 
-__all__ = ["PREFILL_TILE", "SCORE_TILE", "dsa_scores_fast", "dsa_topk_paged_fast"]
+__all__ = ["SCORE_TILE", "dsa_scores_fast", "dsa_topk_paged_fast"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # the scoring kernel's (BLOCK_N, num_warps, num_stages) per key dtype. H200 sweep of
@@ -39,20 +38,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (128, 4, 4) 157.5, (256, 8, 3) 168.0, (128, 8, 3) 193.0, (64, 4, 5) 205.4, (64, 4, 3) 212.4;
 # bf16 (128, 4, 3) 302 us = 3.56 TB/s (not swept); fp32 (exactness checks) not timed
 SCORE_TILE = {"bf16": (128, 4, 3), "fp8": (128, 4, 3), "fp32": (64, 4, 2)}
-# the prefill scorer's tile by (key dtype, rows per program): (BLOCK_N, num_warps, num_stages,
-# maxnreg or None). Its accumulator is `[BLOCK_N, rows x 64 heads]` fp32 (and each thread holds the
-# head weights of its columns), so more rows take more warps or fewer keys per tile; the sm_90
-# compile check (benchmarks/kernels_compile_check.py --prefill-tiles) shows none of these spilling
-# inside the key loop (the FP8 ones spill a little in the query-quantising prologue)
-PREFILL_TILE = {
-    ("bf16", 2): (128, 4, 3, None),
-    ("bf16", 4): (128, 8, 2, None),
-    ("bf16", 8): (64, 8, 2, None),
-    ("fp8", 2): (128, 4, 3, None),
-    ("fp8", 4): (128, 8, 3, None),
-    ("fp8", 8): (64, 8, 3, None),
-    ("fp32", 2): (16, 8, 1, None),  # exactness checks (fp32 FMA dots), not timed
-}
 _PROGRAMS_PER_SM = 4
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a global a @triton.jit body may read
 
@@ -63,13 +48,15 @@ def _sm_count(index: int) -> int:
 
 
 @triton.jit
-def _row_q(q_rows, w_rows, scale, offs_d, hmask, dmask, FP8: tl.constexpr, IEEE: tl.constexpr):
-    """Indexer queries `[N, D_PAD]` in the dot's dtype and their head weights `[N]`, for the `N`
-    (row, head) pairs whose query and weight pointers are `q_rows` / `w_rows` (FP8: quantised per
-    head, the query scale folded into the weights)."""
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
-    q = q.to(tl.float32)
-    w = tl.load(w_rows, mask=hmask, other=0.0).to(tl.float32) * scale
+def _row_q(q_ptr, w_ptr, t, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8: tl.constexpr,
+           IEEE: tl.constexpr):  # fmt: skip
+    """One query row's indexer queries `[HI_PAD, D_PAD]` in the dot's dtype and its head weights
+    (FP8: quantised per head, the query scale folded into the weights)."""
+    q = tl.load(
+        q_ptr + t.to(tl.int64) * s_qt + offs_h[:, None] * s_qh + offs_d[None, :],
+        mask=hmask[:, None] & dmask[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    w = tl.load(w_ptr + t.to(tl.int64) * s_wt + offs_h, mask=hmask, other=0.0).to(tl.float32) * scale
     if FP8:
         amax = tl.max(tl.abs(q), 1)
         q_scale = tl.where(amax > 0.0, amax / _FP8_MAX, 1.0)
@@ -85,17 +72,16 @@ def _row_q(q_rows, w_rows, scale, offs_d, hmask, dmask, FP8: tl.constexpr, IEEE:
 
 
 @triton.jit
-def _tile_scores(k, q, w, FP8: tl.constexpr, IEEE: tl.constexpr):
-    """Weighted ReLU scores `[BLOCK_N, N]` of one key tile for the `N` (row, head) queries in `q`
-    (keys on the MMA's M side, heads on N: a head sum then reduces inside each thread plus a few
-    lane shuffles)."""
+def _row_tile(k, q, w, FP8: tl.constexpr, IEEE: tl.constexpr):
+    """Head-summed ReLU scores `[BLOCK_N]` of one key tile for one query row (keys on the MMA's M
+    side, heads on N: the head sum reduces inside each thread plus a few lane shuffles)."""
     if IEEE:
         s = tl.dot(k.to(tl.float32), tl.trans(q), input_precision="ieee")
     elif FP8:
         s = tl.dot(k, tl.trans(q))
     else:
         s = tl.dot(k.to(tl.bfloat16), tl.trans(q))
-    return tl.maximum(s, 0.0) * w[None, :]
+    return tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
 
 
 @triton.jit
@@ -133,15 +119,13 @@ def _score_kernel(
     offs_d = tl.arange(0, D_PAD)
     hmask = offs_h < HI
     dmask = offs_d < D
-    t64 = t.to(tl.int64)
-    q, w = _row_q(q_ptr + t64 * s_qt + offs_h * s_qh, w_ptr + t64 * s_wt + offs_h, scale, offs_d, hmask,
-                  dmask, FP8, IEEE)  # fmt: skip
+    q, w = _row_q(q_ptr, w_ptr, t, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8, IEEE)
     orow = out_ptr + local.to(tl.int64) * s_ot
     for start in tl.range(lo, vis, BLOCK_N, num_stages=STAGES):
         offs_n = start + tl.arange(0, BLOCK_N)
         valid = offs_n < vis
         k, blk, slot = _key_tile(pool_ptr, bt_ptr, trow, s_bt, s_pb, offs_n, valid, offs_d, dmask, PAGE, D)
-        score = tl.sum(_tile_scores(k, q, w, FP8, IEEE), 1)
+        score = _row_tile(k, q, w, FP8, IEEE)
         if FP8:
             score = score * tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
         tl.store(orow + offs_n, tl.where(valid, score, float("-inf")), mask=offs_n < hi)
@@ -155,56 +139,83 @@ def _score_rows_kernel(
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr,
     STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Prefill rows: one program scores `R` consecutive query rows over a run of key tiles with one
-    MMA per key tile: the rows' queries stacked on the MMA's N side (`[BLOCK_N, D] x [D, R * HI]`,
-    N = 256 at 4 rows x 64 heads, the widest wgmma), so each key tile is read from HBM and from
-    shared memory once for all `R` rows. Rows of one group normally share their sequence (prefill
-    rows come in runs per sequence); a group straddling two sequences takes one pass per row over
-    that row's own keys, storing only that row."""
+    """Prefill rows: one program scores `R` (<= 4) consecutive query rows over a run of key tiles,
+    each key tile loaded once for all `R` rows (the single-row kernel re-reads it per row, which
+    bounds it by L2 bandwidth, not the tensor cores). Rows of one group normally share their
+    sequence (prefill rows come in runs per sequence); a group straddling two sequences takes one
+    pass per row over that row's own keys, storing only that row."""
     g0 = tl.program_id(0) * R
-    t0 = row0 + g0
+    offs_h = tl.arange(0, HI_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    hmask = offs_h < HI
+    dmask = offs_d < D
     lo = tl.program_id(1) * keys_per_prog
     hi = tl.minimum(lo + keys_per_prog, max_keys)
-    # the group's rows; rows past `n_rows` repeat the group's first row and store nothing
-    offs_r = tl.arange(0, R)
-    ok_r = g0 + offs_r < n_rows
-    t_r = tl.where(ok_r, t0 + offs_r, t0)
-    v_r = tl.minimum(hi, tl.load(lens_ptr + t_r).to(tl.int32))
-    tr_r = tl.load(trow_ptr + t_r).to(tl.int64)
-    # the stacked (row, head) columns of the MMA
-    offs_c = tl.arange(0, R * HI_PAD)
-    head = offs_c % HI_PAD
-    t_c = tl.where(g0 + offs_c // HI_PAD < n_rows, t0 + offs_c // HI_PAD, t0).to(tl.int64)
-    offs_d = tl.arange(0, D_PAD)
-    dmask = offs_d < D
-    q, w = _row_q(q_ptr + t_c * s_qt + head * s_qh, w_ptr + t_c * s_wt + head, scale, offs_d,
-                  head < HI, dmask, FP8, IEEE)  # fmt: skip
-    same = tl.max(tr_r, 0) == tl.min(tr_r, 0)
+    # rows past `n_rows` repeat the group's first row and store nothing
+    t0 = row0 + g0
+    q0, w0 = _row_q(q_ptr, w_ptr, t0, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8, IEEE)
+    v0 = tl.minimum(hi, tl.load(lens_ptr + t0).to(tl.int32))
+    r0 = tl.load(trow_ptr + t0).to(tl.int64)
+    ok1 = g0 + 1 < n_rows
+    t1 = tl.where(ok1, t0 + 1, t0)
+    q1, w1 = q0, w0
+    v1 = v0
+    r1 = r0
+    if R > 1:
+        q1, w1 = _row_q(q_ptr, w_ptr, t1, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8, IEEE)
+        v1 = tl.minimum(hi, tl.load(lens_ptr + t1).to(tl.int32))
+        r1 = tl.load(trow_ptr + t1).to(tl.int64)
+    ok2 = g0 + 2 < n_rows
+    ok3 = g0 + 3 < n_rows
+    t2 = tl.where(ok2, t0 + 2, t0)
+    t3 = tl.where(ok3, t0 + 3, t0)
+    q2, w2, q3, w3 = q0, w0, q0, w0
+    v2, v3 = v0, v0
+    r2, r3 = r0, r0
+    if R > 2:
+        q2, w2 = _row_q(q_ptr, w_ptr, t2, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8, IEEE)
+        q3, w3 = _row_q(q_ptr, w_ptr, t3, s_qt, s_qh, s_wt, scale, offs_h, offs_d, hmask, dmask, FP8, IEEE)
+        v2 = tl.minimum(hi, tl.load(lens_ptr + t2).to(tl.int32))
+        v3 = tl.minimum(hi, tl.load(lens_ptr + t3).to(tl.int32))
+        r2 = tl.load(trow_ptr + t2).to(tl.int64)
+        r3 = tl.load(trow_ptr + t3).to(tl.int64)
+    same = (r1 == r0) & (r2 == r0) & (r3 == r0)
     passes = tl.where(same, 1, R)
-    out_r = out_ptr + (g0 + offs_r).to(tl.int64)[None, :] * s_ot
     for p in range(0, passes):
         # the pass's table row and key range: all rows' (shared) or row p's alone
-        pick = offs_r == p
-        trow = tl.where(same, tl.max(tr_r, 0), tl.sum(tl.where(pick, tr_r, 0), 0))
-        vis = tl.where(same, tl.max(v_r, 0), tl.sum(tl.where(pick, v_r, 0), 0))
-        st_r = ok_r & (same | pick)
+        trow = tl.where(same | (p == 0), r0, tl.where(p == 1, r1, tl.where(p == 2, r2, r3)))
+        vp = tl.where(p == 0, v0, tl.where(p == 1, v1, tl.where(p == 2, v2, v3)))
+        vis = tl.where(same, tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)), vp)
+        st0 = same | (p == 0)
+        st1 = ok1 & (same | (p == 1))
+        st2 = ok2 & (same | (p == 2))
+        st3 = ok3 & (same | (p == 3))
         for start in tl.range(lo, vis, BLOCK_N, num_stages=STAGES):
             offs_n = start + tl.arange(0, BLOCK_N)
             valid = offs_n < vis
             k, blk, slot = _key_tile(
                 pool_ptr, bt_ptr, trow, s_bt, s_pb, offs_n, valid, offs_d, dmask, PAGE, D
             )
-            sc = tl.sum(tl.reshape(_tile_scores(k, q, w, FP8, IEEE), [BLOCK_N, R, HI_PAD]), 2)
+            ks = 1.0
             if FP8:
-                sc = sc * tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)[:, None]
-            sc = tl.where(offs_n[:, None] < v_r[None, :], sc, float("-inf"))
-            tl.store(out_r + offs_n[:, None], sc, mask=(offs_n < hi)[:, None] & st_r[None, :])
+                ks = tl.load(ks_ptr + blk * s_kb + slot, mask=valid, other=0.0)
+            out = out_ptr + (g0.to(tl.int64) * s_ot) + offs_n
+            inside = offs_n < hi
+            sc = _row_tile(k, q0, w0, FP8, IEEE) * ks
+            tl.store(out, tl.where(offs_n < v0, sc, float("-inf")), mask=inside & st0)
+            if R > 1:
+                sc = _row_tile(k, q1, w1, FP8, IEEE) * ks
+                tl.store(out + s_ot, tl.where(offs_n < v1, sc, float("-inf")), mask=inside & st1)
+            if R > 2:
+                sc = _row_tile(k, q2, w2, FP8, IEEE) * ks
+                tl.store(out + 2 * s_ot, tl.where(offs_n < v2, sc, float("-inf")), mask=inside & st2)
+                sc = _row_tile(k, q3, w3, FP8, IEEE) * ks
+                tl.store(out + 3 * s_ot, tl.where(offs_n < v3, sc, float("-inf")), mask=inside & st3)
 
 
-def _tile(index_pool: Tensor, rows: int) -> tuple[int, int, int, int | None]:
-    """The scorer's tile for these keys and rows per program (`PREFILL_TILE`, else `SCORE_TILE`)."""
+def _tile(index_pool: Tensor) -> tuple[int, int, int]:
     kind = {torch.float8_e4m3fn: "fp8", torch.float32: "fp32"}.get(index_pool.dtype, "bf16")
-    return PREFILL_TILE.get((kind, rows)) or (*SCORE_TILE[kind], None)
+    return SCORE_TILE[kind]
 
 
 def dsa_scores_fast(
@@ -218,24 +229,24 @@ def dsa_scores_fast(
     *,
     index_scales: Tensor | None = None,
     table_rows: Tensor | None = None,
-    score_tile: tuple[int, ...] | None = None,
+    score_tile: tuple[int, int, int] | None = None,
     rows_per_program: int = 1,
 ) -> None:
     """Write the scores of rows `row0 : row0 + scores.shape[0]` into `scores` `[rows, S]` fp32
     (`-inf` at the invisible keys of the first `S` positions; nothing past a row's length is read).
-    `rows_per_program` 2, 4 or 8 (with `table_rows`): the prefill kernel, each key tile read once
-    for that many consecutive rows (exact for any rows; fast when runs of rows share a sequence)."""
+    `rows_per_program` 2 or 4 (with `table_rows`): the prefill kernel, each key tile read once for
+    that many consecutive rows (exact for any rows; fast when runs of rows share a sequence)."""
     rows, max_keys = scores.shape
     hi, d = q_index.shape[1:]
     page = index_pool.shape[1]
     fp8 = index_scales is not None
     ieee = index_pool.dtype == torch.float32 or _INTERPRET
-    if rows_per_program not in (1, 2, 4, 8):
-        raise ValueError(f"rows_per_program must be 1, 2, 4 or 8, got {rows_per_program}")
-    group = rows_per_program if table_rows is not None else 1
-    block_n, warps, stages, maxnreg = (*score_tile, None)[:4] if score_tile else _tile(index_pool, group)
+    block_n, warps, stages = score_tile or _tile(index_pool)
     if _INTERPRET:
         block_n = 16
+    if rows_per_program not in (1, 2, 4):
+        raise ValueError(f"rows_per_program must be 1, 2 or 4, got {rows_per_program}")
+    group = rows_per_program if table_rows is not None else 1
     # tiles per program: about `_PROGRAMS_PER_SM` programs per SM in all (shape-only: graph-safe)
     sms = _sm_count(q_index.device.index or 0) if q_index.is_cuda else 4
     tiles = triton.cdiv(max_keys, block_n)
@@ -252,7 +263,6 @@ def dsa_scores_fast(
             R=group, HI=hi, HI_PAD=max(16, triton.next_power_of_2(hi)), D=d,
             D_PAD=max(32 if fp8 else 16, triton.next_power_of_2(d)),
             PAGE=page, BLOCK_N=block_n, FP8=fp8, IEEE=ieee, STAGES=stages, num_warps=warps,
-            maxnreg=maxnreg,
         )  # fmt: skip
         return
     _score_kernel[(rows, triton.cdiv(max_keys, keys_per_prog))](
@@ -278,11 +288,10 @@ def dsa_topk_paged_fast(
     table_rows: Tensor | None = None,
     index_scales: Tensor | None = None,
     topk_rows: Tensor | None = None,
-    score_tile: tuple[int, ...] | None = None,
+    score_tile: tuple[int, int, int] | None = None,
     rows_per_program: int = 1,
 ) -> Tensor:
-    """Same contract as `dsa_topk_paged_reference`; `score_tile` (`(BLOCK_N, warps, stages[,
-    maxnreg])`) overrides `PREFILL_TILE` / `SCORE_TILE`;
+    """Same contract as `dsa_topk_paged_reference`; `score_tile` overrides `SCORE_TILE`;
     `rows_per_program` as in `dsa_scores_fast`."""
     t = q_index.shape[0]
     page = index_pool.shape[1]

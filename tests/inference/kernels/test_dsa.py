@@ -129,13 +129,12 @@ def _prefill_rows(lens, chunk):
     return seq_lens.to(torch.int32), rows
 
 
-@pytest.mark.parametrize("group", [2, 4, 8])
+@pytest.mark.parametrize("group", [2, 4])
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
 def test_multi_row_prefill_scores_equal_the_single_row_kernel(fast, device, group, fp8):
-    """The prefill scorer (the rows of a group stacked in one MMA per key tile) gives the
-    single-row kernel's scores to fp32 rounding (the stacked dot sums in another order), also in
-    groups that straddle two sequences (3 + 5 + 2 rows: groups of 2, 4 and 8 cross each boundary)
-    and in a last, partial group; it writes every visible score and, past a row's length, `-inf`."""
+    """The prefill scorer (one key-tile read for `group` rows) gives the single-row kernel's scores
+    bit for bit, also in groups that straddle two sequences (3 + 5 + 2 rows: groups of 4 and 2
+    cross each boundary) and in a last, partial group."""
     lens, chunk = [37, 70, 20], [3, 5, 2]
     _, _, pool, tables, _ = _case(lens, 16, 4, 32, torch.float32, device, seed=group)
     seq_lens, rows = _prefill_rows(lens, chunk)
@@ -150,9 +149,7 @@ def test_multi_row_prefill_scores_equal_the_single_row_kernel(fast, device, grou
     fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, one, 0, **kw)
     fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, many, 0, rows_per_program=group, **kw)
     visible = torch.arange(s, device=device)[None, :] < seq_lens[:, None]
-    assert torch.isfinite(many[visible]).all(), "a visible score was not written"
-    assert torch.equal(many[~visible], one[~visible]), "the scores past a row's length differ"
-    assert_rel(many[visible], one[visible], 2e-6, f"multi-row prefill scores (rows {group}) vs one row")
+    assert torch.equal(one[visible], many[visible]), "multi-row scores differ from the single-row kernel"
     if fp8:  # the interpreter's e4m3 rounding of the queries is not torch's (the single-row
         # kernel's scores, equal to these, are held to the fp8 reference on the H200)
         return
@@ -172,13 +169,12 @@ def test_multi_row_rejects_other_group_sizes(fast, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group", [2, 4, 8])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize(("lens", "chunk"), [([131072], [4096]), ([70000, 3000, 9000], [1023, 3000, 1])],
                          ids=["128k-chunk4k", "ragged-3-seqs"])  # fmt: skip
-def test_gpu_multi_row_prefill_scores(fast, fp8, lens, chunk, group):
-    """H200: the prefill scorer at each row count (its `PREFILL_TILE`) against the single-row
-    kernel and the fp32 reference on a sample of rows."""
+def test_gpu_multi_row_prefill_scores(fast, fp8, lens, chunk):
+    """H200: the 4-row prefill scorer against the single-row kernel and the fp32 reference on a
+    sample of rows."""
     dev = torch.device("cuda")
     _, _, pool, tables, _ = _case(lens, 64, 64, 128, torch.bfloat16, dev, seed=len(lens))
     seq_lens, rows = (t.to(dev) for t in _prefill_rows(lens, chunk))
@@ -190,20 +186,16 @@ def test_gpu_multi_row_prefill_scores(fast, fp8, lens, chunk, group):
     one, many = (torch.empty(len(rows), s, device=dev) for _ in range(2))
     kw = dict(index_scales=scales, table_rows=rows)
     fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, one, 0, **kw)
-    fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, many, 0, rows_per_program=group, **kw)
+    fast.dsa.dsa_scores_fast(q, w, keys, tables, seq_lens, many, 0, rows_per_program=4, **kw)
     visible = torch.arange(s, device=dev)[None, :] < seq_lens[:, None]
-    assert torch.equal(many[~visible], one[~visible]), "the scores past a row's length differ"
-    # the same products per row and key; the stacked MMA and head sum may add them in another order
+    # the same dot per row and key tile; the compiler may order the MMA's accumulation differently
     assert_rel(
-        many[visible], one[visible], 1e-4,
-        f"gpu {group}-row prefill scores {'fp8' if fp8 else 'bf16'} {lens} vs the single-row kernel",
-    )  # fmt: skip
+        many[visible], one[visible], 1e-4, f"gpu multi-row prefill scores {lens} vs the single-row kernel"
+    )
     sample = torch.linspace(0, len(rows) - 1, 16, device=dev).long()
     want = dsa_scores_reference(q[sample], w[sample], keys, tables[rows[sample]], seq_lens[sample], scales)
     vis = visible[sample]
-    assert_rel(
-        many[sample][vis], want[vis], 2e-2, f"gpu {group}-row prefill scores {'fp8' if fp8 else 'bf16'}"
-    )
+    assert_rel(many[sample][vis], want[vis], 2e-2, f"gpu multi-row prefill scores {'fp8' if fp8 else 'bf16'}")
 
 
 def test_dispatch_rejects_bad_input():
