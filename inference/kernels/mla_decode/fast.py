@@ -67,12 +67,15 @@ def _split_kernel(
     H: tl.constexpr, H_PAD: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
     P: tl.constexpr, P_PAD: tl.constexpr, ROW: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_IDX: tl.constexpr,
-    HAS_TROW: tl.constexpr, IEEE: tl.constexpr,
+    HAS_TROW: tl.constexpr, IEEE: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     n = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
-    h0 = tl.program_id(2) * H_PAD  # this program's head block
+    if HEAD_BLOCKS > 1:  # this program's head block (one block: the code compiled before blocks)
+        h0 = tl.program_id(2) * H_PAD
+    else:
+        h0 = 0
     seq_len = tl.load(lens_ptr + n).to(tl.int32)
     if HAS_TROW:
         trow = tl.load(trow_ptr + n).to(tl.int64)
@@ -312,7 +315,7 @@ def mla_decode_paged_fast(
     meta = dict(
         H=h, H_PAD=hb, R=r, R_PAD=_pad(r), P=p, P_PAD=_pad(max(p, 1)), ROW=r + p, PAGE=page,
         HAS_SCALE=kv_scales is not None, HAS_IDX=indices is not None,
-        HAS_TROW=table_rows is not None, IEEE=ieee,
+        HAS_TROW=table_rows is not None, IEEE=ieee, HEAD_BLOCKS=groups,
     )  # fmt: skip
     block_n, warps, stages = tile or pick_tile(pool, n * splits * groups)
     if _INTERPRET:
