@@ -18,8 +18,10 @@ nope 128, v 128; indexer 64 heads x 128 with FP8 (e4m3, per-key scale) keys, top
   program, for the scorer module given (`scorer_rows(module)`: compare two builds of
   `inference.kernels.dsa.fast` in one process).
 
-Memory (78 GiB H100): the largest case is decode b32 x 1M (bf16 latents 36 GiB + FP8 index keys
-4 GiB); every case fits, none is scaled down.
+Memory, computed for a 78 GiB H100 (not yet measured): the largest case is decode b32 x 1M (bf16
+latents 36 GiB + FP8 index keys 4 GiB, ~52 GiB at the peak of building them), so no case is
+scaled down; dense prefill at 1M holds one 64K-key piece expanded (~7 GiB) and the pieces'
+partial outputs (16 x 256 MiB).
 
     python -m benchmarks.dsa_v32                      # all parts; JSON to stdout and $OUT/dsa_v32.json
     python -m benchmarks.dsa_v32 --parts decode --contexts 32768,131072
