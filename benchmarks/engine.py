@@ -1,6 +1,8 @@
 """Engine benchmark (issue 4): exactness, decode throughput vs transformers `generate`, and
-turn-10 TTFT with vs without the prefix cache at a 16K shared context; `structured`: decode with
-every request grammar-constrained vs none at batch 1 and 32.
+turn-10 TTFT with vs without the prefix cache at a 16K shared context (`ttft_warm`: the same on an
+engine that captured its common graph shapes at start-up, with the start-up time; run it in its
+own process beside `ttft` in another); `structured`: decode with every request grammar-constrained
+vs none at batch 1 and 32.
 
 Model: a Kimi-Linear-shaped random-weight config of about 2.7B total parameters (16 layers:
 12 KDA + 4 MLA, 32 experts top-4 + a shared expert, dense first layer), bf16 on the GPU.
@@ -439,17 +441,37 @@ def first_token(
     return ttft, out, cached
 
 
-def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_len: int) -> dict[str, Any]:
+def ttft_turn10(
+    model, spec, dtype, device, context: int, user_len: int, reply_len: int, warmup_s: float = 0.0
+) -> dict[str, Any]:
     """One agent conversation: a `context`-token shared start, then 10 turns, each re-sending the
-    whole transcript (previous prompt + reply) plus a new user message."""
+    whole transcript (previous prompt + reply) plus a new user message. `warmup_s`: the engine's
+    start-up graph warm-up budget (`inference/engine/graph_warmup.py`; 0: none), its start-up
+    time reported; compare runs in separate processes (kernels compile once per process)."""
+    from inference.engine.graph_warmup import GraphWarmup
+
     rng = random.Random(11)
     transcript = [rng.randrange(256) for _ in range(context)]
     sp = SamplingParams(temperature=0, max_tokens=reply_len, ignore_eos=True)
-    cached = make_engine(model, spec, dtype, device, enable_prefix_caching=True)
+    sync(device)
+    t_start = time.perf_counter()
+    cached = make_engine(
+        model,
+        spec,
+        dtype,
+        device,
+        enable_prefix_caching=True,
+        graph_warmup=GraphWarmup(time_budget_s=warmup_s),
+    )
+    sync(device)
+    startup_s = time.perf_counter() - t_start
+    warm = cached.graph_warmup.as_dict() if cached.graph_warmup is not None else None
     per_turn = []
     for turn in range(10):
         prompt = transcript + [rng.randrange(256) for _ in range(user_len)]
         steps: list[int] = []
+        graphs = cached.runner.graphs
+        capture0 = graphs.capture_s if graphs is not None else 0.0
         ttft, reply, hit = first_token(cached, prompt, sp, device, steps)
         per_turn.append(
             {
@@ -458,6 +480,8 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
                 "cached_tokens": hit,
                 "prefill_steps": steps[0],
                 "ttft_ms": round(1000 * ttft, 2),
+                # graph captures during the turn (its whole generation, first token and after)
+                "capture_ms": round(1000 * ((graphs.capture_s if graphs is not None else 0.0) - capture0), 1),
             }
         )
         transcript = prompt + reply
@@ -467,6 +491,8 @@ def ttft_turn10(model, spec, dtype, device, context: int, user_len: int, reply_l
     t_c = per_turn[-1]["ttft_ms"] / 1000
     return {
         "context": context,
+        "engine_startup_s": round(startup_s, 3),
+        "graph_warmup": warm,
         "turns": per_turn,
         "turn10_prompt_tokens": len(prompt),
         "turn10_ttft_ms_with_cache": round(1000 * t_c, 2),
@@ -672,7 +698,7 @@ def structured_decode(model, spec, dtype, device, batches, plen: int, steps: int
 
 SECTIONS = (
     "decode_paths", "decode", "hf", "ttft", "exactness_bf16", "exactness_fp32", "decode_long",
-    "prefill_long", "decode_128k", "structured",
+    "prefill_long", "decode_128k", "structured", "ttft_warm",
 )  # fmt: skip
 
 
@@ -759,6 +785,8 @@ def main() -> None:
     ctx = (256, 16, 4) if quick else (16384, 64, 32)
     if "ttft" in want:
         section("ttft", out_dir)(ttft_turn10)(model, spec, dtype, device, *ctx)
+    if "ttft_warm" in want:  # the same conversation on an engine that warmed its graphs at start-up
+        section("ttft_warm", out_dir)(ttft_turn10)(model, spec, dtype, device, *ctx, warmup_s=60.0)
     if args.profile_ttft:
         section("ttft_profile", out_dir)(profile_cached_turn)(model, spec, dtype, device, ctx[0])
     if "exactness_bf16" in want and not quick:

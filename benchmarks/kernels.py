@@ -4,6 +4,7 @@ MLA prefill (our Triton kernel vs cuDNN split vs SDPA lower-right causal), DSA i
 
     python benchmarks/kernels.py                 # CUDA; prints JSON lines, writes $OUT/kernels_bench.json
     python benchmarks/kernels.py --sections decode,prefill
+    python benchmarks/kernels.py --sections dsa_v32   # DeepSeek-V3.2 shapes: benchmarks/dsa_v32.py
 
 Shapes are the benchmark config's MLA (16 heads, latent 512 + rope 64, nope 128, v 128) and a
 DeepSeek-V3.2-shaped indexer (64 heads x 128).
@@ -640,11 +641,22 @@ def moe_tiles(gbps: float) -> dict[str, Any]:
     return rows
 
 
+def dsa_v32() -> dict[str, Any]:
+    """DSA vs dense on DeepSeek-V3.2-shaped attention (128 heads; `benchmarks/dsa_v32.py`, where
+    the shapes and what each path runs are described): prefill chunk and decode b1 / b32 at 32K
+    to 1M keys, after the two prefill paths' agreement check."""
+    from benchmarks.dsa_v32 import CONTEXTS, run
+
+    res: dict[str, Any] = {}
+    run(["agreement", "prefill", "decode"], list(CONTEXTS), res, lambda: None)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--sections",
-        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe",
+        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe,dsa_v32",
     )
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
@@ -669,6 +681,7 @@ def main() -> None:
         "dsa": lambda: record("dsa", dsa),
         "dsa_prefill": lambda: record("dsa_prefill", dsa_prefill),
         "moe": lambda: record("moe", moe_tiles, gbps),
+        "dsa_v32": lambda: record("dsa_v32", dsa_v32),
     }
     for name in want:  # in the order given (a time limit then cuts the last ones)
         if name in sections:

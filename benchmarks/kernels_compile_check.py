@@ -155,10 +155,17 @@ def main() -> None:
                                                   "idx_ptr": "*i64", "trow_ptr": "*i32"}  # fmt: skip
             sig |= dict.fromkeys(ints, "i32") | {"qk_scale": "fp32"}
             const = dict(H=16, H_PAD=16, R=512, R_PAD=512, P=64, P_PAD=64, ROW=576, PAGE=64, BLOCK_N=bn,
-                         HAS_SCALE=scale, HAS_IDX=False, HAS_TROW=False, IEEE=False)  # fmt: skip
+                         HAS_SCALE=scale, HAS_IDX=False, HAS_TROW=False, IEEE=False, HEAD_BLOCKS=1)  # fmt: skip
             compile_one(
                 f"decode {key} {tile}", dec._split_kernel, sig, const, div16, num_warps=w, num_stages=st
             )
+            # DeepSeek-V3.2's 128 heads: 8 head blocks of 16, dense and with DSA's indices
+            for idx in (False, True):
+                compile_one(
+                    f"decode 128 heads idx={idx} {key} {tile}", dec._split_kernel, sig,
+                    const | dict(H=128, HEAD_BLOCKS=8, HAS_IDX=idx, HAS_TROW=idx), div16,
+                    num_warps=w, num_stages=st,
+                )  # fmt: skip
     import inference.kernels.topk.fast as topk
 
     for pool, fp8 in (("*bf16", False), ("*fp8e4nv", True)):

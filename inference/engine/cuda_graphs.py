@@ -352,25 +352,33 @@ class DecodeGraphs:
             key[2] is not None and not self._worth_capturing(key)
         ):
             return None  # no new captures after one failed, nor of a short shape seen once
+        elif not self.capture_shape(key):
+            return None
         else:
-            if len(self.graphs) >= self.max_graphs:  # drop the least recently used graph
-                _, old = self.graphs.popitem(last=False)
-                old.graph.reset()
-            try:
-                g = self._capture(*key)
-            except Exception:  # a model that is not capturable after all: serve on eagerly
-                log.exception("graph capture failed (rows=%d width=%d tokens=%s); running eagerly", *key)
-                if key[2] is None:
-                    self.disabled = True
-                else:
-                    self.short_disabled = True
-                return None
+            g = self.graphs[key]
         g.load(batch)
         logits, greedy = self._replay(g)
         self.num_replays += 1
         self.num_short_replays += key[2] is not None
         n = len(batch.seq_lens)
         return logits[:n], greedy[:n]
+
+    def capture_shape(self, key: _Key) -> bool:
+        """Capture the graph of `key` (dropping the least recently used one when full); False when
+        the capture failed, which turns off new captures of its kind (the model serves eagerly)."""
+        if len(self.graphs) >= self.max_graphs:
+            _, old = self.graphs.popitem(last=False)
+            old.graph.reset()
+        try:
+            self._capture(*key)
+        except Exception:  # a model that is not capturable after all: serve on eagerly
+            log.exception("graph capture failed (rows=%d width=%d tokens=%s); running eagerly", *key)
+            if key[2] is None:
+                self.disabled = True
+            else:
+                self.short_disabled = True
+            return False
+        return True
 
     def _worth_capturing(self, key: _Key) -> bool:
         """Count an uncaptured short shape; True the time it reaches `short_capture_after`."""

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from inference.cache.coordinator import CacheConfig, MMSpan
+from inference.engine.graph_warmup import GraphWarmup, WarmupReport, warm_up
 from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
 from inference.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -37,6 +38,9 @@ class EngineConfig:
     # pairs); 16M covers what was measured (128 rows x 128K), longer contexts stay eager
     short_graph_tokens: int = 128
     short_graph_row_keys: int = 16 << 20
+    # start-up capture of the common decode / short-step graph shapes (`graph_warmup`; off here,
+    # on by default in `serve`)
+    graph_warmup: GraphWarmup = field(default_factory=GraphWarmup)
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -133,6 +137,13 @@ class Engine:
         )
         if (tiers := self.scheduler.cache.tiers) is not None:
             self.runner.attach_tiers(tiers.capacity, config.cache.tiers.disk_url)
+        self.graph_warmup: WarmupReport | None = None
+        graphs = getattr(self.runner, "graphs", None)
+        if config.graph_warmup.enabled and graphs is not None:
+            sched = config.scheduler
+            self.graph_warmup = warm_up(
+                config.graph_warmup, graphs, config.cache.block_size, sched.max_num_seqs, sched.max_model_len
+            )
         self._text: dict[str, TextStops] = {}
         self.grammars: GrammarRuntime | None = None  # built with the first constrained request
         self._ids = itertools.count()
@@ -390,4 +401,5 @@ class Engine:
             "steps": self.num_steps,
             "decode_graphs": graphs.num_captured if graphs is not None else 0,
             "decode_graph_replays": graphs.num_replays if graphs is not None else 0,
+            "graph_warmup_s": self.graph_warmup.seconds if self.graph_warmup is not None else 0.0,
         }

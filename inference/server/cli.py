@@ -104,6 +104,13 @@ def register_infer(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.add_argument(
+        "--graph-warmup-s",
+        type=float,
+        default=60.0,
+        help="seconds at most spent at start-up capturing the common decode and short-step CUDA graphs "
+        "(inference/engine/graph_warmup.py; 0: none, shapes are captured as they occur; default: %(default)s)",
+    )
+    s.add_argument(
         "--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
         help="auto: the model dtype; fp8: MLA latents as float8_e4m3 with one scale per row",
     )  # fmt: skip
@@ -182,6 +189,7 @@ def engine_config(args: argparse.Namespace):
     """The `EngineConfig` the `serve` flags describe (no torch import)."""
     from inference.cache.tiers import TierConfig
     from inference.engine.engine import EngineConfig
+    from inference.engine.graph_warmup import GraphWarmup
 
     return EngineConfig.of(
         block_size=args.block_size,
@@ -194,6 +202,7 @@ def engine_config(args: argparse.Namespace):
         enable_prefix_caching=not args.no_prefix_caching,
         checkpoint_interval=args.checkpoint_interval,
         enable_cuda_graphs=not args.enforce_eager,
+        graph_warmup=GraphWarmup(time_budget_s=args.graph_warmup_s),
         kv_cache_dtype=args.kv_cache_dtype,
         tiers=TierConfig(
             host_bytes=int(args.kv_offload_host_gb * (1 << 30)),

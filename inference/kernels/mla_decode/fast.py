@@ -1,7 +1,8 @@
 """Triton split-KV (flash-decoding) absorbed MLA attention over a paged latent cache.
 
-One program owns one query row (all its heads: MLA keys are shared by every head, so a latent
-tile is read once and used by H query rows through the tensor cores) and one contiguous split of
+One program owns one query row (all its heads, or a block of `MAX_HEAD_BLOCK` of them: MLA keys
+are shared by every head, so a latent tile is read once and used by the block's query rows
+through the tensor cores) and one contiguous split of
 its keys; a second kernel merges the splits by their log-sum-exp. Keys are gathered row by row
 through the block table, so a tile may span pages and any page size works.
 
@@ -21,13 +22,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["TILES", "default_num_splits", "mla_decode_paged_fast", "pick_tile"]
+__all__ = ["MAX_HEAD_BLOCK", "TILES", "default_num_splits", "head_block", "mla_decode_paged_fast", "pick_tile"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 # keys per split at least this many: below it the merge costs more than the parallelism gains
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 128
+# query heads per program at most (`head_block`)
+MAX_HEAD_BLOCK = 16
 
 
 @functools.cache
@@ -64,11 +67,15 @@ def _split_kernel(
     H: tl.constexpr, H_PAD: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr,
     P: tl.constexpr, P_PAD: tl.constexpr, ROW: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_IDX: tl.constexpr,
-    HAS_TROW: tl.constexpr, IEEE: tl.constexpr,
+    HAS_TROW: tl.constexpr, IEEE: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     n = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
+    if HEAD_BLOCKS > 1:  # this program's head block (one block: the code compiled before blocks)
+        h0 = tl.program_id(2) * H_PAD
+    else:
+        h0 = 0
     seq_len = tl.load(lens_ptr + n).to(tl.int32)
     if HAS_TROW:
         trow = tl.load(trow_ptr + n).to(tl.int64)
@@ -82,7 +89,7 @@ def _split_kernel(
     lo = split * chunk
     hi = tl.minimum(lo + chunk, total)
 
-    offs_h = tl.arange(0, H_PAD)
+    offs_h = h0 + tl.arange(0, H_PAD)
     offs_r = tl.arange(0, R_PAD)
     offs_p = tl.arange(0, P_PAD)
     hmask = offs_h < H
@@ -237,6 +244,14 @@ def _pad(x: int, least: int = 16) -> int:
     return max(least, triton.next_power_of_2(x))
 
 
+def head_block(heads: int) -> int:
+    """Heads per program: all of them up to `MAX_HEAD_BLOCK`, else blocks of it (a 128-head layer,
+    DeepSeek-V3.2's, in 8 programs per split, each re-reading the split's latent tiles, mostly
+    from L2). A program's accumulator is `[block, R]` fp32: 16 x 512 is what the tiles above were
+    swept with; 128 x 512 would not fit the registers."""
+    return min(_pad(heads), MAX_HEAD_BLOCK)
+
+
 def mla_decode_paged_fast(
     q_latent: Tensor,
     q_rope: Tensor,
@@ -271,7 +286,9 @@ def mla_decode_paged_fast(
     q_rope = q_rope.contiguous() if p else q_latent
     block_tables = block_tables.contiguous()
     max_keys = indices.shape[1] if indices is not None else block_tables.shape[1] * page
-    splits = num_splits or default_num_splits(n, max_keys, pool.device)
+    hb = head_block(h)
+    groups = triton.cdiv(h, hb)
+    splits = num_splits or default_num_splits(n * groups, max_keys, pool.device)
     out = torch.empty(n, h, r, dtype=torch.float32, device=pool.device)
     if n == 0:
         return out
@@ -296,14 +313,14 @@ def mla_decode_paged_fast(
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
     )  # fmt: skip
     meta = dict(
-        H=h, H_PAD=_pad(h), R=r, R_PAD=_pad(r), P=p, P_PAD=_pad(max(p, 1)), ROW=r + p, PAGE=page,
+        H=h, H_PAD=hb, R=r, R_PAD=_pad(r), P=p, P_PAD=_pad(max(p, 1)), ROW=r + p, PAGE=page,
         HAS_SCALE=kv_scales is not None, HAS_IDX=indices is not None,
-        HAS_TROW=table_rows is not None, IEEE=ieee,
+        HAS_TROW=table_rows is not None, IEEE=ieee, HEAD_BLOCKS=groups,
     )  # fmt: skip
-    block_n, warps, stages = tile or pick_tile(pool, n * splits)
+    block_n, warps, stages = tile or pick_tile(pool, n * splits * groups)
     if _INTERPRET:
         block_n = 32
-    _split_kernel[(n, splits)](*args, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    _split_kernel[(n, splits, groups)](*args, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     if splits > 1:
         _merge_kernel[(n, h)](
             o_part, lse, out, splits,

@@ -169,3 +169,33 @@ def test_gpu_sparse_decode_matches_reference(fast, k):
     got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
     want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, seq_lens, **kw)
     assert_rel(got, want, TOL[torch.bfloat16], f"gpu sparse decode k={kk}")
+
+
+# heads past `MAX_HEAD_BLOCK` run in head blocks (the last one partial at 40 heads)
+@pytest.mark.parametrize("heads", [40], ids=["40heads"])
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+def test_kernel_head_blocks_match_reference(fast, device, heads, splits):
+    q_lat, q_rope, pool, _scales, tables, lens = _case(
+        [1, 33, 70], 16, torch.float32, device, heads=heads, seed=5
+    )
+    kw = dict(kv_lora_rank=R, scale=0.25, num_splits=splits)
+    got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
+    assert_rel(got, want, 2e-5, f"decode {heads} heads splits={splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "top2048"])
+def test_gpu_128_heads_match_reference(fast, sparse):
+    """DeepSeek-V3.2's MLA layer shape: 128 heads, latent 512 + rope 64, in head blocks."""
+    dev = torch.device("cuda")
+    lens = [20000, 4096, 1]
+    q_lat, q_rope, pool, _scales, tables, seq_lens = _case(
+        lens, 64, torch.bfloat16, dev, heads=128, r=512, p=64, seed=7
+    )
+    g = torch.Generator(device=dev).manual_seed(1)
+    idx = torch.stack([torch.randperm(max(lens), generator=g, device=dev)[:2048] for _ in lens]) if sparse else None
+    kw = dict(kv_lora_rank=512, scale=192**-0.5, indices=idx)
+    got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, seq_lens, **kw)
+    assert_rel(got, want, TOL[torch.bfloat16], f"gpu decode 128 heads sparse={sparse}")
