@@ -7,6 +7,12 @@ remembered text (the template rendered the old messages the same way), and every
 on its own must be cut next to a special token (tokenizers split text at special tokens first, so
 pieces cut there tokenize as the whole does). Where either fails the turn takes the full path and says so
 (`PromptRenderer.stats`). The store is an LRU bounded in tokens (ids kept as 32-bit arrays).
+
+A conversation also keeps its messages and their chained digest (`chain_digest`), so that a client
+may send only new messages: "extend your conversation of N messages whose digest is D with these"
+(the `dayzero_extends` field of a chat request). The digest is the client's proof that both sides
+hold the same base; a server that lacks that exact base answers 409 `conversation_unknown` and the
+client sends the whole transcript again.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -28,11 +34,32 @@ class Conversation:
     text: str  # the render of its messages without a generation prompt
     ids: array  # that text's token ids
     ends: list[int]  # message-end positions (prefix-cache checkpoints)
+    messages: list[Any] = field(default_factory=list)  # the messages rendered, as received
+    digest: str | None = None  # `chain_digest` of `messages` (None: not computed yet)
+
+
+EMPTY_DIGEST = ""
+
+
+def chain_digest(prev: str, messages: Sequence[Any]) -> str:
+    """The digest of a message list, extended message by message: `chain_digest(chain_digest("",
+    a), b) == chain_digest("", a + b)`, so either side pays only for messages it has not hashed.
+    Each message enters as canonical JSON (sorted keys, no spaces), which a JSON round trip keeps."""
+    d = prev
+    for m in messages:
+        blob = json.dumps(m, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        d = hashlib.sha256(f"{d}\n{blob}".encode()).hexdigest()
+    return d
 
 
 def context_digest(tools: Sequence[Mapping[str, Any]] | None, kwargs: Mapping[str, Any] | None) -> str:
     blob = json.dumps([tools or None, kwargs or None], sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ConversationUnknown(LookupError):
+    """The server lacks the exact base a request extends (evicted, restarted, another replica, or
+    a different history): the client must send the whole transcript."""
 
 
 class ConversationCache:
@@ -61,3 +88,21 @@ class ConversationCache:
             while self._tokens > self.max_tokens:
                 _, evicted = self._items.popitem(last=False)
                 self._tokens -= len(evicted.ids)
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._tokens -= len(old.ids)
+
+    def resolve(self, key: str, num_messages: int, digest: str) -> Conversation:
+        """The conversation a request extends: kept under `key`, of exactly `num_messages`
+        messages whose chained digest is `digest`; else `ConversationUnknown`."""
+        conv = self.get(key)
+        if conv is None or conv.num_messages != num_messages or not conv.messages:
+            raise ConversationUnknown(key)
+        if conv.digest is None:  # first extension of a conversation sent in full: hashed once
+            conv.digest = chain_digest(EMPTY_DIGEST, conv.messages)
+        if conv.digest != digest:
+            raise ConversationUnknown(key)
+        return conv

@@ -42,6 +42,7 @@ from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
 from orchestrator.runner.preprocess_step import run_preprocess
 from orchestrator.runner.tool_step import remove_workspace, run_tool_step
+from orchestrator.runner.transcripts import CachedTranscript, TranscriptCache
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import StaleTransition
@@ -73,6 +74,8 @@ class RunnerConfig:
             max_attempts=3, backoff_base_s=2.0, backoff_max_s=60.0, timeout_s=120.0
         )
     )
+    # tasks whose transcripts this runner keeps between claims (`runner.transcripts`; 0: none)
+    transcript_cache_tasks: int = 256
     model_retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(
             max_attempts=3, backoff_base_s=0.5, backoff_max_s=10.0, timeout_s=300.0
@@ -103,6 +106,8 @@ class Runner:
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
         self._cancel_watch = CancelWatch(engine)
         self.cancel_signal: CancelSignal | None = None  # of the step in flight (`runner.cancel`)
+        # each task's transcript between claims: a claim reads only the rows written since
+        self.transcripts = TranscriptCache(self.config.transcript_cache_tasks)
 
     # -- outer loop --------------------------------------------------------------------------
     @property
@@ -164,13 +169,14 @@ class Runner:
         takes a fresh one."""
         conn = self._connection()
         try:
-            state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
+            state = claim_with_state(conn, self.config.runner_id, self.config.lease_s, self.transcripts)
             if state is None:
                 return False
             task = self._view(state)
             tasklog.claimed(task, self.config.runner_id)
             try:
                 self._drive(conn, task)
+                self._keep_transcript(task)
             except (LeaseLost, StaleTransition) as exc:
                 if isinstance(exc, LeaseLost):
                     LEASES_LOST.inc()
@@ -181,6 +187,22 @@ class Runner:
             self._release_connection()  # it may be broken or inside a failed transaction
             raise
         return True
+
+    def _keep_transcript(self, task: TaskView) -> None:
+        """After a drive that ended without error (everything in memory is committed): keep the
+        transcript of a task that will run again, for its next claim."""
+        if task.status in _TERMINAL:
+            return
+        self.transcripts.put(
+            task.id,
+            CachedTranscript(
+                created_at=task.created_at,
+                position=task.event_seq,
+                goal_messages=task.goal_messages,
+                messages=task.transcript,
+                steps=task.message_steps,
+            ),
+        )
 
     def _connection(self) -> Connection:
         if self._held is None:
@@ -248,6 +270,10 @@ class Runner:
             traceparent=t.traceparent,
             attachments=atts,
             cancel_requested=t.cancel_requested,
+            message_steps=state.message_steps,
+            goal_messages=state.goal_messages,
+            event_seq=t.event_seq,
+            created_at=getattr(t, "created_at", None),
         )
 
     def _drive(self, conn: Connection, task: TaskView) -> None:

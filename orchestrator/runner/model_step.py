@@ -50,6 +50,7 @@ def _chat_waiting_out_outages(
 
 
 def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
+    t0 = time.perf_counter()
     if task.offered_tools is None:
         task.offered_tools = r.tools.openai_tools(task.allowed_tools)
     tools = task.offered_tools
@@ -65,7 +66,9 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
             messages = [*messages, feedback]
         if sig is not None and (abort := getattr(r.inference, "abort", None)) is not None:
             sig.add_abort(abort)  # a cancel closes the request: the server frees its slot
+        runner_ms = (time.perf_counter() - t0) * 1000.0
         turn = _chat_waiting_out_outages(r, task, messages, tools)
+        turn = replace(turn, usage=replace(turn.usage, runner_ms=runner_ms))
         error: InferenceError | None = None
     except (OutageOutlasted, InferenceCancelled):
         # The model server was away until the deadline, or the task was cancelled: nothing to

@@ -87,6 +87,13 @@ class TaskView:
     # step index -> what was wrong with its last model output, shown to the model on the retry
     # (read back from the failed attempt when another runner retries it).
     model_feedback: dict[int, str] = field(default_factory=dict)
+    # What the runner's transcript cache needs (`runner.transcripts`): each message's step
+    # index (None: the goal's), the goal's message count, the task's `event_seq` after this
+    # runner's last commit, and the row's creation time (which task the id named).
+    message_steps: list[int | None] = field(default_factory=list)
+    goal_messages: int = 0
+    event_seq: int = 0
+    created_at: dt.datetime | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -261,6 +268,7 @@ class StepTxn:
             tool_call_id=m.get("tool_call_id"),
         )
         self.task.transcript.append(m)
+        self.task.message_steps.append(step_index)
 
     def _attach_finished(self) -> None:
         """Put each finished step's outcome and message on the history row of its finish event."""
@@ -326,6 +334,7 @@ class StepTxn:
             raise StaleTransition(f"task {t.id}: a row was not in its expected state")
         failpoint("after_commit")
         t.cancel_requested = outcome.cancel_requested
+        t.event_seq = outcome.event_seq
         self._trace_transitions()
 
     def _trace_transitions(self) -> None:

@@ -1,0 +1,80 @@
+"""The runner keeps each task's transcript between claims: a claim reads only the history rows
+written since, joined to the very message objects it kept; rows that do not fit (another runner
+drove the task meanwhile and wrote more, a tampered cache) make it read the whole transcript
+again. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from orchestrator.runner import lease
+from orchestrator.store import get_task, list_messages
+from tests.orchestrator.conftest import submit
+
+
+def _claims(monkeypatch):
+    """Record, per claim, how many transcript rows the database sent and the state built."""
+    seen: list[tuple[int, int]] = []
+    real = lease._with_cache
+
+    def spy(conn, task, rows, attachments, cache, known):
+        state = real(conn, task, rows, attachments, cache, known)
+        seen.append((len(rows), len(state.messages)))
+        return state
+
+    monkeypatch.setattr(lease, "_with_cache", spy)
+    return seen
+
+
+def test_a_reclaimed_task_reads_only_rows_written_since(db, make_runner, monkeypatch):
+    # every tool attempt fails once and its retry is not waited out in place: the task is
+    # parked, and claimed again, after each tool step
+    seen = _claims(monkeypatch)
+    task_id = submit(db, {"cycles": 4, "tool": "flaky", "args": {"fail_times": 1}})
+    runner = make_runner(local_wait_max_s=0.0)
+    runner.run_until_idle(timeout_s=60)
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        messages = list_messages(conn, task_id)
+    assert task.status == "SUCCEEDED"
+    assert [m["role"] for m in messages] == ["user"] + ["assistant", "tool"] * 4 + ["assistant"]
+    assert len(seen) >= 5, seen  # the first claim, then one after each parked retry
+    assert seen[0][0] == seen[0][1]  # nothing kept yet: everything read
+    later = seen[1:]
+    # each later claim read the rows of the steps since (a model turn and the failed tool's
+    # nothing, or none), never the goal and the old turns again
+    assert all(rows <= 2 and total > rows for rows, total in later), seen
+    assert runner.transcripts.stats["hit"] == len(later) and runner.transcripts.stats["mismatch"] == 0
+
+
+def test_rows_written_by_another_runner_are_joined_or_everything_is_read(db, make_runner, monkeypatch):
+    seen = _claims(monkeypatch)
+    task_id = submit(db, {"cycles": 4, "tool": "flaky", "args": {"fail_times": 1}})
+    a = make_runner(local_wait_max_s=0.0)
+    b = make_runner(local_wait_max_s=0.0)
+    assert a.run_once()  # a drives to the first parked retry and keeps the transcript
+    kept = a.transcripts.get(task_id)
+    assert kept is not None and len(kept.messages) == 2
+    b.run_until_idle(timeout_s=60, until=lambda: len(seen) >= 3)  # b drives on (reads everything)
+    # a's cache is stale: its position is behind; the rows since fit and are joined
+    a.run_until_idle(timeout_s=60, until=lambda: _done(db, task_id))
+    with db.connect() as conn:
+        want = list_messages(conn, task_id)
+    assert a.transcripts.stats["hit"] >= 1
+    # tampered: a message missing from the kept transcript is noticed and everything is read
+    task2 = submit(db, {"cycles": 3, "tool": "flaky", "args": {"fail_times": 1}})
+    assert a.run_once()
+    entry = a.transcripts.get(task2)
+    entry.messages.pop()
+    entry.steps.pop()
+    before = dict(a.transcripts.stats)
+    a.run_until_idle(timeout_s=60, until=lambda: a.transcripts.stats["mismatch"] > before["mismatch"])
+    assert a.transcripts.stats["mismatch"] == before["mismatch"] + 1
+    a.run_until_idle(timeout_s=60)
+    with db.connect() as conn:
+        assert get_task(conn, task2).status == "SUCCEEDED"
+        assert [m["role"] for m in list_messages(conn, task2)][-1] == "assistant"
+    assert [m["role"] for m in want] == ["user"] + ["assistant", "tool"] * 4 + ["assistant"]
+
+
+def _done(db, task_id) -> bool:
+    with db.connect() as conn:
+        return get_task(conn, task_id).status == "SUCCEEDED"
