@@ -155,11 +155,12 @@ def _transcript(conn: Connection, task_id: str, after: int | None = None) -> lis
         if after is None
         else ()
     )
-    later = conn.execute(
-        select(e.role, e.content, e.tool_calls, e.tool_call_id, e.step_index, literal(1).label("part"))
-        .where(e.task_id == task_id, e.role.is_not(None), e.seq > (-1 if after is None else after))
-        .order_by(e.seq)
+    q = select(e.role, e.content, e.tool_calls, e.tool_call_id, e.step_index, literal(1).label("part")).where(
+        e.task_id == task_id, e.role.is_not(None)
     )
+    if after is not None:  # (migrated history rows have negative `seq`: no bound without one)
+        q = q.where(e.seq > after)
+    later = conn.execute(q.order_by(e.seq))
     return [*first, *later]
 
 
@@ -281,6 +282,6 @@ STATE_SQL_PG = (
     f"WHERE task_id = ({{task}}) AND NOT coalesce({_KNOWN_PG} ? ({{task}}), false) UNION ALL "
     "SELECT 1, seq, role, content, tool_calls, tool_call_id, step_index FROM events "
     "WHERE task_id = ({task}) AND role IS NOT NULL "
-    f"AND seq > coalesce(({_KNOWN_PG} ->> ({{task}}))::bigint, -1)) m ORDER BY part, seq",
+    f"AND seq > coalesce(({_KNOWN_PG} ->> ({{task}}))::bigint, {-(2**62)})) m ORDER BY part, seq",
     "SELECT * FROM attachments WHERE task_id = ({task}) ORDER BY created_at",
 )

@@ -78,3 +78,28 @@ def test_rows_written_by_another_runner_are_joined_or_everything_is_read(db, mak
 def _done(db, task_id) -> bool:
     with db.connect() as conn:
         return get_task(conn, task_id).status == "SUCCEEDED"
+
+
+def test_history_rows_migrated_below_zero_are_read(db, make_runner):
+    """Migration 0011 numbered the history rows it moved below the events (`seq` -n .. -1): a
+    claim without a kept transcript reads them too."""
+    import datetime as dt
+
+    from sqlalchemy import insert, update
+
+    from orchestrator.db.tables import events_t, tasks_t
+    from orchestrator.runner.lease import claim_with_state
+    from orchestrator.runner.transcripts import TranscriptCache
+
+    task_id = submit(db, {"cycles": 0})
+    now = dt.datetime.now(dt.UTC)
+    with db.begin() as conn:
+        conn.execute(
+            insert(events_t).values(
+                task_id=task_id, seq=-1, type=None, created_at=now, role="assistant", content="migrated"
+            )
+        )
+        conn.execute(update(tasks_t).where(tasks_t.c.id == task_id).values(step_count=1))
+    with db.connect() as conn:
+        state = claim_with_state(conn, "r-mig", 5.0, TranscriptCache())
+    assert state is not None and [m["content"] for m in state.messages][-1] == "migrated"
