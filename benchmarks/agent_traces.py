@@ -332,7 +332,7 @@ def run_trace(api: str, key: str, specs: list[TraceSpec], system_prompt: str, ti
                     tasks[tid] = t
                     done_turns += specs[ids.index(tid)].turns
                 else:
-                    done_turns += ((t.get("step_count") or 0) + 1) // 2
+                    done_turns += (((t.get("usage") or {}).get("steps") or 0) + 1) // 2
             bar = "#" * int(30 * done_turns / total)
             print(f"\r[{bar:<30}] {done_turns}/{total} model turns", end="", file=sys.stderr, flush=True)
             if len(tasks) == len(ids):

@@ -94,6 +94,13 @@ class TaskView:
     goal_messages: int = 0
     event_seq: int = 0
     created_at: dt.datetime | None = None
+    # The context policy (`runner.payloads`): the budget's cap and policy, the trim boundary and
+    # its notices, and (message count, prompt tokens) of the last model turn sent.
+    max_context_tokens: int | None = None
+    context_policy: str | None = None
+    context_trimmed: int = 0
+    context_notices: dict[int, dict[str, Any]] = field(default_factory=dict)
+    last_prompt: tuple[int, int] | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -259,11 +266,12 @@ class StepTxn:
         self._w.insert(attempts_t, row)
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
-    def append_message(self, m: dict[str, Any], step_index: int) -> None:
-        """The message a finishing step appends (one per step: it rides on the step's history row)."""
+    def append_message(self, m: dict[str, Any], step_index: int, *, stored_content: Any = None) -> None:
+        """The message a finishing step appends (one per step: it rides on the step's history row).
+        `stored_content`: what the row holds instead of the content (a blob reference)."""
         self._finished.setdefault(step_index, {}).update(
             role=m["role"],
-            content=m.get("content"),
+            content=m.get("content") if stored_content is None else stored_content,
             tool_calls=m.get("tool_calls"),
             tool_call_id=m.get("tool_call_id"),
         )
