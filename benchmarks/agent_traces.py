@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -374,6 +375,17 @@ def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
     }
 
 
+def _bytes_per_token(model: str | None) -> float:
+    """How many bytes of trace text a token holds: 1 for the byte tokenizer (`--dummy`), measured
+    on a document for a checkpoint's."""
+    if model is None:
+        return 1.0
+    from inference.tokenizer import load_tokenizer
+
+    text = document("calibrate", 0, 16)
+    return len(text.encode()) / max(1, len(load_tokenizer(model).encode(text)))
+
+
 def _median(vals: list[float]) -> float:
     vals = sorted(vals)
     return vals[len(vals) // 2] if vals else 0.0
@@ -478,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", type=Path, default=None)
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    bytes_per_token = 1.0 if args.model is None else 4.0  # byte tokenizer, or about a BPE's
+    bytes_per_token = _bytes_per_token(args.model)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack's processes on the way out
     system_prompt = "You are a careful agent. Reference material follows.\n" + document("system", 0, args.system_kb)
     results = []
     for size in sizes:

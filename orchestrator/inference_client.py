@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from core.outage import DependencyUnavailable
+from inference.wire import EXTENDS_FIELD
 from orchestrator.inference_wire import UNKNOWN_TO_SERVER, ConversationMemo, WirePlan
 from orchestrator.metrics import INFERENCE_REQUEST_BYTES, INFERENCE_WIRE
 from orchestrator.tracing import trace_error, tracer
@@ -306,7 +307,7 @@ def chat_request_body(
     if sampling.cache_key is not None:
         body["prompt_cache_key"] = sampling.cache_key
     if extends is not None:
-        body["dayzero_extends"] = extends
+        body[EXTENDS_FIELD] = extends
     if tools:
         body["tools"] = list(tools)
         body["tool_choice"] = "auto"

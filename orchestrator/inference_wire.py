@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.chat.conversations import EMPTY_DIGEST, chain_digest
+from inference.wire import CONVERSATION_UNKNOWN, EMPTY_DIGEST, chain_digest
 
 # Why a keyed request went in full (`dayzero_inference_incremental_total{outcome}`).
 NO_BASE = "no_base"  # nothing acknowledged under the key yet (first turn, new process)
 HISTORY_CHANGED = "history_changed"  # the transcript does not start with what was sent
-UNKNOWN_TO_SERVER = "conversation_unknown"  # the server answered 409: sent again in full
+UNKNOWN_TO_SERVER = CONVERSATION_UNKNOWN  # the server answered 409: sent again in full
 
 
 @dataclass(slots=True)

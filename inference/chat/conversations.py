@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.wire import EMPTY_DIGEST, chain_digest
+
 
 @dataclass(slots=True)
 class Conversation:
@@ -36,20 +38,6 @@ class Conversation:
     ends: list[int]  # message-end positions (prefix-cache checkpoints)
     messages: list[Any] = field(default_factory=list)  # the messages rendered, as received
     digest: str | None = None  # `chain_digest` of `messages` (None: not computed yet)
-
-
-EMPTY_DIGEST = ""
-
-
-def chain_digest(prev: str, messages: Sequence[Any]) -> str:
-    """The digest of a message list, extended message by message: `chain_digest(chain_digest("",
-    a), b) == chain_digest("", a + b)`, so either side pays only for messages it has not hashed.
-    Each message enters as canonical JSON (sorted keys, no spaces), which a JSON round trip keeps."""
-    d = prev
-    for m in messages:
-        blob = json.dumps(m, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        d = hashlib.sha256(f"{d}\n{blob}".encode()).hexdigest()
-    return d
 
 
 def context_digest(tools: Sequence[Mapping[str, Any]] | None, kwargs: Mapping[str, Any] | None) -> str:

@@ -29,17 +29,15 @@ from itertools import accumulate
 from typing import Any
 
 from inference.cache.coordinator import MMSpan
-from inference.chat.conversations import (
-    Conversation,
-    ConversationCache,
-    chain_digest,
-    context_digest,
-)
+from inference.chat.conversations import Conversation, ConversationCache, context_digest
 from inference.chat.template import ChatTemplate
+from inference.chat.window import WINDOW, head_len, probe_window
 from inference.tokenizer import Tokenizer
+from inference.wire import chain_digest
 
 ImageHandler = Callable[[Mapping[str, Any]], tuple[int, str, Any]]
 RECENT_ENDS = 6
+VERIFY_EVERY = 16  # windowed turns between checks against a full render
 _SWAP = "\ufdd0"  # a Unicode noncharacter: never meaningful in text a request sends
 IMAGE_PART_TYPES = ("image_url", "image")
 
@@ -123,6 +121,8 @@ class PromptRenderer:
         self.conversations = conversations if conversations is not None else ConversationCache()
         self.stats = {"incremental": 0, "full": 0}  # turns of keyed conversations, by path
         self.fallbacks: dict[str, int] = {}  # keyed turns rendered in full, by why
+        self._window_state: bool | None = None  # window rendering of extensions (`_window`)
+        self._windowed = 0
         self._ends_special = tuple(tokenizer.special_tokens)
         names = sorted(tokenizer.special_tokens, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, names))) if names else None
@@ -315,9 +315,13 @@ class PromptRenderer:
             return None
         if self._forges(msgs[conv.num_messages :]):
             return None  # counted by the full path (`special_token_text`)
-        text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
-        body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
         cut = len(conv.text)
+        rendered = self._window(conv, msgs, tools, kwargs, add_generation_prompt)
+        if rendered is None:
+            text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+            body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
+        else:
+            body, text = rendered
         if not (
             body.startswith(conv.text)
             and text.startswith(body)
@@ -338,6 +342,61 @@ class PromptRenderer:
         return RenderedPrompt(
             prompt, text, message_ends=[e for e in ends if 0 < e < len(prompt)], incremental=True
         )
+
+    def _window(
+        self,
+        conv: Conversation,
+        msgs: list[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: Mapping[str, Any] | None,
+        add_generation_prompt: bool,
+    ) -> tuple[str, str] | None:
+        """(body, text) of an extension with the template rendered over a window only: the
+        leading system messages and first user message, the last `WINDOW` kept messages, the new
+        ones; what the new messages add to the window's render is what they add to the whole.
+        That holds for templates that render each message from its neighbours and the start of
+        the conversation (the layouts we serve); it is checked for this template once on a
+        probe conversation (`window_ok`), and every `VERIFY_EVERY`-th windowed turn against a
+        full render, which turns window mode off for good on any difference. None: render in
+        full (window mode off, or the window's render does not extend)."""
+        if not self.window_ok():
+            return None
+        n = conv.num_messages
+        head = head_len(msgs)
+        if n - WINDOW <= head:
+            return None  # a short conversation: the window would be the whole
+        old = [*msgs[:head], *msgs[n - WINDOW : n]]
+        try:
+            w_old = self.render_text(old, tools, add_generation_prompt=False, kwargs=kwargs)
+            w_body = self.render_text([*old, *msgs[n:]], tools, add_generation_prompt=False, kwargs=kwargs)
+            w_text = (
+                self.render_text([*old, *msgs[n:]], tools, add_generation_prompt=True, kwargs=kwargs)
+                if add_generation_prompt
+                else w_body
+            )
+        except ValueError:
+            return None
+        if not (w_body.startswith(w_old) and w_text.startswith(w_body)):
+            return None
+        body = conv.text + w_body[len(w_old) :]
+        text = body + w_text[len(w_body) :]
+        self._windowed += 1
+        if self._windowed % VERIFY_EVERY == 0:
+            full = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+            if full != text:
+                self._window_state = False
+                self._fallback("template_window")
+                return None
+        return body, text
+
+    def window_ok(self) -> bool:
+        """Whether this template renders extensions over a window exactly as in full, on a probe
+        agent conversation (system, user, tool calls and results, answers, a new user turn)."""
+        if self._window_state is None:
+            self._window_state = probe_window(self.render_text)
+            if not self._window_state:
+                self._fallback("template_window")
+        return self._window_state
 
     def _message_ends(
         self,

@@ -25,6 +25,7 @@ from inference.parsers import OutputContext, ParsedMessage, StreamParser, ToolSp
 from inference.server import openapi
 from inference.server.images import ImageEncoder
 from inference.structured import GrammarError, build_grammar
+from inference.wire import CONVERSATION_UNKNOWN, EXTENDS_FIELD
 
 
 class OpenAIError(Exception):
@@ -207,7 +208,7 @@ class OpenAIServing:
         """The request's whole transcript: its `messages`, or, with `dayzero_extends`, the kept
         conversation it names followed by them (409 `conversation_unknown` when that exact base
         is not here: the client sends the whole transcript instead)."""
-        ext = body.get("dayzero_extends")
+        ext = body.get(EXTENDS_FIELD)
         if ext is None:
             return list(body["messages"]), None
         if key is None:
@@ -224,7 +225,7 @@ class OpenAIServing:
                 "'dayzero_extends'",
                 status=409,
                 param="dayzero_extends",
-                code="conversation_unknown",
+                code=CONVERSATION_UNKNOWN,
             ) from None
         return [*base.messages, *body["messages"]], base
 

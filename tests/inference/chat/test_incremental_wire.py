@@ -110,6 +110,29 @@ def test_incremental_requests_give_the_ids_of_full_renders(name, tmp_path):
     assert stats["full:conversation_unknown"] >= 2, (stats, serving.frontend.renderer.fallbacks)
     assert stats["incremental"] >= 6 * 11 // 2, stats
     assert serving.frontend.renderer.fallbacks.get("conversation_unknown", 0) == stats["full:conversation_unknown"]
+    assert serving.frontend.renderer._windowed > 0  # the template was rendered over windows
+
+
+def test_a_template_that_numbers_messages_is_not_rendered_over_windows():
+    """A template whose output depends on a message's position (here its number) fails the
+    window probe: its extensions render the whole conversation, and stay exact."""
+    from inference.chat.template import ChatTemplate
+    from inference.tokenizer import ByteTokenizer
+
+    numbered = (
+        "{%- for m in messages -%}<|im_user|>{{ loop.index }} {{ m.role }}<|im_middle|>"
+        "{{ m.content if m.content is string else '' }}<|im_end|>{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
+    )
+    tok = ByteTokenizer()
+    r = PromptRenderer(ChatTemplate({"default": numbered}, "numbered", {}), tok)
+    ref = PromptRenderer(ChatTemplate({"default": numbered}, "numbered", {}), tok)
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    for i in range(12):
+        msgs = [*msgs, {"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"}]
+        assert r.render(msgs, conversation="k").token_ids == ref.render(msgs).token_ids
+    assert not r.window_ok() and r.fallbacks.get("template_window") == 1
+    assert r.stats["incremental"] >= 10 and r._windowed == 0
 
 
 def test_a_base_the_server_does_not_have_is_refused_409():
