@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import re
-from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -122,6 +121,7 @@ class PromptRenderer:
         self.stats = {"incremental": 0, "full": 0}  # turns of keyed conversations, by path
         self.fallbacks: dict[str, int] = {}  # keyed turns rendered in full, by why
         self._window_state: bool | None = None  # window rendering of extensions (`_window`)
+        self._ints = list(range(tokenizer.vocab_size))
         self._windowed = 0
         self._ends_special = tuple(tokenizer.special_tokens)
         names = sorted(tokenizer.special_tokens, key=len, reverse=True)
@@ -275,12 +275,17 @@ class PromptRenderer:
             context_digest(tools, kwargs),
             len(msgs),
             body,
-            array("i", body_ids),
+            self._interned(body_ids),
             [e for e in ends if e <= n],
             msgs,
             _digest_of(msgs, base),
         )
         self.conversations.put(key, conv)
+
+    def _interned(self, ids: list[int]) -> list[int]:
+        """The same ids as shared int objects: a kept conversation costs a pointer per token."""
+        table = self._ints
+        return [table[t] if 0 <= t < len(table) else t for t in ids]
 
     def _fallback(self, reason: str) -> None:
         """A keyed turn that could not be tokenized incrementally, by why (the server's metrics)."""
@@ -334,11 +339,14 @@ class PromptRenderer:
             return None
         # only the new messages are tokenized; the ends of all but the last new message are not
         # marked (the previous turn's reply end is the engine's own checkpoint)
-        ids = conv.ids + array("i", self.tok.encode(body[cut:], allow_special=True))
-        ends = [*conv.ends, len(ids)] if len(body) < len(text) else list(conv.ends)
+        new = self._interned(self.tok.encode(body[cut:], allow_special=True))
+        n = conv.n_ids + len(new)
+        ends = [*conv.ends, n] if len(body) < len(text) else list(conv.ends)
         digest = _digest_of(msgs, conv)
-        self.conversations.put(key, Conversation(conv.context, len(msgs), body, ids, ends, msgs, digest))
-        prompt = ids.tolist() + self.tok.encode(text[len(body) :], allow_special=True)
+        ids = self.conversations.grown_ids(conv, new)
+        self.conversations.put(key, Conversation(conv.context, len(msgs), body, ids, ends, msgs, digest, n))
+        prompt = ids[:n]  # the engine's own list: one copy per turn
+        prompt += self.tok.encode(text[len(body) :], allow_special=True)
         return RenderedPrompt(
             prompt, text, message_ends=[e for e in ends if 0 < e < len(prompt)], incremental=True
         )
