@@ -295,7 +295,7 @@ class PromptRenderer:
         """Whether a special token ends or starts at `pos`: tokenizers split text at special tokens
         first, so text cut there tokenizes in pieces exactly as whole."""
         return (
-            text[:pos].endswith(self._ends_special)
+            text.endswith(self._ends_special, 0, pos)  # (no copy of the text before `pos`)
             or text.startswith(self._ends_special, pos)
             or pos == len(text)
         )
@@ -328,8 +328,7 @@ class PromptRenderer:
         else:
             body, text = rendered
         if not (
-            body.startswith(conv.text)
-            and text.startswith(body)
+            (rendered is not None or (body.startswith(conv.text) and text.startswith(body)))  # (a window's are)
             and self._at_special(body, cut)
             and self._at_special(text, len(body))
         ):
