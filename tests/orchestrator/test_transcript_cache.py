@@ -36,12 +36,13 @@ def test_a_reclaimed_task_reads_only_rows_written_since(db, make_runner, monkeyp
         messages = list_messages(conn, task_id)
     assert task.status == "SUCCEEDED"
     assert [m["role"] for m in messages] == ["user"] + ["assistant", "tool"] * 4 + ["assistant"]
-    assert len(seen) >= 5, seen  # the first claim, then one after each parked retry
+    # the first claim, then one after each parked retry (a retry whose jittered backoff has
+    # passed by the time it is decided runs in place: how many park depends on the load)
+    assert len(seen) >= 2, seen
     assert seen[0][0] == seen[0][1]  # nothing kept yet: everything read
     later = seen[1:]
-    # each later claim read the rows of the steps since (a model turn and the failed tool's
-    # nothing, or none), never the goal and the old turns again
-    assert all(rows <= 2 and total > rows for rows, total in later), seen
+    # this runner wrote every row since: a later claim reads none of them, nor the goal
+    assert all(rows == 0 and total > 1 for rows, total in later), seen
     assert runner.transcripts.stats["hit"] == len(later) and runner.transcripts.stats["mismatch"] == 0
 
 
