@@ -285,7 +285,11 @@ class PromptRenderer:
     def _interned(self, ids: list[int]) -> list[int]:
         """The same ids as shared int objects: a kept conversation costs a pointer per token."""
         table = self._ints
-        return [table[t] if 0 <= t < len(table) else t for t in ids]
+        try:
+            return [table[t] for t in ids]
+        except IndexError:  # an id past the vocabulary (added tokens): as it is
+            n = len(table)
+            return [table[t] if 0 <= t < n else t for t in ids]
 
     def _fallback(self, reason: str) -> None:
         """A keyed turn that could not be tokenized incrementally, by why (the server's metrics)."""
