@@ -542,7 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text + "\n")
     if args.png:
-        plot(results, args.png)
+        try:
+            plot(results, args.png)
+        except ImportError:
+            print("no matplotlib here: no PNG (pip install matplotlib)", file=sys.stderr)
     print(json.dumps([{k: v for k, v in r.items() if k != "tasks"} for r in results], indent=1))
     return 0
 
