@@ -59,10 +59,14 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
     try:
         messages = task.transcript
         if task.attachments:
+            # resolved once per message and claim: later turns send the same objects again
+            # (the incremental wire form tells them apart by identity)
             by_reference = bool(getattr(r.inference, "images_by_reference", False))
-            messages = resolve_images(
-                messages, task.attachments, r.config.blob_url, by_reference=by_reference
+            done = task.resolved_messages
+            done += resolve_images(
+                messages[len(done) :], task.attachments, r.config.blob_url, by_reference=by_reference
             )
+            messages = list(done)
         messages, task.context_trimmed = apply_context_policy(
             messages,
             cap=task.max_context_tokens,

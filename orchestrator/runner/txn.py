@@ -101,6 +101,9 @@ class TaskView:
     context_trimmed: int = 0
     context_notices: dict[int, dict[str, Any]] = field(default_factory=dict)
     last_prompt: tuple[int, int] | None = None
+    # the transcript with its attachments resolved for the model (`resolve_images`), as far as
+    # it has been sent
+    resolved_messages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:

@@ -5,6 +5,8 @@ again. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import itertools
+
 from orchestrator.runner import lease
 from orchestrator.store import get_task, list_messages
 from tests.orchestrator.conftest import submit
@@ -104,3 +106,36 @@ def test_history_rows_migrated_below_zero_are_read(db, make_runner):
     with db.connect() as conn:
         state = claim_with_state(conn, "r-mig", 5.0, TranscriptCache())
     assert state is not None and [m["content"] for m in state.messages][-1] == "migrated"
+
+
+def test_a_task_with_attachments_sends_the_same_message_objects_each_turn(db, make_runner, tmp_path):
+    """Attachments are resolved for the model once per message: a later turn sends the earlier
+    messages as the very objects it sent before (what lets it go on the wire incrementally)."""
+    import json
+
+    from orchestrator.attachments import add_attachment
+    from orchestrator.config import Budgets
+    from orchestrator.store import NewTask, create_task
+
+    blob_url = str(tmp_path / "blobs")
+    with db.begin() as conn:
+        att = add_attachment(conn, blob_url, "t1", b"notes for the task", "text/plain")
+        _task_id, _ = create_task(
+            conn,
+            NewTask(tenant="t1", goal="script:" + json.dumps({"cycles": 2, "tool": "echo"}), attachment_ids=[att]),
+            Budgets(),
+        )
+    runner = make_runner(blob_url=blob_url)
+    sent: list[list] = []
+    chat = runner.inference.chat
+
+    def recording(messages, tools, sampling):
+        sent.append(list(messages))
+        return chat(messages, tools, sampling)
+
+    runner.inference.chat = recording
+    runner.run_until_idle(timeout_s=60)
+    assert len(sent) == 3
+    for before, after in itertools.pairwise(sent):
+        assert all(a is b for a, b in zip(before, after, strict=False))
+    assert any(isinstance(m["content"], list) for m in sent[0])  # the goal with its file part
