@@ -193,7 +193,7 @@ class PromptRenderer:
         )
         keyed = conversation is not None and not has_images
         if conversation is not None and has_images:
-            self._fallback("images")
+            self.count_fallback("images")
         if keyed:
             out = self._extend(conversation, msgs, tools, kwargs, add_generation_prompt, base)
             self.stats["incremental" if out is not None else "full"] += 1
@@ -203,7 +203,7 @@ class PromptRenderer:
         if forged:
             msgs = _map_strings(msgs, self._swap)
             if keyed:
-                self._fallback("special_token_text")
+                self.count_fallback("special_token_text")
         text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
         ids, real_text = self._encode(text, forged)
         ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged, every_message_end)
@@ -262,12 +262,12 @@ class PromptRenderer:
         """Keep a fully rendered turn's conversation: its text without the generation prompt."""
         body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
         if not text.startswith(body) or not self._at_special(text, len(body)):
-            self._fallback("template")
+            self.count_fallback("template")
             self.conversations.drop(key)
             return
         body_ids = ids if len(body) == len(text) else self.tok.encode(body, allow_special=True)
         if ids[: len(body_ids)] != body_ids:
-            self._fallback("template")
+            self.count_fallback("template")
             self.conversations.drop(key)
             return
         n = len(body_ids)
@@ -291,7 +291,7 @@ class PromptRenderer:
             n = len(table)
             return [table[t] if 0 <= t < n else t for t in ids]
 
-    def _fallback(self, reason: str) -> None:
+    def count_fallback(self, reason: str) -> None:
         """A keyed turn that could not be tokenized incrementally, by why (the server's metrics)."""
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
 
@@ -317,10 +317,10 @@ class PromptRenderer:
         messages (None: it does not extend it, and the caller renders in full)."""
         conv = self.conversations.get(key)
         if conv is None:
-            self._fallback("new_conversation")
+            self.count_fallback("new_conversation")
             return None
         if conv.num_messages >= len(msgs) or conv.context != context_digest(tools, kwargs):
-            self._fallback("not_an_extension")
+            self.count_fallback("not_an_extension")
             return None
         if self._forges(msgs[conv.num_messages :]):
             return None  # counted by the full path (`special_token_text`)
@@ -338,7 +338,7 @@ class PromptRenderer:
         ):
             # the template renders earlier messages differently once more follow (or cuts
             # between messages inside a token): this template cannot be rendered incrementally
-            self._fallback("template")
+            self.count_fallback("template")
             return None
         # only the new messages are tokenized; the ends of all but the last new message are not
         # marked (the previous turn's reply end is the engine's own checkpoint)
@@ -396,7 +396,7 @@ class PromptRenderer:
             full = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
             if full != text:
                 self._window_state = False
-                self._fallback("template_window")
+                self.count_fallback("template_window")
                 return None
         return body, text
 
@@ -406,7 +406,7 @@ class PromptRenderer:
         if self._window_state is None:
             self._window_state = probe_window(self.render_text)
             if not self._window_state:
-                self._fallback("template_window")
+                self.count_fallback("template_window")
         return self._window_state
 
     def _message_ends(

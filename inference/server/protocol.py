@@ -216,9 +216,7 @@ class OpenAIServing:
         try:
             base = self.frontend.renderer.conversations.resolve(key, ext["messages"], ext["digest"])
         except ConversationUnknown:
-            self.frontend.renderer.fallbacks["conversation_unknown"] = (
-                self.frontend.renderer.fallbacks.get("conversation_unknown", 0) + 1
-            )
+            self.frontend.renderer.count_fallback(CONVERSATION_UNKNOWN)
             raise OpenAIError(
                 f"no conversation {key!r} of {ext['messages']} messages with that digest is kept "
                 "here (evicted, restarted, or another replica): send the whole transcript without "
