@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import httpcore
@@ -25,6 +25,9 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from core.outage import DependencyUnavailable
+from inference.wire import EXTENDS_FIELD
+from orchestrator.inference_wire import UNKNOWN_TO_SERVER, ConversationMemo, WirePlan
+from orchestrator.metrics import INFERENCE_REQUEST_BYTES, INFERENCE_WIRE
 from orchestrator.tracing import trace_error, tracer
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -114,14 +117,34 @@ class Usage:
     cached_tokens: int = 0
     completion_tokens: int = 0
     ttft_ms: float | None = None
+    # The host cost of the call before the engine (kept on the step row, where the agent-trace
+    # benchmark reads it): bytes of the request body and how it went ("incremental" or "full",
+    # with the reason), and the server's own timings (`dayzero.timings_ms`: parse, render, ...).
+    request_bytes: int | None = None
+    wire: str | None = None
+    server_ms: Mapping[str, float] | None = None
+    # host time on the runner before the request left: the step's own preparation (set by the
+    # model step) and the client's (which messages to send, the JSON body)
+    runner_ms: float | None = None
+    encode_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "ttft_ms": self.ttft_ms,
         }
+        if self.request_bytes is not None:
+            d["request_bytes"] = self.request_bytes
+        if self.wire is not None:
+            d["wire"] = self.wire
+        if self.server_ms:
+            d["server_ms"] = dict(self.server_ms)
+        for k in ("runner_ms", "encode_ms"):
+            if (v := getattr(self, k)) is not None:
+                d[k] = round(v, 3)
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +265,7 @@ def parse_chat_completion(body: Mapping[str, Any], ttft_ms: float | None) -> Ass
     details = usage.get("prompt_tokens_details") or {}
     ext = body.get("dayzero") or {}
     errors = ext.get("tool_call_errors") if isinstance(ext, Mapping) else None
+    timings = ext.get("timings_ms") if isinstance(ext, Mapping) else None
     return AssistantTurn(
         content=msg.get("content"),
         tool_calls=tuple(calls),
@@ -252,12 +276,24 @@ def parse_chat_completion(body: Mapping[str, Any], ttft_ms: float | None) -> Ass
             cached_tokens=int(details.get("cached_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
             ttft_ms=ext.get("ttft_ms", ttft_ms),
+            server_ms=dict(timings) if isinstance(timings, Mapping) else None,
         ),
     )
 
 
+def kept_messages(body: Mapping[str, Any]) -> int | None:
+    """How many messages the server says it keeps under the request's key (`dayzero.conversation`)."""
+    conv = (body.get("dayzero") or {}).get("conversation") if isinstance(body, Mapping) else None
+    n = conv.get("messages") if isinstance(conv, Mapping) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def chat_request_body(
-    model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    sampling: Sampling,
+    extends: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
@@ -270,10 +306,24 @@ def chat_request_body(
         body["seed"] = sampling.seed
     if sampling.cache_key is not None:
         body["prompt_cache_key"] = sampling.cache_key
+    if extends is not None:
+        body[EXTENDS_FIELD] = extends
     if tools:
         body["tools"] = list(tools)
         body["tool_choice"] = "auto"
     return body
+
+
+class _ConversationUnknown(Exception):
+    """409 `conversation_unknown`: the server lacks the base an incremental request extends."""
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    try:
+        err = resp.json().get("error") or {}
+    except (ValueError, AttributeError):
+        return None
+    return err.get("code") if isinstance(err, Mapping) else None
 
 
 class OpenAIChatClient:
@@ -298,6 +348,8 @@ class OpenAIChatClient:
         )
         self._model = model
         self._aborted = threading.Event()
+        # what the server keeps of each conversation: later turns send only new messages
+        self.conversations = ConversationMemo()
 
     def abort(self) -> None:
         """Abort the call in flight (from another thread): it raises `InferenceCancelled`."""
@@ -311,17 +363,43 @@ class OpenAIChatClient:
         with chat_span(
             self._model, sampling, "openai", **{"server.address": url.host, "server.port": url.port or 0}
         ) as span:
-            turn = self._chat(chat_request_body(self._model, messages, tools, sampling))
+            t0 = time.perf_counter()
+            key = sampling.cache_key
+            plan = self.conversations.plan(key, messages)
+            try:
+                turn, kept = self._chat(
+                    chat_request_body(self._model, plan.messages, tools, sampling, plan.extends), t0
+                )
+                wire = "incremental" if plan.extends is not None else f"full:{plan.reason or 'no_key'}"
+            except _ConversationUnknown:  # the server lacks the base: the whole transcript, once
+                assert key is not None
+                self.conversations.forget(key)
+                plan = WirePlan(list(messages), None, UNKNOWN_TO_SERVER)
+                turn, kept = self._chat(
+                    chat_request_body(self._model, plan.messages, tools, sampling), time.perf_counter()
+                )
+                wire = f"full:{UNKNOWN_TO_SERVER}"
+            INFERENCE_WIRE.labels(wire).inc()
+            INFERENCE_REQUEST_BYTES.labels(wire.split(":")[0]).inc(turn.usage.request_bytes or 0)
+            if key is not None:
+                if kept is not None and kept == len(messages):
+                    self.conversations.kept(key, messages, kept)
+                else:
+                    self.conversations.forget(key)
+            turn = replace(turn, usage=replace(turn.usage, wire=wire))
             record_turn(span, turn)
             return turn
 
-    def _chat(self, body: dict[str, Any]) -> AssistantTurn:
-        headers: dict[str, str] = {}
+    def _chat(self, body: dict[str, Any], started: float) -> tuple[AssistantTurn, int | None]:
+        """One request; the turn (with the request's size) and what the server keeps of it."""
+        headers: dict[str, str] = {"content-type": "application/json"}
         _PROPAGATOR.inject(headers)  # the task's trace continues on the model server
+        content = json.dumps(body, ensure_ascii=False).encode()
         t0 = time.perf_counter()
+        encode_ms = (t0 - started) * 1000.0
         self._aborted.clear()
         try:
-            resp = self._http.post("/v1/chat/completions", json=body, headers=headers)
+            resp = self._http.post("/v1/chat/completions", content=content, headers=headers)
         except httpx.TransportError as exc:
             if self._aborted.is_set():
                 raise InferenceCancelled() from exc
@@ -341,6 +419,8 @@ class OpenAIChatClient:
             raise InferenceError(
                 f"inference server error {resp.status_code}: {resp.text[:300]}", retryable=True
             )
+        if resp.status_code == 409 and _error_code(resp) == UNKNOWN_TO_SERVER:
+            raise _ConversationUnknown()
         if resp.status_code >= 400:
             raise InferenceError(
                 f"inference request rejected {resp.status_code}: {resp.text[:300]}", retryable=False
@@ -351,7 +431,9 @@ class OpenAIChatClient:
             raise InferenceError(
                 f"inference server sent non-JSON: {resp.text[:200]}", retryable=True
             ) from None
-        return parse_chat_completion(data, elapsed_ms)
+        turn = parse_chat_completion(data, elapsed_ms)
+        turn = replace(turn, usage=replace(turn.usage, request_bytes=len(content), encode_ms=encode_ms))
+        return turn, kept_messages(data)
 
     def close(self) -> None:
         self._http.close()

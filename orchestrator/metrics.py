@@ -68,6 +68,14 @@ MODEL_TTFT = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 TASKS_FINISHED = Counter("dayzero_tasks_finished_total", "tasks that reached a final state", ["status"])
+INFERENCE_WIRE = Counter(
+    "dayzero_inference_requests_by_form_total",
+    "chat requests by wire form: incremental (only new messages), or full:<why>",
+    ["form"],
+)
+INFERENCE_REQUEST_BYTES = Counter(
+    "dayzero_inference_request_bytes_total", "bytes of chat request bodies sent", ["form"]
+)
 LEASES_LOST = Counter("dayzero_runner_leases_lost_total", "task leases this runner lost (expired, taken)")
 ATTEMPTS_RESUMED = Counter(
     "dayzero_runner_attempts_resumed_total",

@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import re
-from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -31,10 +30,13 @@ from typing import Any
 from inference.cache.coordinator import MMSpan
 from inference.chat.conversations import Conversation, ConversationCache, context_digest
 from inference.chat.template import ChatTemplate
+from inference.chat.window import WINDOW, head_len, probe_window
 from inference.tokenizer import Tokenizer
+from inference.wire import chain_digest
 
 ImageHandler = Callable[[Mapping[str, Any]], tuple[int, str, Any]]
 RECENT_ENDS = 6
+VERIFY_EVERY = 16  # windowed turns between checks against a full render
 _SWAP = "\ufdd0"  # a Unicode noncharacter: never meaningful in text a request sends
 IMAGE_PART_TYPES = ("image_url", "image")
 
@@ -117,6 +119,10 @@ class PromptRenderer:
         self.image_token_id = image_token_id
         self.conversations = conversations if conversations is not None else ConversationCache()
         self.stats = {"incremental": 0, "full": 0}  # turns of keyed conversations, by path
+        self.fallbacks: dict[str, int] = {}  # keyed turns rendered in full, by why
+        self._window_state: bool | None = None  # window rendering of extensions (`_window`)
+        self._ints = list(range(tokenizer.vocab_size))
+        self._windowed = 0
         self._ends_special = tuple(tokenizer.special_tokens)
         names = sorted(tokenizer.special_tokens, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, names))) if names else None
@@ -171,31 +177,39 @@ class PromptRenderer:
         kwargs: Mapping[str, Any] | None = None,
         image_handler: ImageHandler | None = None,
         conversation: str | None = None,
+        base: Conversation | None = None,
         every_message_end: bool = False,
     ) -> RenderedPrompt:
         """`conversation`: the client's key for this conversation (`prompt_cache_key`): a turn
         that extends what this key last rendered tokenizes only its new messages.
-        `every_message_end`: mark the end of every message, not a bounded set (training masks)."""
+        `base`: that key's conversation when `messages` is known to start with its messages (a
+        request that sent only the new ones: `ConversationCache.resolve`); their digest is not
+        computed again. `every_message_end`: mark the end of every message, not a bounded set
+        (training masks)."""
         msgs = _check_messages(messages)
         has_images = any(
             isinstance(m.get("content"), list) and any(p["type"] in IMAGE_PART_TYPES for p in m["content"])
             for m in msgs
         )
         keyed = conversation is not None and not has_images
+        if conversation is not None and has_images:
+            self.count_fallback("images")
         if keyed:
-            out = self._extend(conversation, msgs, tools, kwargs, add_generation_prompt)
+            out = self._extend(conversation, msgs, tools, kwargs, add_generation_prompt, base)
             self.stats["incremental" if out is not None else "full"] += 1
             if out is not None:
                 return out
         forged = self._forges(msgs)
         if forged:
             msgs = _map_strings(msgs, self._swap)
+            if keyed:
+                self.count_fallback("special_token_text")
         text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
         ids, real_text = self._encode(text, forged)
         ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged, every_message_end)
         out = RenderedPrompt(ids, real_text, message_ends=ends)
         if keyed and not forged:
-            self._remember(conversation, msgs, tools, kwargs, text, ids, ends)
+            self._remember(conversation, msgs, tools, kwargs, text, ids, ends, base)
         images = [
             p
             for m in msgs
@@ -243,25 +257,49 @@ class PromptRenderer:
         text: str,
         ids: list[int],
         ends: list[int],
+        base: Conversation | None,
     ) -> None:
         """Keep a fully rendered turn's conversation: its text without the generation prompt."""
         body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
         if not text.startswith(body) or not self._at_special(text, len(body)):
+            self.count_fallback("template")
+            self.conversations.drop(key)
             return
         body_ids = ids if len(body) == len(text) else self.tok.encode(body, allow_special=True)
         if ids[: len(body_ids)] != body_ids:
+            self.count_fallback("template")
+            self.conversations.drop(key)
             return
         n = len(body_ids)
         conv = Conversation(
-            context_digest(tools, kwargs), len(msgs), body, array("i", body_ids), [e for e in ends if e <= n]
+            context_digest(tools, kwargs),
+            len(msgs),
+            body,
+            self._interned(body_ids),
+            [e for e in ends if e <= n],
+            msgs,
+            _digest_of(msgs, base),
         )
         self.conversations.put(key, conv)
+
+    def _interned(self, ids: list[int]) -> list[int]:
+        """The same ids as shared int objects: a kept conversation costs a pointer per token."""
+        table = self._ints
+        try:
+            return [table[t] for t in ids]
+        except IndexError:  # an id past the vocabulary (added tokens): as it is
+            n = len(table)
+            return [table[t] if 0 <= t < n else t for t in ids]
+
+    def count_fallback(self, reason: str) -> None:
+        """A keyed turn that could not be tokenized incrementally, by why (the server's metrics)."""
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
 
     def _at_special(self, text: str, pos: int) -> bool:
         """Whether a special token ends or starts at `pos`: tokenizers split text at special tokens
         first, so text cut there tokenizes in pieces exactly as whole."""
         return (
-            text[:pos].endswith(self._ends_special)
+            text.endswith(self._ends_special, 0, pos)  # (no copy of the text before `pos`)
             or text.startswith(self._ends_special, pos)
             or pos == len(text)
         )
@@ -273,33 +311,103 @@ class PromptRenderer:
         tools: Sequence[Mapping[str, Any]] | None,
         kwargs: Mapping[str, Any] | None,
         add_generation_prompt: bool,
+        base: Conversation | None,
     ) -> RenderedPrompt | None:
         """A turn that extends the conversation `key` last rendered, tokenizing only its new
         messages (None: it does not extend it, and the caller renders in full)."""
         conv = self.conversations.get(key)
-        if conv is None or conv.num_messages >= len(msgs) or conv.context != context_digest(tools, kwargs):
+        if conv is None:
+            self.count_fallback("new_conversation")
+            return None
+        if conv.num_messages >= len(msgs) or conv.context != context_digest(tools, kwargs):
+            self.count_fallback("not_an_extension")
             return None
         if self._forges(msgs[conv.num_messages :]):
-            return None
-        text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
-        body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
+            return None  # counted by the full path (`special_token_text`)
         cut = len(conv.text)
+        rendered = self._window(conv, msgs, tools, kwargs, add_generation_prompt)
+        if rendered is None:
+            text = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+            body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
+        else:
+            body, text = rendered
         if not (
-            body.startswith(conv.text)
-            and text.startswith(body)
+            (rendered is not None or (body.startswith(conv.text) and text.startswith(body)))  # (a window's are)
             and self._at_special(body, cut)
             and self._at_special(text, len(body))
         ):
+            # the template renders earlier messages differently once more follow (or cuts
+            # between messages inside a token): this template cannot be rendered incrementally
+            self.count_fallback("template")
             return None
         # only the new messages are tokenized; the ends of all but the last new message are not
         # marked (the previous turn's reply end is the engine's own checkpoint)
-        ids = conv.ids + array("i", self.tok.encode(body[cut:], allow_special=True))
-        ends = [*conv.ends, len(ids)] if len(body) < len(text) else list(conv.ends)
-        self.conversations.put(key, Conversation(conv.context, len(msgs), body, ids, ends))
-        prompt = ids.tolist() + self.tok.encode(text[len(body) :], allow_special=True)
+        new = self._interned(self.tok.encode(body[cut:], allow_special=True))
+        n = conv.n_ids + len(new)
+        ends = [*conv.ends, n] if len(body) < len(text) else list(conv.ends)
+        digest = _digest_of(msgs, conv)
+        ids = self.conversations.grown_ids(conv, new)
+        self.conversations.put(key, Conversation(conv.context, len(msgs), body, ids, ends, msgs, digest, n))
+        prompt = ids[:n]  # the engine's own list: one copy per turn
+        prompt += self.tok.encode(text[len(body) :], allow_special=True)
         return RenderedPrompt(
             prompt, text, message_ends=[e for e in ends if 0 < e < len(prompt)], incremental=True
         )
+
+    def _window(
+        self,
+        conv: Conversation,
+        msgs: list[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: Mapping[str, Any] | None,
+        add_generation_prompt: bool,
+    ) -> tuple[str, str] | None:
+        """(body, text) of an extension with the template rendered over a window only: the
+        leading system messages and first user message, the last `WINDOW` kept messages, the new
+        ones; what the new messages add to the window's render is what they add to the whole.
+        That holds for templates that render each message from its neighbours and the start of
+        the conversation (the layouts we serve); it is checked for this template once on a
+        probe conversation (`window_ok`), and every `VERIFY_EVERY`-th windowed turn against a
+        full render, which turns window mode off for good on any difference. None: render in
+        full (window mode off, or the window's render does not extend)."""
+        if not self.window_ok():
+            return None
+        n = conv.num_messages
+        head = head_len(msgs)
+        if n - WINDOW <= head:
+            return None  # a short conversation: the window would be the whole
+        old = [*msgs[:head], *msgs[n - WINDOW : n]]
+        try:
+            w_old = self.render_text(old, tools, add_generation_prompt=False, kwargs=kwargs)
+            w_body = self.render_text([*old, *msgs[n:]], tools, add_generation_prompt=False, kwargs=kwargs)
+            w_text = (
+                self.render_text([*old, *msgs[n:]], tools, add_generation_prompt=True, kwargs=kwargs)
+                if add_generation_prompt
+                else w_body
+            )
+        except ValueError:
+            return None
+        if not (w_body.startswith(w_old) and w_text.startswith(w_body)):
+            return None
+        body = conv.text + w_body[len(w_old) :]
+        text = body + w_text[len(w_body) :]
+        self._windowed += 1
+        if self._windowed % VERIFY_EVERY == 0:
+            full = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+            if full != text:
+                self._window_state = False
+                self.count_fallback("template_window")
+                return None
+        return body, text
+
+    def window_ok(self) -> bool:
+        """Whether this template renders extensions over a window exactly as in full, on a probe
+        agent conversation (system, user, tool calls and results, answers, a new user turn)."""
+        if self._window_state is None:
+            self._window_state = probe_window(self.render_text)
+            if not self._window_state:
+                self.count_fallback("template_window")
+        return self._window_state
 
     def _message_ends(
         self,
@@ -334,6 +442,21 @@ class PromptRenderer:
             if pos is not None and (not ends or pos > ends[-1]):
                 ends.append(pos)
         return ends
+
+
+def _same_messages(old: Sequence[Any], msgs: Sequence[Any]) -> bool:
+    """Whether `msgs` starts with the very message objects of `old` (identity: O(1) a message,
+    no comparison of contents; equal copies count as different and are hashed again)."""
+    return len(old) <= len(msgs) and all(a is b for a, b in zip(old, msgs, strict=False))
+
+
+def _digest_of(msgs: Sequence[Any], base: Conversation | None) -> str | None:
+    """The chained digest of `msgs`, extending `base`'s where `msgs` starts with its messages and
+    its digest is known; else None: computed when first asked for (`ConversationCache.resolve`),
+    so that requests which send the whole transcript never pay for it."""
+    if base is not None and base.digest is not None and _same_messages(base.messages, msgs):
+        return chain_digest(base.digest, msgs[base.num_messages :])
+    return None
 
 
 def _index_of(cum: list[int], nbytes: int) -> int | None:

@@ -132,8 +132,11 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
     @app.post("/v1/chat/completions", openapi_extra=openapi.operation(openapi.CHAT_REQUEST))
     async def chat(request: Request):
         request.state.started_ns = time.time_ns()
+        t0 = time.perf_counter()
         body = await _body(request)
+        parse_ms = (time.perf_counter() - t0) * 1000.0
         p = await asyncio.to_thread(serving.prepare_chat, body)  # images are encoded here: off the loop
+        p.timings_ms["parse_ms"] = parse_ms
         gen, first = await _submit(
             p.prompt_token_ids,
             p.sampling,

@@ -151,6 +151,17 @@ CHAT_REQUEST = {
         },
         "chat_template_kwargs": {"type": ["object", "null"]},
         "prompt_cache_key": {"type": ["string", "null"], "maxLength": 256},
+        # dayzero's incremental form: `messages` extends the conversation kept under
+        # `prompt_cache_key`, of `messages` messages whose chained digest is `digest`
+        "dayzero_extends": {
+            "type": ["object", "null"],
+            "required": ["messages", "digest"],
+            "additionalProperties": False,
+            "properties": {
+                "messages": {"type": "integer", "minimum": 1},
+                "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            },
+        },
         "logprobs": {"type": ["boolean", "null"]},
         "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},

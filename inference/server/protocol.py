@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 
 from inference.chat import ChatFrontend, RenderedPrompt
+from inference.chat.conversations import Conversation, ConversationUnknown
 from inference.chat.render import strings_of
 from inference.engine.engine import RequestOutput
 from inference.engine.request import SamplingParams, TokenLogprob
@@ -24,6 +25,7 @@ from inference.parsers import OutputContext, ParsedMessage, StreamParser, ToolSp
 from inference.server import openapi
 from inference.server.images import ImageEncoder
 from inference.structured import GrammarError, build_grammar
+from inference.wire import CONVERSATION_UNKNOWN, EXTENDS_FIELD
 
 
 class OpenAIError(Exception):
@@ -110,6 +112,10 @@ class PreparedChat:
     mm_payloads: list = field(default_factory=list)
     message_ends: list[int] = field(default_factory=list)
     prompt_render: str | None = None  # keyed conversations: "incremental" or "full"
+    kept_messages: int | None = None  # messages of the conversation kept under its key
+    # host time of this request before the engine: body parse (set by the server), the whole
+    # preparation, and of it the template render + tokenize
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 def mm_inputs(p: PreparedChat) -> Any:
@@ -183,17 +189,52 @@ class OpenAIServing:
         template."""
         tools = body.get("tools") or None
         kwargs = body.get("chat_template_kwargs") or None
+        key = body.get("prompt_cache_key")
+        messages, base = self._messages(body, key)
         try:
             return self.frontend.renderer.render(
-                body["messages"],
+                messages,
                 tools,
                 add_generation_prompt=add_generation_prompt,
                 kwargs=kwargs,
                 image_handler=self.image_handler if images else None,
-                conversation=body.get("prompt_cache_key"),
+                conversation=key,
+                base=base,
             )
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from None
+
+    def _messages(self, body: Mapping[str, Any], key: str | None) -> tuple[list[Any], Conversation | None]:
+        """The request's whole transcript: its `messages`, or, with `dayzero_extends`, the kept
+        conversation it names followed by them (409 `conversation_unknown` when that exact base
+        is not here: the client sends the whole transcript instead)."""
+        ext = body.get(EXTENDS_FIELD)
+        if ext is None:
+            return list(body["messages"]), None
+        if key is None:
+            raise OpenAIError("'dayzero_extends' needs 'prompt_cache_key'", param="dayzero_extends")
+        try:
+            base = self.frontend.renderer.conversations.resolve(key, ext["messages"], ext["digest"])
+        except ConversationUnknown:
+            self.frontend.renderer.count_fallback(CONVERSATION_UNKNOWN)
+            raise OpenAIError(
+                f"no conversation {key!r} of {ext['messages']} messages with that digest is kept "
+                "here (evicted, restarted, or another replica): send the whole transcript without "
+                "'dayzero_extends'",
+                status=409,
+                param="dayzero_extends",
+                code=CONVERSATION_UNKNOWN,
+            ) from None
+        return [*base.messages, *body["messages"]], base
+
+    def kept_messages(self, body: Mapping[str, Any]) -> int | None:
+        """How many messages of this request's conversation the server now keeps under its key
+        (the client may extend exactly that many next time), or None."""
+        key = body.get("prompt_cache_key")
+        conv = self.frontend.renderer.conversations.get(key) if key is not None else None
+        if conv is None or not conv.messages or conv.messages[-1] is not body["messages"][-1]:
+            return None  # not kept (images, a template that cannot extend), or kept by another request
+        return conv.num_messages
 
     def _check_text_bound(self, body: Mapping[str, Any]) -> None:
         """Refuse a chat whose text alone needs more tokens than the context holds, before any
@@ -209,6 +250,12 @@ class OpenAIServing:
             )
 
     def prepare_chat(self, body: Any) -> PreparedChat:
+        t0 = time.perf_counter()
+        p = self._prepare_chat(body)
+        p.timings_ms["prepare_ms"] = (time.perf_counter() - t0) * 1000.0
+        return p
+
+    def _prepare_chat(self, body: Any) -> PreparedChat:
         body = _validate(body, _CHAT_SCHEMA)
         self.check_model(body)
         self._check_text_bound(body)
@@ -216,7 +263,9 @@ class OpenAIServing:
         tool_choice = body.get("tool_choice") or "auto"
         if tool_choice != "none" and tool_choice != "auto" and not tools:
             raise OpenAIError("tool_choice needs 'tools'", param="tool_choice")
+        t_render = time.perf_counter()
         rendered = self.render(body)
+        render_ms = (time.perf_counter() - t_render) * 1000.0
         self._check_len(len(rendered.token_ids))
         parser = self.frontend.parser
         inside = parser.reasoning is not None and parser.reasoning.starts_inside(rendered.text)
@@ -252,6 +301,8 @@ class OpenAIServing:
             rendered.mm_payloads,
             rendered.message_ends,
             ("incremental" if rendered.incremental else "full") if body.get("prompt_cache_key") else None,
+            self.kept_messages(body),
+            {"render_ms": render_ms},
         )
 
     def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:
@@ -275,6 +326,10 @@ class OpenAIServing:
         }
         if p.prompt_render is not None:
             resp["dayzero"]["prompt_render"] = p.prompt_render
+        if p.kept_messages is not None:  # the client may send only newer messages next time
+            resp["dayzero"]["conversation"] = {"messages": p.kept_messages}
+        if p.timings_ms:
+            resp["dayzero"]["timings_ms"] = {k: round(v, 3) for k, v in p.timings_ms.items()}
         if errors:
             resp["dayzero"]["tool_call_errors"] = errors
         return resp

@@ -116,6 +116,18 @@ class Budget(_Strict):
     max_steps: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=100_000)
     max_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=1_000_000_000)
     deadline_s: Annotated[float | None, JsonNumber] = Field(None, gt=0, le=30 * 86400)
+    # the context window: a cap on the prompt's tokens and what happens at it (`fail`: the task
+    # fails `context_exceeded`; `trim_tool_results`: the oldest tool results are trimmed first)
+    max_context_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=256, le=100_000_000)
+    context_policy: Literal["fail", "trim_tool_results"] | None = None
+
+    @model_validator(mode="after")
+    def _policy_needs_a_cap(self) -> Budget:
+        if self.context_policy is not None and self.max_context_tokens is None:
+            raise PydanticCustomError(
+                "context_policy_without_cap", "budget.context_policy needs budget.max_context_tokens", {}
+            )
+        return self
 
 
 class SamplingParams(_Strict):
@@ -211,6 +223,8 @@ class Limits(BaseModel):
     max_steps: int
     max_tokens: int
     deadline_at: dt.datetime
+    max_context_tokens: int | None = None
+    context_policy: str | None = None
 
 
 class AttemptOut(BaseModel):

@@ -42,7 +42,13 @@ def task_summary(t: Any, goal: str | None) -> TaskSummary:
         idempotency_key=t.idempotency_key,
         metadata=t.metadata,
         allowed_tools=t.allowed_tools,
-        limits=Limits(max_steps=t.max_steps, max_tokens=t.max_tokens, deadline_at=t.deadline_at),
+        limits=Limits(
+            max_steps=t.max_steps,
+            max_tokens=t.max_tokens,
+            deadline_at=t.deadline_at,
+            max_context_tokens=getattr(t, "max_context_tokens", None),
+            context_policy=getattr(t, "context_policy", None),
+        ),
         usage=Usage(
             steps=t.step_count,
             prompt_tokens=t.prompt_tokens,

@@ -65,6 +65,9 @@ class Task(Base):
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
     max_steps: Mapped[int] = mapped_column(Integer, nullable=False)
     max_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    # the context-window policy (migration 0012; `runner.payloads`): NULL, no cap
+    max_context_tokens: Mapped[int | None] = mapped_column(Integer)
+    context_policy: Mapped[str | None] = mapped_column(String(32))
     deadline_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     result: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

@@ -5,6 +5,7 @@ lease, so a runner that lost its lease cannot change the task any more."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import weakref
 from typing import Any
 
@@ -14,8 +15,16 @@ from orchestrator.clock import utcnow
 from orchestrator.db.engine import autocommit_driver
 from orchestrator.db.models import CLAIMABLE_SQL
 from orchestrator.db.tables import tasks_t
+from orchestrator.runner.transcripts import TranscriptCache, history_rows
 from orchestrator.statemachine import CLAIMABLE_TASK_STATUSES
-from orchestrator.tasks.queries import STATE_SQL_PG, TaskState, state_of, task_state
+from orchestrator.tasks.history import open_steps
+from orchestrator.tasks.queries import (
+    STATE_SQL_PG,
+    TaskState,
+    list_attachments,
+    state_of,
+    transcript_rows,
+)
 
 CLAIMABLE = sorted(CLAIMABLE_TASK_STATUSES)
 
@@ -89,6 +98,7 @@ CLAIM_PLAN_SETTING = "SET LOCAL enable_sort = off"
 _CLAIM_TXN_PG = "; ".join(
     (
         "BEGIN",
+        "SET LOCAL dayzero.known = %(known)s",  # the transcripts this runner keeps (`STATE_SQL_PG`)
         "SET LOCAL TimeZone = 'UTC'",
         "SET LOCAL synchronous_commit = off",
         CLAIM_PLAN_SETTING,
@@ -149,7 +159,9 @@ def _send_claim(dbapi: Any, params: dict[str, Any]) -> list[list[Any]]:
     raise AssertionError("unreachable")
 
 
-def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskState | None:
+def claim_with_state(
+    conn: Connection, runner_id: str, lease_s: float, cache: TranscriptCache | None = None
+) -> TaskState | None:
     """`claim_next_task`, then `task_state` of the claimed task, as one transaction of its own on
     `conn` (which must not be in a transaction); None when nothing was claimable.
 
@@ -157,13 +169,27 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
     trip), and the commit does not wait for its WAL flush:
     nothing depends on the claim before the task's next commit, which is durable and flushes the
     WAL up to it (a claim lost in a server crash is a lease never held). Elsewhere the statements
-    run one by one inside `BEGIN IMMEDIATE`."""
+    run one by one inside `BEGIN IMMEDIATE`.
+
+    `cache`: the transcripts this runner keeps; for a task found there only the history rows past
+    its position are read (`runner.transcripts`), and where they do not fit, the whole
+    transcript is read again in a second query."""
+    known = cache.known() if cache is not None else {}
     if conn.dialect.name != "postgresql":
         with conn.begin():
             row = claim_next_task(conn, runner_id, lease_s)
-            return None if row is None else task_state(conn, row.id, task=row)
+            if row is None:
+                return None
+            rows = transcript_rows(conn, row.id, known.get(row.id))
+            state = _with_cache(conn, row, rows, list_attachments(conn, row.id), cache, known)
+        return state
     now = utcnow()
-    params = {"owner": runner_id, "until": now + dt.timedelta(seconds=lease_s), "now": now}
+    params = {
+        "owner": runner_id,
+        "until": now + dt.timedelta(seconds=lease_s),
+        "now": now,
+        "known": json.dumps(known),
+    }
     # One simple-query message holding the whole transaction, parameters bound client-side:
     # one round trip and little client work (psycopg's pipeline mode costs more here).
     with autocommit_driver(conn, _CLAIM_TXN_PG, params) as dbapi:
@@ -172,4 +198,34 @@ def claim_with_state(conn: Connection, runner_id: str, lease_s: float) -> TaskSt
     task = claimed[0] if claimed else None
     if task is None:
         return None
-    return state_of(task, transcript, attachments)
+    return _with_cache(conn, task, transcript, attachments, cache, known)
+
+
+def _with_cache(
+    conn: Connection,
+    task: Any,
+    rows: list[Any],
+    attachments: list[Any],
+    cache: TranscriptCache | None,
+    known: dict[str, int],
+) -> TaskState:
+    """The claimed task's state from the rows read: all of its transcript, or (a task in `known`)
+    the rows past the cached position, joined to the cached transcript where they fit."""
+    if cache is None or task.id not in known:
+        if cache is not None:
+            cache.stats["miss"] += 1
+        return state_of(task, rows, attachments)
+    entry = cache.extend(task, rows)
+    if entry is None:  # they do not fit: read it all (one more query, a transaction of its own)
+        if conn.in_transaction():
+            return state_of(task, transcript_rows(conn, task.id), attachments)
+        with conn.begin():
+            return state_of(task, transcript_rows(conn, task.id), attachments)
+    return TaskState(
+        task=task,
+        messages=entry.messages,
+        steps=open_steps(task, history_rows(entry.messages, entry.steps)),
+        attachments=attachments,
+        message_steps=entry.steps,
+        goal_messages=entry.goal_messages,
+    )

@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine
 
 from core.backoff import Backoff
 from core.outage import Stopped, wait_out
-from orchestrator.attachments import local_blob_path
+from orchestrator.attachments import blob_store, local_blob_path
 from orchestrator.clock import utcnow
 from orchestrator.dispatch import Dispatcher
 from orchestrator.inference_client import InferenceClient
@@ -40,8 +40,10 @@ from orchestrator.runner.cancel import CancelSignal, CancelWatch
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
+from orchestrator.runner.payloads import PayloadCache, reference, referenced_sha
 from orchestrator.runner.preprocess_step import run_preprocess
 from orchestrator.runner.tool_step import remove_workspace, run_tool_step
+from orchestrator.runner.transcripts import CachedTranscript, TranscriptCache
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import StaleTransition
@@ -73,6 +75,11 @@ class RunnerConfig:
             max_attempts=3, backoff_base_s=2.0, backoff_max_s=60.0, timeout_s=120.0
         )
     )
+    # tasks whose transcripts this runner keeps between claims (`runner.transcripts`; 0: none)
+    transcript_cache_tasks: int = 256
+    # tool results longer than this (bytes of text) go to the blob store, referenced from the
+    # history row (`runner.payloads`); None: always inline
+    payload_ref_bytes: int | None = 16384
     model_retry: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(
             max_attempts=3, backoff_base_s=0.5, backoff_max_s=10.0, timeout_s=300.0
@@ -103,6 +110,9 @@ class Runner:
         self._heartbeat = Heartbeat(engine, self.config.runner_id, self.config.lease_s, self.health)
         self._cancel_watch = CancelWatch(engine)
         self.cancel_signal: CancelSignal | None = None  # of the step in flight (`runner.cancel`)
+        # each task's transcript between claims: a claim reads only the rows written since
+        self.transcripts = TranscriptCache(self.config.transcript_cache_tasks)
+        self._payloads: PayloadCache | None = None  # big tool results, read once per process
 
     # -- outer loop --------------------------------------------------------------------------
     @property
@@ -164,13 +174,14 @@ class Runner:
         takes a fresh one."""
         conn = self._connection()
         try:
-            state = claim_with_state(conn, self.config.runner_id, self.config.lease_s)
+            state = claim_with_state(conn, self.config.runner_id, self.config.lease_s, self.transcripts)
             if state is None:
                 return False
             task = self._view(state)
             tasklog.claimed(task, self.config.runner_id)
             try:
                 self._drive(conn, task)
+                self._keep_transcript(task)
             except (LeaseLost, StaleTransition) as exc:
                 if isinstance(exc, LeaseLost):
                     LEASES_LOST.inc()
@@ -181,6 +192,35 @@ class Runner:
             self._release_connection()  # it may be broken or inside a failed transaction
             raise
         return True
+
+    @property
+    def payloads(self) -> PayloadCache:
+        if self._payloads is None:
+            self._payloads = PayloadCache(blob_store(self.config.blob_url))
+        return self._payloads
+
+    def offload_payload(self, text: str) -> Any:
+        """What a history row stores for a tool result's text: the text, or a blob reference."""
+        limit = self.config.payload_ref_bytes
+        if limit is None or len(text) <= limit:
+            return text
+        return reference(self.payloads.put(text), len(text.encode()))
+
+    def _keep_transcript(self, task: TaskView) -> None:
+        """After a drive that ended without error (everything in memory is committed): keep the
+        transcript of a task that will run again, for its next claim."""
+        if task.status in _TERMINAL:
+            return
+        self.transcripts.put(
+            task.id,
+            CachedTranscript(
+                created_at=task.created_at,
+                position=task.event_seq,
+                goal_messages=task.goal_messages,
+                messages=task.transcript,
+                steps=task.message_steps,
+            ),
+        )
 
     def _connection(self) -> Connection:
         if self._held is None:
@@ -199,6 +239,10 @@ class Runner:
 
     def _view(self, state: TaskState) -> TaskView:
         t, rows, transcript = state.task, state.steps, state.messages
+        # history rows that refer to a stored tool result: the text, once per process (the
+        # transcript kept between claims has them resolved already)
+        if any(referenced_sha(m.get("content")) for m in transcript):
+            self.payloads.resolve(transcript)
         atts = [
             {
                 "id": a.id,
@@ -248,6 +292,12 @@ class Runner:
             traceparent=t.traceparent,
             attachments=atts,
             cancel_requested=t.cancel_requested,
+            message_steps=state.message_steps,
+            goal_messages=state.goal_messages,
+            event_seq=t.event_seq,
+            created_at=getattr(t, "created_at", None),
+            max_context_tokens=getattr(t, "max_context_tokens", None),
+            context_policy=getattr(t, "context_policy", None),
         )
 
     def _drive(self, conn: Connection, task: TaskView) -> None:

@@ -22,6 +22,7 @@ from orchestrator.inference_client import (
 from orchestrator.metrics import MODEL_TOKENS, MODEL_TTFT
 from orchestrator.retry import decide
 from orchestrator.runner.boundary import budget_error, schedule_retry
+from orchestrator.runner.payloads import ContextExceeded, apply_context_policy
 from orchestrator.runner.txn import StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent
 from orchestrator.tasks.queries import list_attempts
@@ -50,6 +51,7 @@ def _chat_waiting_out_outages(
 
 
 def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
+    t0 = time.perf_counter()
     if task.offered_tools is None:
         task.offered_tools = r.tools.openai_tools(task.allowed_tools)
     tools = task.offered_tools
@@ -57,15 +59,31 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
     try:
         messages = task.transcript
         if task.attachments:
+            # resolved once per message and claim: later turns send the same objects again
+            # (the incremental wire form tells them apart by identity)
             by_reference = bool(getattr(r.inference, "images_by_reference", False))
-            messages = resolve_images(
-                messages, task.attachments, r.config.blob_url, by_reference=by_reference
+            done = task.resolved_messages
+            done += resolve_images(
+                messages[len(done) :], task.attachments, r.config.blob_url, by_reference=by_reference
             )
+            messages = list(done)
+        messages, task.context_trimmed = apply_context_policy(
+            messages,
+            cap=task.max_context_tokens,
+            policy=task.context_policy,
+            known=task.last_prompt,
+            trimmed=task.context_trimmed,
+            notices=task.context_notices,
+        )
+        sent = len(messages)
         if (feedback := _feedback(r, task, step)) is not None:
             messages = [*messages, feedback]
+            sent = -1  # not the transcript: its count bounds nothing
         if sig is not None and (abort := getattr(r.inference, "abort", None)) is not None:
             sig.add_abort(abort)  # a cancel closes the request: the server frees its slot
+        runner_ms = (time.perf_counter() - t0) * 1000.0
         turn = _chat_waiting_out_outages(r, task, messages, tools)
+        turn = replace(turn, usage=replace(turn.usage, runner_ms=runner_ms))
         error: InferenceError | None = None
     except (OutageOutlasted, InferenceCancelled):
         # The model server was away until the deadline, or the task was cancelled: nothing to
@@ -75,6 +93,10 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
         turn, error = None, exc
     except AttachmentError as exc:  # the same transcript can never resolve: permanent
         turn, error = None, InferenceError(str(exc), retryable=False)
+    except ContextExceeded as exc:  # the task's context policy: a typed failure, no retry
+        trace_error(trace.get_current_span(), "context_exceeded", str(exc))
+        _fail_attempt(r, task, step, exc.error())
+        return
     if error is not None or turn is None:
         trace_error(trace.get_current_span(), "InferenceError", str(error))
         retryable = bool(error and error.retryable)
@@ -92,6 +114,7 @@ def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
         return  # cancelled while the answer was on its way: the task ends CANCELLED, not SUCCEEDED
     task.model_feedback.pop(step.index, None)
     usage = turn.usage
+    task.last_prompt = (sent, usage.prompt_tokens) if sent >= 0 and usage.prompt_tokens else None
     tx = r.txn(task)
     tx.succeed_step(step, usage=usage.to_dict())
     task.step_count += 1

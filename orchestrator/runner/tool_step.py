@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,13 +118,21 @@ def run_tool_step(r: Runner, task: TaskView, step: StepView, *, in_doubt: bool) 
             return  # cancelled meanwhile: the job is revoked or abandoned, its result ignored
         lost = False
     tx = r.txn(task)
-    record_tool_outcome(tx, step, spec, outcome, lost=lost)
+    record_tool_outcome(tx, step, spec, outcome, lost=lost, offload=r.offload_payload)
     tx.commit(r.conn)
 
 
 def record_tool_outcome(
-    tx: StepTxn, step: StepView, spec: ToolSpec | None, outcome: dict[str, Any], *, lost: bool
+    tx: StepTxn,
+    step: StepView,
+    spec: ToolSpec | None,
+    outcome: dict[str, Any],
+    *,
+    lost: bool,
+    offload: Callable[[str], Any] | None = None,
 ) -> None:
+    """`offload`: what the history row stores for a result's text (a blob reference for a big
+    one: `runner.payloads`); the model is shown the text."""
     task = tx.task
     span = trace.get_current_span()
     if outcome.get("ok"):
@@ -153,7 +162,10 @@ def record_tool_outcome(
         content = err  # the model reads the error as the tool's result
     task.step_count += 1
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
-    tx.append_message({"role": "tool", "tool_call_id": step.tool_call_id, "content": text}, step.index)
+    stored = offload(text) if offload is not None else text
+    tx.append_message(
+        {"role": "tool", "tool_call_id": step.tool_call_id, "content": text}, step.index, stored_content=stored
+    )
     if task.cancel_requested or tx.now >= task.deadline_at:
         return  # the next loop turn ends the task at this boundary
     nxt = task.open_step()

@@ -87,6 +87,23 @@ class TaskView:
     # step index -> what was wrong with its last model output, shown to the model on the retry
     # (read back from the failed attempt when another runner retries it).
     model_feedback: dict[int, str] = field(default_factory=dict)
+    # What the runner's transcript cache needs (`runner.transcripts`): each message's step
+    # index (None: the goal's), the goal's message count, the task's `event_seq` after this
+    # runner's last commit, and the row's creation time (which task the id named).
+    message_steps: list[int | None] = field(default_factory=list)
+    goal_messages: int = 0
+    event_seq: int = 0
+    created_at: dt.datetime | None = None
+    # The context policy (`runner.payloads`): the budget's cap and policy, the trim boundary and
+    # its notices, and (message count, prompt tokens) of the last model turn sent.
+    max_context_tokens: int | None = None
+    context_policy: str | None = None
+    context_trimmed: int = 0
+    context_notices: dict[int, dict[str, Any]] = field(default_factory=dict)
+    last_prompt: tuple[int, int] | None = None
+    # the transcript with its attachments resolved for the model (`resolve_images`), as far as
+    # it has been sent
+    resolved_messages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -252,15 +269,17 @@ class StepTxn:
         self._w.insert(attempts_t, row)
         self.task.fresh_attempts.discard((step.index, step.attempt_count))
 
-    def append_message(self, m: dict[str, Any], step_index: int) -> None:
-        """The message a finishing step appends (one per step: it rides on the step's history row)."""
+    def append_message(self, m: dict[str, Any], step_index: int, *, stored_content: Any = None) -> None:
+        """The message a finishing step appends (one per step: it rides on the step's history row).
+        `stored_content`: what the row holds instead of the content (a blob reference)."""
         self._finished.setdefault(step_index, {}).update(
             role=m["role"],
-            content=m.get("content"),
+            content=m.get("content") if stored_content is None else stored_content,
             tool_calls=m.get("tool_calls"),
             tool_call_id=m.get("tool_call_id"),
         )
         self.task.transcript.append(m)
+        self.task.message_steps.append(step_index)
 
     def _attach_finished(self) -> None:
         """Put each finished step's outcome and message on the history row of its finish event."""
@@ -326,6 +345,7 @@ class StepTxn:
             raise StaleTransition(f"task {t.id}: a row was not in its expected state")
         failpoint("after_commit")
         t.cancel_requested = outcome.cancel_requested
+        t.event_seq = outcome.event_seq
         self._trace_transitions()
 
     def _trace_transitions(self) -> None:

@@ -73,6 +73,8 @@ class NewTask:
     max_steps: int | None = None
     max_tokens: int | None = None
     deadline_s: float | None = None
+    max_context_tokens: int | None = None
+    context_policy: str | None = None  # `runner.payloads.CONTEXT_POLICIES`; None: "fail"
     idempotency_key: str | None = None
     attachment_ids: Sequence[str] = ()
     traceparent: str | None = None
@@ -91,6 +93,8 @@ class NewTask:
             "deadline_s": self.deadline_s,
             "attachment_ids": list(self.attachment_ids),
         }
+        if self.max_context_tokens is not None:  # (the hash of a task without one is unchanged)
+            body["context"] = [self.max_context_tokens, self.context_policy]
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
     def transcript(self) -> list[dict[str, Any]]:
@@ -187,6 +191,8 @@ def create_tasks(
                 "metadata": dict(spec.metadata) if spec.metadata else None,
                 "max_steps": max_steps,
                 "max_tokens": max_tokens,
+                "max_context_tokens": spec.max_context_tokens,
+                "context_policy": (spec.context_policy or "fail") if spec.max_context_tokens else None,
                 "deadline_at": now + dt.timedelta(seconds=deadline_s),
                 "next_run_at": now,
                 # every task is one trace: keep the submitter's context, or start a new trace

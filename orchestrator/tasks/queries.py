@@ -8,10 +8,10 @@ Functions take an open `Connection` and never write; a tenant, where given, scop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Row, Select, func, null, or_, select, text, union_all
+from sqlalchemy import Connection, Row, Select, func, literal, null, or_, select, text, union_all
 
 from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, tasks_t
 from orchestrator.kafka.outbox_cursor import OutboxCursor
@@ -142,18 +142,25 @@ def _text_of(content: Any) -> str:
     return " ".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
-def _transcript(conn: Connection, task_id: str) -> list[Any]:
+def _transcript(conn: Connection, task_id: str, after: int | None = None) -> list[Any]:
+    """The transcript rows (`part` 0: the goal; 1: history rows), or with `after` only the
+    history rows past that `seq` (what a runner that keeps the rest reads: `runner.transcripts`)."""
     m, e = messages_t.c, events_t.c
-    first = conn.execute(
-        select(m.role, m.content, m.tool_calls, m.tool_call_id, m.step_index)
-        .where(m.task_id == task_id)
-        .order_by(m.seq)
+    first = (
+        conn.execute(
+            select(m.role, m.content, m.tool_calls, m.tool_call_id, m.step_index, literal(0).label("part"))
+            .where(m.task_id == task_id)
+            .order_by(m.seq)
+        )
+        if after is None
+        else ()
     )
-    later = conn.execute(
-        select(e.role, e.content, e.tool_calls, e.tool_call_id, e.step_index)
-        .where(e.task_id == task_id, e.role.is_not(None))
-        .order_by(e.seq)
+    q = select(e.role, e.content, e.tool_calls, e.tool_call_id, e.step_index, literal(1).label("part")).where(
+        e.task_id == task_id, e.role.is_not(None)
     )
+    if after is not None:  # (migrated history rows have negative `seq`: no bound without one)
+        q = q.where(e.seq > after)
+    later = conn.execute(q.order_by(e.seq))
     return [*first, *later]
 
 
@@ -235,12 +242,20 @@ class TaskState:
     messages: list[dict[str, Any]]
     steps: list[StepRow]  # the open steps, in order
     attachments: list[Any]
+    # the step index of each message (None: the goal's), and how many are the goal's
+    message_steps: list[int | None] = field(default_factory=list)
+    goal_messages: int = 0
 
 
 def task_state(conn: Connection, task_id: str, task: Any = None) -> TaskState:
     """The task's state; `task` is its row when the caller has it already (the claim returns it)."""
     task = task if task is not None else get_task(conn, task_id)
     return state_of(task, _transcript(conn, task_id), list_attachments(conn, task_id))
+
+
+def transcript_rows(conn: Connection, task_id: str, after: int | None = None) -> list[Any]:
+    """`_transcript` for the runner's claim (the rows, with `part` and `step_index`)."""
+    return _transcript(conn, task_id, after)
 
 
 def state_of(task: Any, transcript: list[Any], attachments: list[Any]) -> TaskState:
@@ -250,16 +265,23 @@ def state_of(task: Any, transcript: list[Any], attachments: list[Any]) -> TaskSt
         messages=[message_dict(m) for m in transcript],
         steps=open_steps(task, transcript),
         attachments=attachments,
+        message_steps=[m.step_index if getattr(m, "part", 1) else None for m in transcript],
+        goal_messages=sum(1 for m in transcript if getattr(m, "part", 1) == 0),
     )
 
 
 # The same reads as `task_state`, as SQL text for PostgreSQL's one-message claim
 # (`runner.lease.claim_with_state`): `{task}` is an expression that yields the task's id.
+# A runner that keeps transcripts (`runner.transcripts`) names the positions it has in the
+# transaction-local setting `dayzero.known` (a JSON object, task id -> `seq`): for a task named
+# there only the history rows past its position are read, and not the goal.
+_KNOWN_PG = "nullif(current_setting('dayzero.known', true), '')::jsonb"
 STATE_SQL_PG = (
-    "SELECT role, content, tool_calls, tool_call_id, step_index FROM ("
+    "SELECT role, content, tool_calls, tool_call_id, step_index, part FROM ("
     "SELECT 0 AS part, seq, role, content, tool_calls, tool_call_id, step_index FROM messages "
-    "WHERE task_id = ({task}) UNION ALL "
+    f"WHERE task_id = ({{task}}) AND NOT coalesce({_KNOWN_PG} ? ({{task}}), false) UNION ALL "
     "SELECT 1, seq, role, content, tool_calls, tool_call_id, step_index FROM events "
-    "WHERE task_id = ({task}) AND role IS NOT NULL) m ORDER BY part, seq",
+    "WHERE task_id = ({task}) AND role IS NOT NULL "
+    f"AND seq > coalesce(({_KNOWN_PG} ->> ({{task}}))::bigint, {-(2**62)})) m ORDER BY part, seq",
     "SELECT * FROM attachments WHERE task_id = ({task}) ORDER BY created_at",
 )

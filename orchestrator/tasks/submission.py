@@ -72,6 +72,8 @@ def to_new_task(
         max_steps=body.budget.max_steps,
         max_tokens=body.budget.max_tokens,
         deadline_s=body.budget.deadline_s,
+        max_context_tokens=body.budget.max_context_tokens,
+        context_policy=body.budget.context_policy,
         idempotency_key=idempotency_key,
         attachment_ids=attachment_ids,
         traceparent=traceparent,

@@ -34,8 +34,9 @@ number, `event` = its type (`task.created`, `task.running`, `step.started`, …)
 def _read(engine: Engine, task_id: str, after: int) -> tuple[bool, list[Any]]:
     with engine.connect() as conn:
         terminal = TaskStatus(get_task(conn, task_id).status) in TERMINAL_TASK_STATUSES
-        rows = conn.execute(
-            select(events_t)
+        e = events_t.c
+        rows = conn.execute(  # not the history columns: a long task's messages are megabytes
+            select(e.id, e.task_id, e.seq, e.type, e.payload, e.created_at)
             .where(events_t.c.task_id == task_id, events_t.c.seq > after)
             .order_by(events_t.c.seq)
             .limit(500)

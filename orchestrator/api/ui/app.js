@@ -208,6 +208,9 @@ function render() {
       fact("steps", String(u.steps)),
       fact("tokens in", String(u.prompt_tokens)), fact("cached", String(u.cached_tokens)),
       fact("out", String(u.completion_tokens)),
+      fact("context", t.limits && t.limits.max_context_tokens
+        ? el("b", { id: "task-context", text: `${t.limits.max_context_tokens} tokens, ${t.limits.context_policy}` })
+        : el("b", { id: "task-context", text: "no cap" })),
       fact("duration", fmtDuration(((t.finished_at ? ms(t.finished_at) : Date.now()) - ms(t.created_at)) / 1000)),
       fact("trace", trace),
       fact("id", el("a", { id: "task-link", class: "id", href: "#/tasks/" + t.id, title: "this task's address: copy it to share", text: t.id }))));

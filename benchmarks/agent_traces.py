@@ -1,0 +1,456 @@
+"""Agent-trace replay through the whole stack: per-turn host cost and prefix-cache reuse of long
+agent tasks whose transcripts grow to a target size.
+
+What runs: a scratch PostgreSQL database, `dayzero serve` (REST), `dayzero worker` (Celery tool
+worker, Redis broker), `dayzero runner` processes (one per concurrent task) and `dayzero infer
+serve` (our inference server with the engine: `--dummy`, random weights and the byte tokenizer,
+or `--model DIR`, e.g. the bundled demo checkpoint). Between the runners and the inference server
+sits this module's *scripted proxy*: it forwards each chat request byte for byte to the server,
+which renders, tokenizes, looks up its prefix cache and prefills as for any request (the tasks
+ask for `max_tokens: 1`, so decoding is one token), and replaces the answer's message with the
+trace's scripted one. The trace is therefore deterministic while the render, tokenize,
+prefix-cache and prefill path is the real one. The proxy's own time is outside every figure
+below (they come from the runner, the client and the server).
+
+A trace: each task (several at once, sharing a system prompt) alternates `workspace_write` of a
+document (1-50 KB, in the assistant's tool-call arguments) and `workspace_read` of it (the tool
+result, through the Celery worker), until its transcript reaches the target size, then answers.
+
+Per model turn (from the task's attempts, `GET /v1/tasks/{id}`): runner time before the call
+(`runner_ms`: the step's preparation; `encode_ms`: the client's choice of messages and JSON body),
+request bytes and wire form (incremental or full, and why), the server's read+parse, preparation
+and render+tokenize times, prompt tokens computed vs cached vs ideal (ideal cached: the previous
+turn's whole prompt), and TTFT. `--wire full` makes the proxy hide the server's conversation
+acknowledgement, so the client sends every transcript whole (the path before incremental
+requests), for comparison.
+
+    python -m benchmarks.agent_traces [--sizes 32768,131072] [--tasks 9] [--model DIR | --dummy]
+        [--wire incremental|full] [--out docs/results/agent_traces.json] [--png F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
+WORDS = ["contract", "clause", "party", "liability", "payment", "invoice", "schedule", "termination", "notice", "warranty", "indemnity", "audit", "report", "revenue", "region", "quarter", "module", "function", "return", "value", "error", "retry", "cache", "block", "token", "layer", "state", "request", "server", "client", "budget", "policy"]
+
+
+# -- the trace ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TraceSpec:
+    """One task's script: the sizes (KB) of the documents it writes and reads back, in order."""
+
+    docs_kb: tuple[int, ...]
+
+    @property
+    def turns(self) -> int:
+        return 2 * len(self.docs_kb) + 1  # write, read per document, then the answer
+
+    @staticmethod
+    def growing_to(target_tokens: int, seed: int, bytes_per_token: float, max_turns: int) -> TraceSpec:
+        """Documents of 1-50 KB whose write + read add up to about `target_tokens`."""
+        rng = random.Random(seed)
+        budget = target_tokens * bytes_per_token / 2  # each document is in the transcript twice
+        n = max(1, min((max_turns - 1) // 2, int(budget // 1024)))
+        mean_kb = max(1.0, budget / 1024 / n)
+        docs = [max(1, min(50, round(rng.uniform(0.5, 1.5) * mean_kb))) for _ in range(n)]
+        return TraceSpec(tuple(docs))
+
+
+def document(key: str, i: int, kb: int) -> str:
+    rng = random.Random(f"{key}:{i}")
+    words: list[str] = []
+    size = 0
+    while size < kb * 1024:
+        w = rng.choice(WORDS) + (str(rng.randint(0, 999)) if rng.random() < 0.2 else "")
+        words.append(w)
+        size += len(w) + 1
+    return " ".join(words)[: kb * 1024]
+
+
+def scripted_reply(key: str, spec: TraceSpec, turn: int) -> tuple[dict[str, Any], str]:
+    """The assistant message of `turn` (0-based) and its finish reason."""
+    if turn >= 2 * len(spec.docs_kb):
+        return {"role": "assistant", "content": f"done after {turn} turns"}, "stop"
+    i = turn // 2
+    if turn % 2 == 0:
+        name, args = "workspace_write", {"path": f"doc{i}.txt", "content": document(key, i, spec.docs_kb[i])}
+    else:
+        name, args = "workspace_read", {"path": f"doc{i}.txt"}
+    call = {"id": f"functions.{name}:{turn}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+
+
+# -- the scripted proxy ------------------------------------------------------------------------
+class ScriptedProxy:
+    """Forwards chat requests to the inference server and answers with the trace's message."""
+
+    def __init__(self, upstream: str, *, hide_conversation: bool = False) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.hide_conversation = hide_conversation
+        self.specs: dict[str, TraceSpec] = {}  # prompt_cache_key (task id) -> script
+        self.turns: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._http = httpx.Client(timeout=3600)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                r = proxy._http.get(proxy.upstream + self.path)
+                self._send(r.status_code, r.content)
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                status, body = proxy.chat(raw, {k: v for k, v in self.headers.items() if k.lower() == "traceparent"})
+                self._send(status, body)
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ScriptedProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._http.close()
+
+    def chat(self, raw: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        req = json.loads(raw)
+        key = req.get("prompt_cache_key") or ""
+        with self._lock:
+            if key not in self.specs:
+                self.specs[key] = _spec_of(req["messages"])
+        r = self._http.post(
+            self.upstream + "/v1/chat/completions", content=raw, headers={"content-type": "application/json", **headers}
+        )
+        if r.status_code != 200:
+            return r.status_code, r.content  # a 409 `conversation_unknown` included: resent whole
+        resp = r.json()
+        with self._lock:
+            turn = self.turns.get(key, 0)
+            self.turns[key] = turn + 1
+        msg, finish = scripted_reply(key, self.specs[key], turn)
+        resp["choices"][0]["message"] = msg
+        resp["choices"][0]["finish_reason"] = finish
+        if self.hide_conversation:
+            resp.get("dayzero", {}).pop("conversation", None)
+        return 200, json.dumps(resp).encode()
+
+
+def _spec_of(messages: list[dict[str, Any]]) -> TraceSpec:
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and "trace:" in content:
+            d = json.JSONDecoder().raw_decode(content.split("trace:", 1)[1])[0]
+            return TraceSpec(tuple(d["docs_kb"]))
+    raise ValueError("a trace task's first request carries its script ('trace:' in the goal)")
+
+
+# -- a run -------------------------------------------------------------------------------------
+def submit(client: httpx.Client, spec: TraceSpec, system_prompt: str) -> str:
+    body = {
+        "goal": "trace:" + json.dumps({"docs_kb": list(spec.docs_kb)}),
+        "system_prompt": system_prompt,
+        "allowed_tools": ["workspace_write", "workspace_read"],
+        "budget": {"max_steps": 4 * spec.turns, "deadline_s": 86400},
+        "sampling": {"max_tokens": 1, "temperature": 0},
+    }
+    r = client.post("/v1/tasks", json=body)
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+def turn_rows(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model turns of a finished task, with the figures of their successful attempts."""
+    rows: list[dict[str, Any]] = []
+    prev_prompt = 0
+    for step in task.get("steps") or []:
+        if step.get("kind") != "model":
+            continue
+        ok = [a for a in step.get("attempts") or [] if a.get("status") == "SUCCEEDED"]
+        u = (ok[-1].get("usage") if ok else None) or {}
+        prompt, cached = int(u.get("prompt_tokens") or 0), int(u.get("cached_tokens") or 0)
+        server = u.get("server_ms") or {}
+        host = sum(float(v or 0) for v in (u.get("runner_ms"), u.get("encode_ms"), server.get("parse_ms"), server.get("prepare_ms")))
+        rows.append({
+            "turn": len(rows), "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": prompt - cached,
+            "ideal_cached_tokens": prev_prompt, "request_bytes": u.get("request_bytes"), "wire": u.get("wire"),
+            "runner_ms": u.get("runner_ms"), "encode_ms": u.get("encode_ms"), "server_parse_ms": server.get("parse_ms"),
+            "server_prepare_ms": server.get("prepare_ms"), "server_render_ms": server.get("render_ms"),
+            "host_ms": round(host, 3), "ttft_ms": u.get("ttft_ms"),
+        })  # fmt: skip
+        prev_prompt = prompt
+    return rows
+
+
+def run_trace(api: str, key: str, specs: list[TraceSpec], system_prompt: str, timeout_s: float) -> list[dict[str, Any]]:
+    """Submit every task at once, wait for all (progress on stderr); their rows."""
+    with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
+        ids = [submit(client, s, system_prompt) for s in specs]
+        total = sum(s.turns for s in specs)
+        end = time.monotonic() + timeout_s
+        tasks: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < end:
+            done_turns = 0
+            for tid in ids:
+                if tid in tasks:
+                    done_turns += specs[ids.index(tid)].turns
+                    continue
+                t = client.get(f"/v1/tasks/{tid}").json()
+                if t["status"] in TERMINAL:
+                    tasks[tid] = t
+                    done_turns += specs[ids.index(tid)].turns
+                else:
+                    done_turns += (((t.get("usage") or {}).get("steps") or 0) + 1) // 2
+            bar = "#" * int(30 * done_turns / total)
+            print(f"\r[{bar:<30}] {done_turns}/{total} model turns", end="", file=sys.stderr, flush=True)
+            if len(tasks) == len(ids):
+                break
+            time.sleep(1.0)
+        print(file=sys.stderr)
+        out = []
+        for tid in ids:
+            t = tasks.get(tid) or client.get(f"/v1/tasks/{tid}").json()
+            out.append({"task": tid, "status": t["status"], "error": t.get("error"), "turns": turn_rows(t)})
+        return out
+
+
+def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
+    turns = [r for t in tasks for r in t["turns"]]
+    later = [r for r in turns if r["turn"] > 0]
+    ideal = sum(r["ideal_cached_tokens"] for r in later)
+    cached = sum(min(r["cached_tokens"], r["ideal_cached_tokens"]) for r in later)
+
+    def pct(vals: list[float], q: float) -> float | None:
+        vals = sorted(v for v in vals if v is not None)
+        return round(vals[min(len(vals) - 1, int(q * len(vals)))], 3) if vals else None
+
+    big = [r for r in later if r["prompt_tokens"] >= 0.75 * size]
+    return {
+        "target_tokens": size,
+        "tasks": len(tasks),
+        "statuses": sorted({t["status"] for t in tasks}),
+        "model_turns": len(turns),
+        "max_prompt_tokens": max((r["prompt_tokens"] for r in turns), default=0),
+        "cached_share_of_ideal": round(cached / ideal, 4) if ideal else None,
+        "wire_forms": {w: sum(1 for r in turns if r["wire"] == w) for w in sorted({str(r["wire"]) for r in turns})},
+        "host_ms_p50": pct([r["host_ms"] for r in later], 0.5),
+        "host_ms_p90": pct([r["host_ms"] for r in later], 0.9),
+        "host_ms_p50_last_quarter": pct([r["host_ms"] for r in big], 0.5),
+        "request_bytes_p50_last_quarter": pct([r["request_bytes"] for r in big], 0.5),
+        "server_render_ms_p50_last_quarter": pct([r["server_render_ms"] for r in big], 0.5),
+        "ttft_ms_p50_last_quarter": pct([r["ttft_ms"] for r in big], 0.5),
+    }
+
+
+def _bytes_per_token(model: str | None) -> float:
+    """How many bytes of trace text a token holds: 1 for the byte tokenizer (`--dummy`), measured
+    on a document for a checkpoint's."""
+    if model is None:
+        return 1.0
+    from inference.tokenizer import load_tokenizer
+
+    text = document("calibrate", 0, 16)
+    return len(text.encode()) / max(1, len(load_tokenizer(model).encode(text)))
+
+
+def _median(vals: list[float]) -> float:
+    vals = sorted(vals)
+    return vals[len(vals) // 2] if vals else 0.0
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for res in results:
+        label = f"{res['target_tokens'] // 1024}K {res['wire']}{' host-only' if res.get('mode') else ''}"
+        rows = [r for t in res["tasks"] for r in t["turns"] if r["turn"] > 0]
+        rows.sort(key=lambda r: r["prompt_tokens"])
+        x = [r["prompt_tokens"] for r in rows]
+        axes[0].plot(x, [r["host_ms"] for r in rows], ".", ms=3, label=label)
+        axes[1].plot(x, [r["request_bytes"] or 0 for r in rows], ".", ms=3, label=label)
+        if res.get("mode") != "host_only":
+            axes[2].plot(x, [r["cached_tokens"] / max(1, r["ideal_cached_tokens"]) for r in rows], ".", ms=3, label=label)
+    axes[0].set(xlabel="prompt tokens", ylabel="host ms per turn (runner + client + server parse/prepare)", yscale="log")
+    axes[1].set(xlabel="prompt tokens", ylabel="request bytes", yscale="log")
+    axes[2].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def host_only(specs: list[TraceSpec], system_prompt: str, model: str | None, wire: str) -> list[dict[str, Any]]:
+    """The same traces through the host path alone, in this process (no engine, no network):
+    the client's choice of messages and JSON body, the server's JSON parse and its preparation
+    (render + tokenize), one task after another. For sizes whose prefill this machine cannot run."""
+    from inference.chat import load_frontend
+    from inference.server.protocol import OpenAIError, OpenAIServing
+    from inference.tokenizer import ByteTokenizer, load_tokenizer
+    from orchestrator.inference_client import Sampling, chat_request_body
+    from orchestrator.inference_wire import ConversationMemo
+
+    front = load_frontend(load_tokenizer(model), model) if model else load_frontend(ByteTokenizer(), None)
+    serving = OpenAIServing(front, "trace", 1 << 30)
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("workspace_write", "workspace_read")]
+    out = []
+    for k, spec in enumerate(specs):
+        key, memo = f"host-{k}", ConversationMemo()
+        msgs: list[dict[str, Any]] = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": "trace:" + json.dumps({"docs_kb": list(spec.docs_kb)})},
+        ]
+        rows: list[dict[str, Any]] = []
+        for turn in range(spec.turns):
+            t0 = time.perf_counter()
+            plan = memo.plan(key, msgs) if wire == "incremental" else memo.plan(None, msgs)
+            raw = json.dumps(chat_request_body("trace", plan.messages, tools, Sampling(cache_key=key), plan.extends)).encode()
+            t1 = time.perf_counter()
+            try:
+                p = serving.prepare_chat(json.loads(raw))
+            except OpenAIError:
+                raise SystemExit("host-only trace: the server lost a conversation it keeps") from None
+            t2 = time.perf_counter()
+            if wire == "incremental" and p.kept_messages == len(msgs):
+                memo.kept(key, msgs, len(msgs))
+            rows.append({
+                "turn": turn, "prompt_tokens": len(p.prompt_token_ids), "request_bytes": len(raw),
+                "client_ms": round((t1 - t0) * 1000, 3), "server_ms": round((t2 - t1) * 1000, 3),
+                "server_render_ms": round(p.timings_ms["render_ms"], 3), "host_ms": round((t2 - t0) * 1000, 3),
+                "wire": "incremental" if plan.extends else "full",
+            })  # fmt: skip
+            msg, _ = scripted_reply(key, spec, turn)
+            msgs = [*msgs, msg]
+            if msg.get("tool_calls"):
+                call = msg["tool_calls"][0]
+                args = json.loads(call["function"]["arguments"])
+                content = args.get("content") or document(key, turn // 2, spec.docs_kb[turn // 2])
+                result = {"content": content, "size": len(content), "offset": 0, "eof": True, "encoding": "utf-8"}
+                msgs = [*msgs, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
+        print(f"host-only task {k + 1}/{len(specs)}: {rows[-1]['prompt_tokens']} tokens", file=sys.stderr, flush=True)
+        out.append({"task": key, "turns": rows})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.ingest_kafka import scratch_database
+    from benchmarks.trace_stack import StackOptions, stack
+    from orchestrator.auth import create_api_key
+    from orchestrator.db import migrate
+    from orchestrator.db.engine import make_engine
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="32768,131072", help="target transcript tokens, comma-separated")
+    p.add_argument("--tasks", type=int, default=9, help="tasks at once (each with its runner)")
+    p.add_argument("--max-turns", type=int, default=101)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="checkpoint folder (default: --dummy)")
+    src.add_argument("--dummy", action="store_true")
+    p.add_argument("--wire", choices=["incremental", "full"], default="incremental")
+    p.add_argument("--system-kb", type=int, default=8, help="the shared system prompt's size")
+    p.add_argument("--infer-args", default="", help="more `dayzero infer serve` arguments")
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--host-only", action="store_true", help="the host path alone, in process (see host_only)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--png", type=Path, default=None)
+    args = p.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    bytes_per_token = _bytes_per_token(args.model)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack's processes on the way out
+    system_prompt = "You are a careful agent. Reference material follows.\n" + document("system", 0, args.system_kb)
+    results = []
+    for size in sizes:
+        specs = [TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns) for seed in range(args.tasks)]
+        if args.host_only:
+            t0 = time.perf_counter()
+            tasks = host_only(specs, system_prompt, args.model, args.wire)
+            rows = [r for t in tasks for r in t["turns"] if r["turn"] > 0]
+            big = [r for r in rows if r["prompt_tokens"] >= 0.75 * max(r["prompt_tokens"] for r in rows)]
+            res = {
+                "mode": "host_only", "wire": args.wire, "target_tokens": size, "tasks_run": len(tasks),
+                "max_prompt_tokens": max(r["prompt_tokens"] for r in rows),
+                "host_ms_p50_last_quarter": _median([r["host_ms"] for r in big]),
+                "host_ms_max_last_quarter": max(r["host_ms"] for r in big),
+                "server_render_ms_p50_last_quarter": _median([r["server_render_ms"] for r in big]),
+                "request_bytes_p50_last_quarter": _median([r["request_bytes"] for r in big]),
+                "wall_s": round(time.perf_counter() - t0, 1), "tasks": tasks,
+            }  # fmt: skip
+            results.append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "tasks"}), file=sys.stderr, flush=True)
+            continue
+        work = Path(f"/tmp/dz-traces-{uuid.uuid4().hex[:6]}")
+        (work / "ws").mkdir(parents=True)
+        opts = StackOptions(
+            model=args.model, max_model_len=int(size * 1.5) + 65536, runners=args.tasks, wire=args.wire,
+            infer_args=tuple(args.infer_args.split()),
+        )
+        t0 = time.perf_counter()
+        with scratch_database() as db_url:
+            engine = make_engine(db_url)
+            migrate.upgrade(engine)
+            with engine.begin() as conn:
+                key = create_api_key(conn, "traces").key
+            engine.dispose()
+            with stack(db_url, work, opts) as (api, _proxy):
+                tasks = run_trace(api, key, specs, system_prompt, args.timeout)
+        res = {"wire": args.wire, **summarise(tasks, size), "wall_s": round(time.perf_counter() - t0, 1), "tasks": tasks}
+        results.append(res)
+        print(json.dumps({k: v for k, v in res.items() if k != "tasks"}), file=sys.stderr, flush=True)
+    out = {
+        "benchmark": "agent_traces",
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "model": args.model or "--dummy (random weights, byte tokenizer)",
+        "model_side": "scripted proxy: real render/tokenize/prefix cache/prefill (max_tokens 1), scripted message",
+        "results": results,
+    }
+    text = json.dumps(out, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    if args.png:
+        try:
+            plot(results, args.png)
+        except ImportError:
+            print("no matplotlib here: no PNG (pip install matplotlib)", file=sys.stderr)
+    print(json.dumps([{k: v for k, v in r.items() if k != "tasks"} for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
