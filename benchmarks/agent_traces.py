@@ -49,7 +49,40 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
-WORDS = ["contract", "clause", "party", "liability", "payment", "invoice", "schedule", "termination", "notice", "warranty", "indemnity", "audit", "report", "revenue", "region", "quarter", "module", "function", "return", "value", "error", "retry", "cache", "block", "token", "layer", "state", "request", "server", "client", "budget", "policy"]
+WORDS = [
+    "contract",
+    "clause",
+    "party",
+    "liability",
+    "payment",
+    "invoice",
+    "schedule",
+    "termination",
+    "notice",
+    "warranty",
+    "indemnity",
+    "audit",
+    "report",
+    "revenue",
+    "region",
+    "quarter",
+    "module",
+    "function",
+    "return",
+    "value",
+    "error",
+    "retry",
+    "cache",
+    "block",
+    "token",
+    "layer",
+    "state",
+    "request",
+    "server",
+    "client",
+    "budget",
+    "policy",
+]
 
 
 # -- the trace ---------------------------------------------------------------------------------
@@ -94,7 +127,11 @@ def scripted_reply(key: str, spec: TraceSpec, turn: int) -> tuple[dict[str, Any]
         name, args = "workspace_write", {"path": f"doc{i}.txt", "content": document(key, i, spec.docs_kb[i])}
     else:
         name, args = "workspace_read", {"path": f"doc{i}.txt"}
-    call = {"id": f"functions.{name}:{turn}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    call = {
+        "id": f"functions.{name}:{turn}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
     return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
 
 
@@ -123,7 +160,9 @@ class ScriptedProxy:
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                status, body = proxy.chat(raw, {k: v for k, v in self.headers.items() if k.lower() == "traceparent"})
+                status, body = proxy.chat(
+                    raw, {k: v for k, v in self.headers.items() if k.lower() == "traceparent"}
+                )
                 self._send(status, body)
 
             def _send(self, status: int, body: bytes) -> None:
@@ -154,7 +193,9 @@ class ScriptedProxy:
             if key not in self.specs:
                 self.specs[key] = _spec_of(req["messages"])
         r = self._http.post(
-            self.upstream + "/v1/chat/completions", content=raw, headers={"content-type": "application/json", **headers}
+            self.upstream + "/v1/chat/completions",
+            content=raw,
+            headers={"content-type": "application/json", **headers},
         )
         if r.status_code != 200:
             return r.status_code, r.content  # a 409 `conversation_unknown` included: resent whole
@@ -204,7 +245,15 @@ def turn_rows(task: dict[str, Any]) -> list[dict[str, Any]]:
         u = (ok[-1].get("usage") if ok else None) or {}
         prompt, cached = int(u.get("prompt_tokens") or 0), int(u.get("cached_tokens") or 0)
         server = u.get("server_ms") or {}
-        host = sum(float(v or 0) for v in (u.get("runner_ms"), u.get("encode_ms"), server.get("parse_ms"), server.get("prepare_ms")))
+        host = sum(
+            float(v or 0)
+            for v in (
+                u.get("runner_ms"),
+                u.get("encode_ms"),
+                server.get("parse_ms"),
+                server.get("prepare_ms"),
+            )
+        )
         rows.append({
             "turn": len(rows), "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": prompt - cached,
             "ideal_cached_tokens": prev_prompt, "request_bytes": u.get("request_bytes"), "wire": u.get("wire"),
@@ -216,7 +265,9 @@ def turn_rows(task: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_trace(api: str, key: str, specs: list[TraceSpec], system_prompt: str, timeout_s: float) -> list[dict[str, Any]]:
+def run_trace(
+    api: str, key: str, specs: list[TraceSpec], system_prompt: str, timeout_s: float
+) -> list[dict[str, Any]]:
     """Submit every task at once, wait for all (progress on stderr); their rows."""
     with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
         ids = [submit(client, s, system_prompt) for s in specs]
@@ -266,7 +317,9 @@ def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
         "model_turns": len(turns),
         "max_prompt_tokens": max((r["prompt_tokens"] for r in turns), default=0),
         "cached_share_of_ideal": round(cached / ideal, 4) if ideal else None,
-        "wire_forms": {w: sum(1 for r in turns if r["wire"] == w) for w in sorted({str(r["wire"]) for r in turns})},
+        "wire_forms": {
+            w: sum(1 for r in turns if r["wire"] == w) for w in sorted({str(r["wire"]) for r in turns})
+        },
         "host_ms_p50": pct([r["host_ms"] for r in later], 0.5),
         "host_ms_p90": pct([r["host_ms"] for r in later], 0.9),
         "host_ms_p50_last_quarter": pct([r["host_ms"] for r in big], 0.5),
@@ -307,8 +360,18 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         axes[0].plot(x, [r["host_ms"] for r in rows], ".", ms=3, label=label)
         axes[1].plot(x, [r["request_bytes"] or 0 for r in rows], ".", ms=3, label=label)
         if res.get("mode") != "host_only":
-            axes[2].plot(x, [r["cached_tokens"] / max(1, r["ideal_cached_tokens"]) for r in rows], ".", ms=3, label=label)
-    axes[0].set(xlabel="prompt tokens", ylabel="host ms per turn (runner + client + server parse/prepare)", yscale="log")
+            axes[2].plot(
+                x,
+                [r["cached_tokens"] / max(1, r["ideal_cached_tokens"]) for r in rows],
+                ".",
+                ms=3,
+                label=label,
+            )
+    axes[0].set(
+        xlabel="prompt tokens",
+        ylabel="host ms per turn (runner + client + server parse/prepare)",
+        yscale="log",
+    )
     axes[1].set(xlabel="prompt tokens", ylabel="request bytes", yscale="log")
     axes[2].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
     for ax in axes:
@@ -317,7 +380,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def host_only(specs: list[TraceSpec], system_prompt: str, model: str | None, wire: str) -> list[dict[str, Any]]:
+def host_only(
+    specs: list[TraceSpec], system_prompt: str, model: str | None, wire: str
+) -> list[dict[str, Any]]:
     """The same traces through the host path alone, in this process (no engine, no network):
     the client's choice of messages and JSON body, the server's JSON parse and its preparation
     (render + tokenize), one task after another. For sizes whose prefill this machine cannot run."""
@@ -329,7 +394,10 @@ def host_only(specs: list[TraceSpec], system_prompt: str, model: str | None, wir
 
     front = load_frontend(load_tokenizer(model), model) if model else load_frontend(ByteTokenizer(), None)
     serving = OpenAIServing(front, "trace", 1 << 30)
-    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("workspace_write", "workspace_read")]
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("workspace_write", "workspace_read")
+    ]
     out = []
     for k, spec in enumerate(specs):
         key, memo = f"host-{k}", ConversationMemo()
@@ -341,7 +409,9 @@ def host_only(specs: list[TraceSpec], system_prompt: str, model: str | None, wir
         for turn in range(spec.turns):
             t0 = time.perf_counter()
             plan = memo.plan(key, msgs) if wire == "incremental" else memo.plan(None, msgs)
-            raw = json.dumps(chat_request_body("trace", plan.messages, tools, Sampling(cache_key=key), plan.extends)).encode()
+            raw = json.dumps(
+                chat_request_body("trace", plan.messages, tools, Sampling(cache_key=key), plan.extends)
+            ).encode()
             t1 = time.perf_counter()
             try:
                 p = serving.prepare_chat(json.loads(raw))
@@ -362,9 +432,19 @@ def host_only(specs: list[TraceSpec], system_prompt: str, model: str | None, wir
                 call = msg["tool_calls"][0]
                 args = json.loads(call["function"]["arguments"])
                 content = args.get("content") or document(key, turn // 2, spec.docs_kb[turn // 2])
-                result = {"content": content, "size": len(content), "offset": 0, "eof": True, "encoding": "utf-8"}
+                result = {
+                    "content": content,
+                    "size": len(content),
+                    "offset": 0,
+                    "eof": True,
+                    "encoding": "utf-8",
+                }
                 msgs = [*msgs, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
-        print(f"host-only task {k + 1}/{len(specs)}: {rows[-1]['prompt_tokens']} tokens", file=sys.stderr, flush=True)
+        print(
+            f"host-only task {k + 1}/{len(specs)}: {rows[-1]['prompt_tokens']} tokens",
+            file=sys.stderr,
+            flush=True,
+        )
         out.append({"task": key, "turns": rows})
     return out
 
@@ -394,10 +474,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     bytes_per_token = _bytes_per_token(args.model)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack's processes on the way out
-    system_prompt = "You are a careful agent. Reference material follows.\n" + document("system", 0, args.system_kb)
+    system_prompt = "You are a careful agent. Reference material follows.\n" + document(
+        "system", 0, args.system_kb
+    )
     results = []
     for size in sizes:
-        specs = [TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns) for seed in range(args.tasks)]
+        specs = [
+            TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns) for seed in range(args.tasks)
+        ]
         if args.host_only:
             t0 = time.perf_counter()
             tasks = host_only(specs, system_prompt, args.model, args.wire)
@@ -418,7 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(f"/tmp/dz-traces-{uuid.uuid4().hex[:6]}")
         (work / "ws").mkdir(parents=True)
         opts = StackOptions(
-            model=args.model, max_model_len=int(size * 1.5) + 65536, runners=args.tasks, wire=args.wire,
+            model=args.model,
+            max_model_len=int(size * 1.5) + 65536,
+            runners=args.tasks,
+            wire=args.wire,
             infer_args=tuple(args.infer_args.split()),
         )
         t0 = time.perf_counter()
@@ -430,12 +517,21 @@ def main(argv: list[str] | None = None) -> int:
             engine.dispose()
             with stack(db_url, work, opts) as (api, _proxy):
                 tasks = run_trace(api, key, specs, system_prompt, args.timeout)
-        res = {"wire": args.wire, **summarise(tasks, size), "wall_s": round(time.perf_counter() - t0, 1), "tasks": tasks}
+        res = {
+            "wire": args.wire,
+            **summarise(tasks, size),
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "tasks": tasks,
+        }
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "tasks"}), file=sys.stderr, flush=True)
     out = {
         "benchmark": "agent_traces",
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "model": args.model or "--dummy (random weights, byte tokenizer)",
         "model_side": "scripted proxy: real render/tokenize/prefix cache/prefill (max_tokens 1), scripted message",
         "results": results,

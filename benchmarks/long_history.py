@@ -45,7 +45,9 @@ class ScriptedChat:
         self.lsn: list[tuple[int, int, int]] = []  # (turn, WAL position, prompt tokens)
         self.calls = 0
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Any) -> Any:
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Any
+    ) -> Any:
         from orchestrator.inference_client import AssistantTurn, ToolCall, Usage
 
         turn = sum(1 for m in messages if m.get("role") == "assistant")
@@ -89,7 +91,12 @@ def run(db_url: str, work: Path, target: int, ref_bytes: int | None, crash_at: i
     with engine.begin() as conn:
         task_id, _ = create_task(
             conn,
-            NewTask(tenant="bench", goal="Write and read back the documents.", max_steps=100_000, max_tokens=2_000_000_000),
+            NewTask(
+                tenant="bench",
+                goal="Write and read back the documents.",
+                max_steps=100_000,
+                max_tokens=2_000_000_000,
+            ),
             Budgets(max_steps=100_000, max_tokens=2_000_000_000, deadline_s=86400),
         )
 
@@ -146,7 +153,8 @@ def run(db_url: str, work: Path, target: int, ref_bytes: int | None, crash_at: i
     with engine.connect() as conn:
         task = get_task(conn, task_id)
         sizes = conn.exec_driver_sql(
-            "SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0) FROM events e WHERE task_id = %s", (task_id,)
+            "SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0) FROM events e WHERE task_id = %s",
+            (task_id,),
         ).one()
     out.update(
         status=task.status, model_turns=len(lsn), final_tokens=lsn[-1][2], history_rows=sizes[0],
@@ -177,9 +185,16 @@ def run(db_url: str, work: Path, target: int, ref_bytes: int | None, crash_at: i
         row = get_task(conn, task_id)
     claims = []
     for _ in range(5):
-        cache.put(task_id, CachedTranscript(row.created_at, row.event_seq, 1, list(state.messages), list(state.message_steps)))
+        cache.put(
+            task_id,
+            CachedTranscript(
+                row.created_at, row.event_seq, 1, list(state.messages), list(state.message_steps)
+            ),
+        )
         with engine.begin() as conn:
-            conn.exec_driver_sql("UPDATE tasks SET lease_owner = NULL, lease_until = NULL WHERE id = %s", (task_id,))
+            conn.exec_driver_sql(
+                "UPDATE tasks SET lease_owner = NULL, lease_until = NULL WHERE id = %s", (task_id,)
+            )
         with engine.connect() as conn:
             t = time.perf_counter()
             got = claim_with_state(conn, "bench", 30.0, cache)

@@ -332,7 +332,9 @@ class PromptRenderer:
         else:
             body, text = rendered
         if not (
-            (rendered is not None or (body.startswith(conv.text) and text.startswith(body)))  # (a window's are)
+            (
+                rendered is not None or (body.startswith(conv.text) and text.startswith(body))
+            )  # (a window's are)
             and self._at_special(body, cut)
             and self._at_special(text, len(body))
         ):

@@ -30,11 +30,18 @@ def probe_window(render_text: Callable[..., str]) -> bool:
         {"role": "user", "content": "probe goal"},
     ]
     for i in range(WINDOW + 4):
-        call = {"id": f"functions.probe:{i}", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
+        call = {
+            "id": f"functions.probe:{i}",
+            "type": "function",
+            "function": {"name": "probe", "arguments": "{}"},
+        }
         msgs.append({"role": "assistant", "content": f"step {i}" if i % 2 else "", "tool_calls": [call]})
         msgs.append({"role": "tool", "tool_call_id": call["id"], "content": f"result {i}"})
         if i % 3 == 2:
-            msgs += [{"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": f"more {i}"}]
+            msgs += [
+                {"role": "assistant", "content": f"answer {i}"},
+                {"role": "user", "content": f"more {i}"},
+            ]
     try:
         for n in range(head_len(msgs) + WINDOW + 1, len(msgs)):
             for k in (1, 2):
@@ -53,4 +60,3 @@ def probe_window(render_text: Callable[..., str]) -> bool:
     except ValueError:
         return False
     return True
-

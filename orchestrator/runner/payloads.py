@@ -104,7 +104,12 @@ class ContextExceeded(Exception):
         self.bound, self.cap = bound, cap
 
     def error(self) -> dict[str, Any]:
-        return {"kind": "context_exceeded", "message": str(self), "retryable": False, "max_context_tokens": self.cap}
+        return {
+            "kind": "context_exceeded",
+            "message": str(self),
+            "retryable": False,
+            "max_context_tokens": self.cap,
+        }
 
 
 def _tokens_bound(m: dict[str, Any]) -> int:

@@ -70,7 +70,9 @@ def tool_job(r: Runner, task: TaskView, step: StepView, timeout_s: float) -> Too
         task_id=task.id,
         step_index=step.index,
         attempt=step.attempt_count,
-        idempotency_key=idempotency_key(task.id, step.index, step.attempt_count, previous_error(r, task, step)),
+        idempotency_key=idempotency_key(
+            task.id, step.index, step.attempt_count, previous_error(r, task, step)
+        ),
         timeout_s=timeout_s,
         workspace=workspace,
         attachments=tuple(AttachmentRef.from_dict(a) for a in task.attachments),
@@ -164,7 +166,9 @@ def record_tool_outcome(
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
     stored = offload(text) if offload is not None else text
     tx.append_message(
-        {"role": "tool", "tool_call_id": step.tool_call_id, "content": text}, step.index, stored_content=stored
+        {"role": "tool", "tool_call_id": step.tool_call_id, "content": text},
+        step.index,
+        stored_content=stored,
     )
     if task.cancel_requested or tx.now >= task.deadline_at:
         return  # the next loop turn ends the task at this boundary

@@ -30,7 +30,9 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def dummy_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with served(["--dummy", "--max-model-len", "65536", "--num-blocks", "2048", "--max-num-seqs", "8"], log=log) as url:
+    with served(
+        ["--dummy", "--max-model-len", "65536", "--num-blocks", "2048", "--max-num-seqs", "8"], log=log
+    ) as url:
         yield url
 
 
@@ -57,7 +59,12 @@ def test_incremental_turns_are_exact_and_reuse_the_cache(db, dummy_server, tmp_p
         runners = []
         for _ in specs:  # one runner per task: the tasks run at once
             client = OpenAIChatClient(proxy.url, "dayzero-small-random", timeout_s=300)
-            cfg = RunnerConfig(lease_s=30, poll_interval_s=0.05, workspace_dir=str(tmp_path / "ws"), blob_url=str(tmp_path / "b"))
+            cfg = RunnerConfig(
+                lease_s=30,
+                poll_interval_s=0.05,
+                workspace_dir=str(tmp_path / "ws"),
+                blob_url=str(tmp_path / "b"),
+            )
             runners.append(Runner(db, client, InProcessDispatcher(registry), registry, cfg))
         threads = [threading.Thread(target=r.run_until_idle, kwargs={"timeout_s": 600}) for r in runners]
         for t in threads:
@@ -67,7 +74,8 @@ def test_incremental_turns_are_exact_and_reuse_the_cache(db, dummy_server, tmp_p
     tools = runners[0].tools.openai_tools(["workspace_write", "workspace_read"])
     with db.connect() as conn:
         details = [
-            task_detail(get_task(conn, tid), None, list_steps(conn, tid), list_attempts(conn, tid)) for tid in ids
+            task_detail(get_task(conn, tid), None, list_steps(conn, tid), list_attempts(conn, tid))
+            for tid in ids
         ]
         transcripts = [list_messages(conn, tid) for tid in ids]
     for spec, detail, transcript in zip(specs, details, transcripts, strict=True):

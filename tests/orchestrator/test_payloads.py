@@ -58,7 +58,9 @@ def test_context_policy_fail_is_a_typed_failure(db, make_runner):
         from orchestrator.db.tables import tasks_t
 
         conn.execute(
-            update(tasks_t).where(tasks_t.c.id == task_id).values(max_context_tokens=8000, context_policy="fail")
+            update(tasks_t)
+            .where(tasks_t.c.id == task_id)
+            .values(max_context_tokens=8000, context_policy="fail")
         )
     make_runner().run_until_idle(timeout_s=60)
     with db.connect() as conn:
@@ -71,7 +73,11 @@ def _transcript(n: int, size: int) -> list[dict]:
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     for i in range(n):
         msgs += [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "function": {"name": "t"}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{i}", "function": {"name": "t"}}],
+            },
             {"role": "tool", "tool_call_id": f"c{i}", "content": "r" * size},
         ]
     return msgs
@@ -80,7 +86,9 @@ def _transcript(n: int, size: int) -> list[dict]:
 def test_trim_tool_results_trims_the_oldest_first_and_keeps_the_trimmed_objects():
     msgs = _transcript(10, 1000)
     notices: dict = {}
-    sent, trimmed = apply_context_policy(msgs, cap=6000, policy="trim_tool_results", known=None, trimmed=0, notices=notices)
+    sent, trimmed = apply_context_policy(
+        msgs, cap=6000, policy="trim_tool_results", known=None, trimmed=0, notices=notices
+    )
     tools = [i for i, m in enumerate(sent) if m["role"] == "tool"]
     cut = [i for i in tools if sent[i]["content"] == trimmed_notice(1000)]
     assert cut == tools[: len(cut)] and 0 < len(cut) < len(tools)  # a prefix of them, oldest first
@@ -97,5 +105,7 @@ def test_trim_tool_results_trims_the_oldest_first_and_keeps_the_trimmed_objects(
     assert err.value.error()["kind"] == "context_exceeded"
     # nothing left to trim: it fails as well
     with pytest.raises(ContextExceeded):
-        apply_context_policy(_transcript(1, 9000), cap=2000, policy="trim_tool_results", known=None, trimmed=0, notices={})
+        apply_context_policy(
+            _transcript(1, 9000), cap=2000, policy="trim_tool_results", known=None, trimmed=0, notices={}
+        )
     assert apply_context_policy(msgs, cap=None, policy=None, known=None, trimmed=0, notices={})[0] == msgs

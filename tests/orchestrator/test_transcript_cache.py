@@ -122,7 +122,9 @@ def test_a_task_with_attachments_sends_the_same_message_objects_each_turn(db, ma
         att = add_attachment(conn, blob_url, "t1", b"notes for the task", "text/plain")
         _task_id, _ = create_task(
             conn,
-            NewTask(tenant="t1", goal="script:" + json.dumps({"cycles": 2, "tool": "echo"}), attachment_ids=[att]),
+            NewTask(
+                tenant="t1", goal="script:" + json.dumps({"cycles": 2, "tool": "echo"}), attachment_ids=[att]
+            ),
             Budgets(),
         )
     runner = make_runner(blob_url=blob_url)

@@ -22,7 +22,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["MAX_HEAD_BLOCK", "TILES", "default_num_splits", "head_block", "mla_decode_paged_fast", "pick_tile"]
+__all__ = [
+    "MAX_HEAD_BLOCK",
+    "TILES",
+    "default_num_splits",
+    "head_block",
+    "mla_decode_paged_fast",
+    "pick_tile",
+]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634

@@ -63,7 +63,10 @@ def conversation(rng: random.Random, turns: int, specials: list[str]):
             msgs = [
                 *msgs,
                 {"role": "assistant", "content": rng.choice(WORDS)},
-                {"role": "user", "content": [{"type": "text", "text": "next <image: scan.png> " + rng.choice(WORDS)}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "next <image: scan.png> " + rng.choice(WORDS)}],
+                },
             ]
 
 
@@ -94,7 +97,10 @@ def test_incremental_requests_give_the_ids_of_full_renders(name, tmp_path):
     serving = OpenAIServing(f, "m", 1 << 22)
     reference = PromptRenderer(f.template, f.tokenizer)  # renders every prompt in full
     specials = [s for s in f.tokenizer.special_tokens if s.startswith("<|")][:4]
-    stats = {k: 0 for k in ("incremental", f"full:{NO_BASE}", f"full:{HISTORY_CHANGED}", "full:conversation_unknown")}
+    stats = {
+        k: 0
+        for k in ("incremental", f"full:{NO_BASE}", f"full:{HISTORY_CHANGED}", "full:conversation_unknown")
+    }
     for seed in range(6):
         rng = random.Random(seed)
         memo = ConversationMemo()
@@ -109,7 +115,10 @@ def test_incremental_requests_give_the_ids_of_full_renders(name, tmp_path):
     assert stats[f"full:{NO_BASE}"] >= 6
     assert stats["full:conversation_unknown"] >= 2, (stats, serving.frontend.renderer.fallbacks)
     assert stats["incremental"] >= 6 * 11 // 2, stats
-    assert serving.frontend.renderer.fallbacks.get("conversation_unknown", 0) == stats["full:conversation_unknown"]
+    assert (
+        serving.frontend.renderer.fallbacks.get("conversation_unknown", 0)
+        == stats["full:conversation_unknown"]
+    )
     assert serving.frontend.renderer._windowed > 0  # the template was rendered over windows
 
 

@@ -194,7 +194,11 @@ def test_gpu_128_heads_match_reference(fast, sparse):
         lens, 64, torch.bfloat16, dev, heads=128, r=512, p=64, seed=7
     )
     g = torch.Generator(device=dev).manual_seed(1)
-    idx = torch.stack([torch.randperm(max(lens), generator=g, device=dev)[:2048] for _ in lens]) if sparse else None
+    idx = (
+        torch.stack([torch.randperm(max(lens), generator=g, device=dev)[:2048] for _ in lens])
+        if sparse
+        else None
+    )
     kw = dict(kv_lora_rank=512, scale=192**-0.5, indices=idx)
     got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
     want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, seq_lens, **kw)
