@@ -1,6 +1,6 @@
 """The chaos test's soak variant: the whole stack for minutes, with kills and outages under it.
 
-Same harness as tests/orchestrator/test_chaos.py (tests/support/chaos.py): `dayzero serve`,
+Same harness as tests/orchestrator/test_chaos.py (testing/chaos.py): `dayzero serve`,
 runners, a Celery tools worker, `dayzero ingest` and `dayzero relay` as real processes on
 PostgreSQL, a local tansu broker and Redis; tasks arrive by REST and Kafka while processes are
 SIGKILLed, database connections cut, the database refused for a while, and the model server and
@@ -11,7 +11,7 @@ is tested on its own in the relay's tests). Prints the figures as
 JSON: kills and outages, REST answers (503s included), lost / duplicated / stuck work (all must
 be empty), same-key tool replays, and task latencies (submission → final state).
 
-    python benchmarks/chaos_soak.py [--chaos-s 300] [--rest 300] [--kafka 300] [--runners 3] [--outages 5]
+    python -m benchmarks.chaos_soak [--chaos-s 300] [--rest 300] [--kafka 300] [--runners 3] [--outages 5]
         [--no-service-restarts] [--no-broker-pauses] [--out docs/results/chaos_soak.json]
 """
 
@@ -24,14 +24,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks.ingest_kafka import scratch_database
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
-from tests.support.chaos import ChaosConfig, run_chaos
-from tests.support.kafka_broker import run_tansu
-from tests.support.scripted_model import ScriptedModelServer
+from testing.chaos import ChaosConfig, run_chaos
+from testing.kafka_broker import run_tansu
+from testing.scripted_model import ScriptedModelServer
 
 REDIS_URL = os.environ.get("DAYZERO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -38,8 +38,8 @@ import torch
 from benchmarks.model_equivalence_gpu import HideFla, errors
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from tests.inference.model.deepseek_hf_mapping import published_to_hf, tiny_deepseek_v32_config
-from tests.inference.model.qwen3_next_hf_mapping import tiny_qwen3_next_config
+from testing.deepseek_hf_mapping import published_to_hf, tiny_deepseek_v32_config
+from testing.qwen3_next_hf_mapping import tiny_qwen3_next_config
 
 BLOCK = 64
 ARCHS = ("deepseek_v32", "qwen3_next")

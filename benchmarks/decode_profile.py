@@ -13,8 +13,8 @@ CUDA graphs, 128-token prompts) decodes `--steps` timed steps twice:
 One eager (no graphs) forward is also profiled for the ATen ops that launch the kernels (which op
 a small kernel belongs to). Prints JSON and writes `$OUT/decode_profile.json`.
 
-    python benchmarks/decode_profile.py                  # CUDA: the benchmark config
-    python benchmarks/decode_profile.py --quick          # CPU smoke run with the bundled small model
+    python -m benchmarks.decode_profile                  # CUDA: the benchmark config
+    python -m benchmarks.decode_profile --quick          # CPU smoke run with the bundled small model
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -32,11 +31,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/engine.py as `engine`
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine import _warm, bench_config, make_engine, rand_prompts
-
+from benchmarks.engine import _warm, bench_config, make_engine, rand_prompts
 from inference.config import parse_config
 from inference.engine import cuda_graphs, stops
 from inference.engine.engine import Engine

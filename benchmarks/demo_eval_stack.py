@@ -83,7 +83,7 @@ class Stack:
 def stack(db_url: str, work: Path, redis_db: int) -> Iterator[tuple[str, Stack]]:
     """Start the four services; yields (API base URL, Stack)."""
     from inference.demo_model.spec import DEMO_DIR
-    from tests.support.kafka_broker import free_port
+    from testing.kafka_broker import free_port
 
     broker = f"redis://127.0.0.1:6379/{redis_db}"  # a database of its own: no other test's workers
     env = {

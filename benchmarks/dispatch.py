@@ -75,7 +75,7 @@ def start_worker(kind: str, url: str, queues: str, log: Path) -> subprocess.Pope
         "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p),
         "DZ_BENCH_APP": kind,
         "DZ_BENCH_REDIS": url,
-        "DAYZERO_TOOL_MODULES": "tests.support.test_tools",
+        "DAYZERO_TOOL_MODULES": "testing.fixture_tools",
         "DAYZERO_TOOLS": "",
         "OMP_NUM_THREADS": "1",
     }

@@ -7,8 +7,8 @@ vs none at batch 1 and 32.
 Model: a Kimi-Linear-shaped random-weight config of about 2.7B total parameters (16 layers:
 12 KDA + 4 MLA, 32 experts top-4 + a shared expert, dense first layer), bf16 on the GPU.
 
-    python benchmarks/engine.py                  # CUDA + fla installed; prints JSON, writes $OUT/engine_bench.json
-    python benchmarks/engine.py --quick          # CPU smoke run with the bundled small model
+    python -m benchmarks.engine                  # CUDA + fla installed; prints JSON, writes $OUT/engine_bench.json
+    python -m benchmarks.engine --quick          # CPU smoke run with the bundled small model
 
 Recorded run (2026-11-30, one H200, torch 2.11, fla 0.6.0, transformers 5.17; 2,772,104,896-param config
 above, bf16, prompt 128, 64 timed steps): engine decode 266.6 / 4,911.1 / 12,533.1 tok/s at batch
@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import random
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -56,7 +55,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from inference.config import parse_config  # noqa: E402
 from inference.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -379,7 +377,7 @@ def decode_paths(model, spec, dtype, device) -> dict[str, Any]:
 def hf_model(model, cfg, dtype, device):
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    from tests.inference.model.kimi_hf_mapping import published_to_hf
+    from testing.kimi_hf_mapping import published_to_hf
 
     hc = KimiLinearConfig(**cfg, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     with torch.device(device):

@@ -36,13 +36,13 @@ py_test() {  # name, files...
 }
 stamp "phase 1: timed benchmarks"
 if [ -n "${KERNEL_SECTIONS-copy,decode,sweep,dsa}" ]; then
-  timeout "${KERNELS_LIMIT:-120}" python3 benchmarks/kernels.py --sections "${KERNEL_SECTIONS-copy,decode,sweep,dsa}" \
+  timeout "${KERNELS_LIMIT:-120}" python3 -m benchmarks.kernels --sections "${KERNEL_SECTIONS-copy,decode,sweep,dsa}" \
     2>&1 | cut -c1-400
   stamp "kernels done"
 fi
 engine_decode() {  # the tree to run in (its own benchmarks/engine.py and package)
   nvidia-smi -q -d CLOCK | grep --line-buffered -A3 -E "^ +(Clocks|Applications Clocks)$"
-  (cd "$1" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${ENGINE_LIMIT:-150}" python3 benchmarks/engine.py \
+  (cd "$1" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${ENGINE_LIMIT:-150}" python3 -m benchmarks.engine \
     --sections decode,decode_long --skip-hf 2>&1 | grep --line-buffered -v "^ " | cut -c1-1200)
 }
 if [ "${ENGINE:-0}" = 1 ]; then

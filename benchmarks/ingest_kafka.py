@@ -25,7 +25,7 @@ from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
 from orchestrator.db.tables import tasks_t
 from orchestrator.kafka.topics import ensure_topics
-from tests.support.kafka_broker import run_tansu
+from testing.kafka_broker import run_tansu
 
 ADMIN_URL = os.environ.get("DAYZERO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

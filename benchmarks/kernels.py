@@ -2,9 +2,9 @@
 MLA prefill (our Triton kernel vs cuDNN split vs SDPA lower-right causal), DSA indexer + top-k
 + sparse decode. Every figure follows a warm-up call of the same shapes (autotuning included).
 
-    python benchmarks/kernels.py                 # CUDA; prints JSON lines, writes $OUT/kernels_bench.json
-    python benchmarks/kernels.py --sections decode,prefill
-    python benchmarks/kernels.py --sections dsa_v32   # DeepSeek-V3.2 shapes: benchmarks/dsa_v32.py
+    python -m benchmarks.kernels                 # CUDA; prints JSON lines, writes $OUT/kernels_bench.json
+    python -m benchmarks.kernels --sections decode,prefill
+    python -m benchmarks.kernels --sections dsa_v32   # DeepSeek-V3.2 shapes: benchmarks/dsa_v32.py
 
 Shapes are the benchmark config's MLA (16 heads, latent 512 + rope 64, nope 128, v 128) and a
 DeepSeek-V3.2-shaped indexer (64 heads x 128).
@@ -61,7 +61,6 @@ import argparse
 import functools
 import json
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -70,7 +69,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from inference.kernels.dsa import PREFILL_ROWS  # noqa: E402
 from inference.kernels.dsa.fast import dsa_scores_fast, dsa_topk_paged_fast  # noqa: E402

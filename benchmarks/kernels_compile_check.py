@@ -6,7 +6,7 @@ The device has triton 3.6; the CPU venv another version, so run this under a ven
 triton 3.6 with the project's venv (torch) appended to its path:
 
     python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
-    /tmp/t36/bin/python benchmarks/kernels_compile_check.py --torch-site /work/venv/lib/python3.11/site-packages
+    /tmp/t36/bin/python -m benchmarks.kernels_compile_check --torch-site /work/venv/lib/python3.11/site-packages
 
 Pointers and strides are marked 16-divisible as the runtime specialises them: without that the
 analysis sees unaligned pointers and no load is vectorised or pipelined (a misleading result).
@@ -62,7 +62,6 @@ def main() -> None:
     extra_prefill = [(f[0], tuple(f[1:])) for f in fields]
     if args.torch_site:
         sys.path.append(args.torch_site)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

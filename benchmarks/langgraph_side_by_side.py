@@ -1,7 +1,7 @@
 """The orchestrator benchmark's task on LangGraph + PostgresSaver, for side-by-side figures.
 
 The same 20-cycle task as `orchestrator_overhead.py` (model turn, tool call, repeated; then the
-final answer: 41 steps), the same scripted model (`tests.support.scripted_model.reply`, called
+final answer: 41 steps), the same scripted model (`testing.scripted_model.reply`, called
 in-process) and the same instant tool (its ~200-byte echo), as a LangGraph `StateGraph` of two
 nodes (model, tools) checkpointed by `PostgresSaver` with `durability="sync"` (each super-step's
 checkpoint is written before the next one starts: the durability a dayzero step has).
@@ -34,11 +34,11 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 
 from benchmarks import pg_wal  # psycopg only
-from tests.support.scripted_model import reply  # stdlib only
+from testing.scripted_model import reply  # stdlib only
 
 ADMIN_DSN = os.environ.get("DAYZERO_BENCH_PG_DSN", "host=127.0.0.1 user=postgres dbname=postgres")
 CYCLES = 20
-NOTE = "x" * 180  # the instant tool's result padding, as `tests.support.test_tools.Echo`
+NOTE = "x" * 180  # the instant tool's result padding, as `testing.fixture_tools.Echo`
 
 
 class State(TypedDict):

@@ -32,7 +32,7 @@ import torch
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from tests.inference.model.kimi_hf_mapping import published_to_hf, tiny_kimi_linear_config
+from testing.kimi_hf_mapping import published_to_hf, tiny_kimi_linear_config
 
 
 class HideFla(importlib.abc.MetaPathFinder):

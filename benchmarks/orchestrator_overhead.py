@@ -42,7 +42,7 @@ from orchestrator.db.engine import make_engine
 from orchestrator.dispatch import InProcessDispatcher
 from orchestrator.inference_client import AssistantTurn, Sampling, parse_chat_completion
 from orchestrator.runner import Runner, RunnerConfig
-from tests.support.scripted_model import reply
+from testing.scripted_model import reply
 
 try:
     from orchestrator.tasks.create import NewTask, create_tasks
@@ -78,7 +78,7 @@ class InstantModel:
 
 
 def make_runner(url: str, runner_id: str) -> Runner:
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     return Runner(
         make_engine(url),
         InstantModel(),

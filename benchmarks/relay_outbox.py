@@ -27,7 +27,7 @@ from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
 from orchestrator.kafka.relay import Relay, RelayConfig, make_relay_producer
 from orchestrator.kafka.topics import ensure_topics
-from tests.support.kafka_broker import run_tansu
+from testing.kafka_broker import run_tansu
 
 
 def main() -> None:

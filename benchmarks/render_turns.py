@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 SIZES = (32_768, 131_072, 524_288, 1_048_576)
 
 

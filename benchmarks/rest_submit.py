@@ -26,7 +26,7 @@ from benchmarks.ingest_kafka import scratch_database
 from orchestrator.auth import create_api_key
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
-from tests.support.kafka_broker import free_port
+from testing.kafka_broker import free_port
 
 
 def body(i: int) -> dict:

@@ -1,6 +1,6 @@
 """Structured outputs: the share of answers that validate, and grammar compile time per schema.
 
-Every schema of the corpus (`tests/inference/structured/schemas/`, 241 tool and answer shapes)
+Every schema of the corpus (`testing/structured/schemas/`, 241 tool and answer shapes)
 asked as `response_format` (json_schema, strict), as a required tool's and a named tool's
 arguments, whole and streamed, through `dayzero infer serve` and the official `openai` SDK, with
 the bundled demo model and a random-weight `--dummy` model; each answer validated with jsonschema
@@ -30,7 +30,7 @@ def compile_times() -> dict[str, float]:
 
     from inference.structured.grammar import schema_error, with_options
     from inference.tokenizer import ByteTokenizer
-    from tests.inference.structured.corpus import load_corpus
+    from testing.structured.corpus import load_corpus
 
     tok = ByteTokenizer().grammar_tokenizer()
     times = []
@@ -52,9 +52,9 @@ def compile_times() -> dict[str, float]:
 
 
 def main() -> int:
-    from tests.inference.structured import conformance
-    from tests.inference.structured.corpus import SUPPORT_FILE, load_corpus
-    from tests.support.inference_server import served
+    from testing.inference_server import served
+    from testing.structured import conformance
+    from testing.structured.corpus import SUPPORT_FILE, load_corpus
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))

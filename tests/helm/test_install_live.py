@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from testing.kafka_broker import free_port, kafka_broker  # noqa: F401 (fixture)
 from tests.helm.chart import KAFKA, PREFIX, container, merged, render
-from tests.support.kafka_broker import free_port, kafka_broker  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -47,7 +47,7 @@ def test_counts_equal_the_built_model():
 
     from inference.config import parse_config
     from inference.model import HybridCacheSpec, build_model
-    from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
+    from testing.kimi_hf_mapping import tiny_kimi_linear_config
 
     for cfg in (
         tiny_kimi_linear_config(),

@@ -17,7 +17,7 @@ from inference.loader import (
     save_sharded,
 )
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
+from testing.kimi_hf_mapping import tiny_kimi_linear_config
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from inference.config import parse_config
 from inference.loader import INDEX_FILE, WeightLoadError, save_sharded
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
 from inference.quantized_weights import dequantize_fp8_block, dequantize_int4_packed, unpack_int4
-from tests.inference.model.deepseek_hf_mapping import published_to_hf, tiny_deepseek_v32_config
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, rel_err
+from testing.deepseek_hf_mapping import published_to_hf, tiny_deepseek_v32_config
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, rel_err
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -305,7 +305,7 @@ def test_refusals(tmp_path):
 
 @pytest.mark.parametrize("name", ["kimi_linear", "tiny_qwen3_next.json", "tiny_hybrid_vl.json"])
 def test_linear_inventory_of_the_other_families(name):
-    from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
+    from testing.kimi_hf_mapping import tiny_kimi_linear_config
 
     configs = Path(__file__).resolve().parents[2] / "inference" / "configs"
     cfg = tiny_kimi_linear_config() if name == "kimi_linear" else json.loads((configs / name).read_text())

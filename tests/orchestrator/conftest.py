@@ -14,7 +14,7 @@ from orchestrator.dispatch import InProcessDispatcher
 from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import NewTask, create_task
-from tests.support.scripted_model import ScriptedModelServer
+from testing.scripted_model import ScriptedModelServer
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 
@@ -38,7 +38,7 @@ def make_runner(db: Engine, model_server, state_dir, tmp_path) -> Iterator[Any]:
     made: list[tuple[Runner, Any, Any]] = []
 
     def factory(**cfg: Any) -> Runner:
-        registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+        registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
         client = OpenAIChatClient(model_server.url, "scripted", timeout_s=10)
         dispatcher = InProcessDispatcher(registry)
         cfg.setdefault("lease_s", 5.0)

@@ -20,7 +20,7 @@ from orchestrator.dispatch import InProcessDispatcher
 from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import NewTask, create_task, get_task, list_attempts, list_messages, list_steps
-from tests.support.inference_server import served
+from testing.inference_server import served
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 

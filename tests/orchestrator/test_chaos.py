@@ -15,8 +15,8 @@ import pytest
 
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
-from tests.support.chaos import ChaosConfig, run_chaos
-from tests.support.kafka_broker import kafka_broker as kafka_broker  # the session broker fixture
+from testing.chaos import ChaosConfig, run_chaos
+from testing.kafka_broker import kafka_broker as kafka_broker  # the session broker fixture
 from tests.workers.conftest import REDIS_URL
 
 

@@ -49,7 +49,7 @@ def _cli(tmp_path, model_url: str, *args: str, timeout: float = 120) -> subproce
         for k, v in os.environ.items()
         if not k.startswith(("DATABASE_", "CELERY_", "KAFKA_", "DAYZERO_", "OTEL_"))
     }
-    env.update(DAYZERO_INFERENCE_URL=model_url, DAYZERO_TOOL_MODULES="tests.support.test_tools",
+    env.update(DAYZERO_INFERENCE_URL=model_url, DAYZERO_TOOL_MODULES="testing.fixture_tools",
                PYTHONPATH=os.environ.get("PYTHONPATH", os.getcwd()))  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "run", *args],

@@ -32,7 +32,7 @@ def _runner_env(db_url: str, model_url: str, state_dir: Path, failpoints: str = 
     env.update(
         DATABASE_URL=db_url,
         DAYZERO_INFERENCE_URL=model_url,
-        DAYZERO_TOOL_MODULES="tests.support.test_tools",
+        DAYZERO_TOOL_MODULES="testing.fixture_tools",
         DAYZERO_TEST_STATE_DIR=str(state_dir),
         DAYZERO_LEASE_S="1.0",
         DAYZERO_POLL_INTERVAL_S="0.02",

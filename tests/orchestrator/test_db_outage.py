@@ -22,7 +22,7 @@ def test_runner_survives_killed_database_connections(pg_url, model_server, state
     db = make_engine(pg_url)
     migrate.upgrade(db)
     ids = [submit(db, {"cycles": 30, "tool": "slow_echo"}) for _ in range(2)]
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     client = OpenAIChatClient(model_server.url, "scripted")
     dispatcher = InProcessDispatcher(registry)
     runner = Runner(db, client, dispatcher, registry, RunnerConfig(lease_s=1.0, poll_interval_s=0.02))

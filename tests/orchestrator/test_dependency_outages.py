@@ -24,8 +24,8 @@ from orchestrator.dispatch import CeleryDispatcher, InProcessDispatcher
 from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import get_task, list_attempts
+from testing.kafka_broker import free_port
 from tests.orchestrator.conftest import submit
-from tests.support.kafka_broker import free_port
 from tests.workers.celery_test_app import build_app
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
@@ -78,7 +78,7 @@ def servers() -> Iterator[list[_Server]]:
 
 
 def _registry() -> Any:
-    return build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    return build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
 
 
 def _runner(db: Engine, client: Any, dispatcher: Any, registry: Any, tmp_path: Path) -> Runner:
@@ -97,9 +97,7 @@ def test_a_model_server_restart_is_waited_out(db, state_dir, tmp_path, servers):
     # Before: the model step had 3 attempts within ~1.5 s, so a SIGKILLed server that took a few
     # seconds to come back failed every task with a step in flight.
     port = free_port()
-    model = _Server(
-        [sys.executable, "-m", "tests.support.scripted_model", str(port)], port, tmp_path / "m.log"
-    )
+    model = _Server([sys.executable, "-m", "testing.scripted_model", str(port)], port, tmp_path / "m.log")
     servers.append(model)
     model.start()
     registry = _registry()
@@ -139,7 +137,7 @@ def test_a_model_server_restart_is_waited_out(db, state_dir, tmp_path, servers):
 
 def _start_tools_worker(redis_url: str, prefix: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "DZ_TEST_PREFIX": prefix, "CELERY_BROKER_URL": redis_url,
-           "CELERY_RESULT_BACKEND": redis_url, "DAYZERO_TOOL_MODULES": "tests.support.test_tools"}  # fmt: skip
+           "CELERY_RESULT_BACKEND": redis_url, "DAYZERO_TOOL_MODULES": "testing.fixture_tools"}  # fmt: skip
     cmd = [sys.executable, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker", "--queues", "tools",
            "--pool", "solo", "--loglevel", "INFO", "--hostname", f"w-{prefix}@%h",
            "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip

@@ -127,7 +127,7 @@ def test_redacted_face_photo_reaches_the_model_as_the_worker_made_it(
             NewTask(tenant="acme", goal=goal, attachment_ids=[att_id], sampling={"max_tokens": 2}),
             Budgets(),
         )
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL)
     # Redaction is switched on for this tenant only, through the runner's configuration.
     cfg = RunnerConfig(

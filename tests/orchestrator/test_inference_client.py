@@ -14,8 +14,8 @@ from orchestrator.dispatch import InProcessDispatcher
 from orchestrator.inference_client import InferenceError, OpenAIChatClient, Sampling, parse_chat_completion
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import get_task, list_attempts
+from testing.scripted_model import reply
 from tests.orchestrator.conftest import submit
-from tests.support.scripted_model import reply
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 
@@ -119,7 +119,7 @@ def test_broken_tool_call_shapes_are_kept_for_the_registry_to_reject():
 
 
 def _runner(db, url: str) -> tuple[Runner, Any, Any]:
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     client = OpenAIChatClient(url, "m")
     dispatcher = InProcessDispatcher(registry)
     policy = RunnerConfig().model_retry

@@ -15,8 +15,8 @@ import pytest
 from orchestrator.kafka.relay import Relay, RelayConfig, unpublished_count
 from orchestrator.kafka.topics import ensure_topics
 from orchestrator.store import list_events
+from testing.kafka_broker import consume_all, kafka_broker  # noqa: F401 - the session broker fixture
 from tests.orchestrator.conftest import submit
-from tests.support.kafka_broker import consume_all, kafka_broker  # noqa: F401 - the session broker fixture
 
 
 class _Sent:

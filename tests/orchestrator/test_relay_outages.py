@@ -10,9 +10,9 @@ import pytest
 from kafka.errors import KafkaTimeoutError
 
 from orchestrator.kafka.relay import Relay, RelayConfig, unpublished_count
+from testing.db_outage import database_down
 from tests.orchestrator.conftest import submit
 from tests.orchestrator.test_relay import FakeProducer, _Sent
-from tests.support.db_outage import database_down
 
 
 class FlakyBroker(FakeProducer):
@@ -90,7 +90,7 @@ def test_relay_publishes_again_after_a_real_broker_restart(db, make_runner):
     # forever and /healthz stayed 200. Now the producer is built anew after a broker error.
     from orchestrator.kafka.relay import make_relay_producer
     from orchestrator.kafka.topics import ensure_topics
-    from tests.support.kafka_broker import consume_all, free_port, run_tansu
+    from testing.kafka_broker import consume_all, free_port, run_tansu
 
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"

@@ -38,7 +38,7 @@ def test_runner_logs_each_task_and_its_steps_and_the_stop(db, db_url, model_serv
         DATABASE_URL=db_url,
         DAYZERO_INFERENCE_URL=model_server.url,
         DAYZERO_INFERENCE_MODEL="scripted",
-        DAYZERO_TOOL_MODULES="tests.support.test_tools",
+        DAYZERO_TOOL_MODULES="testing.fixture_tools",
         DAYZERO_WORKSPACE_DIR=str(tmp_path / "ws"),
         DAYZERO_POLL_INTERVAL_S="0.05",
         PYTHONPATH=str(REPO),

@@ -99,7 +99,7 @@ def celery_worker(tmp_path):
         "PYTHONPATH": str(REPO),
         "CELERY_BROKER_URL": REDIS_URL,
         "CELERY_RESULT_BACKEND": REDIS_URL,
-        "DAYZERO_TOOL_MODULES": "tests.support.test_tools",
+        "DAYZERO_TOOL_MODULES": "testing.fixture_tools",
     }
     cmd = [
         sys.executable,
@@ -135,7 +135,7 @@ def test_image_task_through_celery_workers_on_redis(
     migrate.upgrade(db)
     blob_url = str(tmp_path / "blobs")
     task_id, _ = _submit_with_images(db, blob_url, [_png(90, 60)], {"cycles": 2, "tool": "whoami"})
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL)
     client = OpenAIChatClient(model_server.url, "scripted")
     runner = Runner(

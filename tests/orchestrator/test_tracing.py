@@ -7,8 +7,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from orchestrator.store import get_task
 from orchestrator.tracing import valid_traceparent
+from testing.otel import span_exporter
 from tests.orchestrator.conftest import submit
-from tests.support.otel import span_exporter
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from preprocess import BlobStore
-from tests.support.otel import span_exporter
+from testing.otel import span_exporter
 from tools.config import ToolsConfig
 from workers import jobs
 from workers.tool_jobs import build_registry, run_tool
@@ -53,7 +53,7 @@ def test_tool_job_span_outcome_and_error(tmp_path, monkeypatch):
     monkeypatch.setenv("DAYZERO_TEST_STATE_DIR", str(tmp_path))
     spans = span_exporter()
     spans.clear()
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     errors_before = _v("dayzero_worker_jobs_total", job="tool", outcome="error")
     base = {"task_id": "t", "step_index": 1, "idempotency_key": "t:1:1", "timeout_s": 5, "traceparent": TP}
     assert run_tool({**base, "tool": "echo", "arguments": "{}", "attempt": 1}, registry)["ok"]

@@ -37,7 +37,7 @@ def _start_tools_worker(worker_env, name: str, db_url: str, state_dir) -> tuple[
         "CELERY_BROKER_URL": REDIS_URL,
         "CELERY_RESULT_BACKEND": REDIS_URL,
         "DATABASE_URL": db_url,  # the default fence (orchestrator.runner.fence) reads it
-        "DAYZERO_TOOL_MODULES": "tests.support.test_tools",
+        "DAYZERO_TOOL_MODULES": "testing.fixture_tools",
         "DAYZERO_TEST_STATE_DIR": str(state_dir),
     }
     cmd = [
@@ -61,7 +61,7 @@ def test_redelivered_job_of_a_finished_attempt_is_refused(worker_env, pg_url, mo
     db = make_engine(pg_url)
     migrate.upgrade(db)
     app = build_app(REDIS_URL, REDIS_URL, worker_env.prefix)
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     client = OpenAIChatClient(model_server.url, "scripted", timeout_s=10)
     dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL, app=app)
     runner = Runner(db, client, dispatcher, registry, RunnerConfig(lease_s=5.0, poll_interval_s=0.05))

@@ -9,7 +9,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from inference.demo_model.spec import DEMO_DIR
-from tests.support.inference_server import served
+from testing.inference_server import served
 
 
 def test_a_rest_task_calls_a_tool_and_answers_through_the_served_checkpoint(tmp_path):

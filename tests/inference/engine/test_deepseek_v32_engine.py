@@ -11,7 +11,7 @@ import transformers
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine
 from inference.engine.request import SamplingParams
-from tests.inference.model.deepseek_hf_mapping import TINY, hf_config, published_to_hf
+from testing.deepseek_hf_mapping import TINY, hf_config, published_to_hf
 
 
 def test_greedy_equals_transformers_generate():

@@ -7,7 +7,7 @@ import transformers
 from inference.engine.engine import EngineConfig
 from inference.engine.factory import build_engine, small_model_config
 from inference.engine.request import SamplingParams
-from tests.inference.model import kimi_hf_mapping as mapping
+from testing import kimi_hf_mapping as mapping
 
 
 def test_greedy_equals_transformers_generate():

@@ -7,8 +7,8 @@ import torch
 from inference.config import parse_config
 from inference.model import HybridCacheSpec, HybridCacheTensors
 from inference.model.cache_tensors import FP8_MAX, quantize_rows_fp8
+from testing.kimi_hf_mapping import tiny_kimi_linear_config
 from tests.inference.kernels.helpers import assert_rel
-from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
 
 
 def _cache(fp8: bool) -> HybridCacheTensors:

@@ -12,8 +12,8 @@ import torch
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, init_dummy_weights
 from inference.model.mla import MLAttention
+from testing.kimi_hf_mapping import tiny_kimi_linear_config
 from tests.inference.kernels.helpers import TOL, assert_rel
-from tests.inference.model.kimi_hf_mapping import tiny_kimi_linear_config
 
 BLOCK = 16
 ALL_MLA = {"kda_layers": [], "full_attn_layers": [1, 2, 3, 4], "num_heads": 2, "head_dim": 16}

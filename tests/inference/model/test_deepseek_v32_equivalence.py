@@ -10,8 +10,8 @@ import torch
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
 from inference.model.deepseek_v32 import DeepseekForCausalLM, mtp_prefixes
-from tests.inference.model.deepseek_hf_mapping import hf_config, published_to_hf, tiny_deepseek_v32_config
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
+from testing.deepseek_hf_mapping import hf_config, published_to_hf, tiny_deepseek_v32_config
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
 PROMPT, DECODE, BLOCK = 40, 12, 8  # 52 tokens > index_topk 16: the sparse selection matters
 

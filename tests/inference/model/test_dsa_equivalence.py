@@ -10,7 +10,7 @@ import torch
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, init_dummy_weights
 from inference.model.mla import MLAttention, dsa_topk_indices
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
 
 mod = importlib.import_module("transformers.models.deepseek_v32.modeling_deepseek_v32")
 from transformers import DeepseekV32Config  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inference.kernels.kda import causal_conv_varlen, kda_chunk_ref, kda_recurrent_ref, kda_varlen, l2norm
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
 
 def _inputs(length: int, h: int = 2, d: int = 16, seed: int = 0):

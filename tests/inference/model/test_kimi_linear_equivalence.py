@@ -9,7 +9,7 @@ import torch
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from tests.inference.model.kimi_hf_mapping import (
+from testing.kimi_hf_mapping import (
     FP32_REL_TOL,
     assert_close_rel,
     published_to_hf,

@@ -9,7 +9,7 @@ import torch
 
 from inference.config import load_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
 CONFIGS = Path(__file__).resolve().parents[3] / "inference" / "configs"
 

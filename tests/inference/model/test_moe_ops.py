@@ -9,7 +9,7 @@ import torch
 from inference.config import MoESpec
 from inference.kernels.moe_experts import moe_experts_grouped, moe_experts_reference
 from inference.model.moe import SparseMoE
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
 
 
 def _spec(**kw) -> MoESpec:

@@ -15,8 +15,8 @@ from inference.kernels.kda.gdn import gdn_varlen
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
 from inference.model.qwen3_next import Qwen3NextForCausalLM
 from inference.model.text_models import NotServableError, ignored_prefixes
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
-from tests.inference.model.qwen3_next_hf_mapping import hf_config, published_to_hf, tiny_qwen3_next_config
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel
+from testing.qwen3_next_hf_mapping import hf_config, published_to_hf, tiny_qwen3_next_config
 
 PROMPT, DECODE, BLOCK = 36, 8, 8
 

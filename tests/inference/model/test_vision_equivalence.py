@@ -10,7 +10,7 @@ import torch
 
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, tiny_kimi_linear_config
 
 mod = importlib.import_module("transformers.models.kimi_k25.modeling_kimi_k25")
 from transformers import Kimi_K25Config  # noqa: E402

@@ -21,8 +21,8 @@ import torch
 from inference.config import parse_config
 from inference.model import ForwardMeta, HybridCacheSpec, HybridCacheTensors, build_model
 from inference.model.rope import RotaryAngles
-from tests.inference.model.deepseek_hf_mapping import hf_config, published_to_hf, tiny_deepseek_v32_config
-from tests.inference.model.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, rel_err
+from testing.deepseek_hf_mapping import hf_config, published_to_hf, tiny_deepseek_v32_config
+from testing.kimi_hf_mapping import FP32_REL_TOL, assert_close_rel, rel_err
 
 CONFIGS = Path(__file__).resolve().parents[3] / "inference" / "configs"
 PUBLISHED = ["deepseek_v3_671b.json", "deepseek_v32_exp.json", "kimi_k2_instruct.json", "kimi_k25.json"]

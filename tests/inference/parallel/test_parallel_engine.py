@@ -18,7 +18,7 @@ from inference.engine.factory import build_engine, small_model_config
 from inference.engine.request import SamplingParams
 from inference.model.cache_tensors import HybridCacheSpec
 from inference.parallel import ParallelConfigError, WorkerFailedError
-from tests.support.checkpoint_files import write_byte_tokenizer
+from testing.checkpoint_files import write_byte_tokenizer
 
 # small budget: every prompt is prefilled in several chunks, decodes mix with prefill chunks;
 # checkpoints every 16 tokens so the second round hits the prefix cache mid-prompt

@@ -18,8 +18,8 @@ from inference.chat import engine_frontend
 from inference.engine.factory import build_engine, small_vl_model_config
 from inference.server.images import make_image_handler
 from inference.server.protocol import OpenAIServing, mm_inputs
+from testing.checkpoint_files import write_byte_tokenizer
 from tests.inference.parallel.test_parallel_engine import CONFIG
-from tests.support.checkpoint_files import write_byte_tokenizer
 
 
 def _data_url(seed: int, size: tuple[int, int]) -> str:

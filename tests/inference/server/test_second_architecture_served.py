@@ -14,8 +14,8 @@ import torch
 from inference.config import load_config
 from inference.model import build_model
 from inference.tokenizer import ByteTokenizer
-from tests.inference.model import deepseek_hf_mapping, qwen3_next_hf_mapping
-from tests.support.inference_server import served
+from testing import deepseek_hf_mapping, qwen3_next_hf_mapping
+from testing.inference_server import served
 
 # architecture -> (its mapping helpers, transformers' model class)
 ARCHS = {

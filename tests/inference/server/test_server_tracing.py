@@ -13,7 +13,7 @@ import torch
 from inference.embedded import EMBEDDED_ENGINE_CONFIG
 from inference.engine.factory import build_engine
 from inference.server.serve import BackgroundServer
-from tests.support.otel import span_exporter
+from testing.otel import span_exporter
 
 TRACE_ID = "5b8aa5a2d2c872e8321cf37308d69df2"
 PARENT = "051581bf3cb55c13"

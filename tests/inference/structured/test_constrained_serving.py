@@ -13,9 +13,9 @@ import pytest
 
 from inference.demo_model.spec import DEMO_DIR
 from inference.structured.grammar import describes_object, schema_error, with_options
-from tests.inference.structured import conformance
-from tests.inference.structured.corpus import SUPPORT_FILE, load_corpus, load_unsupported
-from tests.support.inference_server import served
+from testing.inference_server import served
+from testing.structured import conformance
+from testing.structured.corpus import SUPPORT_FILE, load_corpus, load_unsupported
 
 pytestmark = pytest.mark.slow
 

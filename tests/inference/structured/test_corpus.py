@@ -1,5 +1,5 @@
 """The JSON-schema corpus: valid Draft 2020-12 schemas with valid examples, the keywords it covers, and
-what llguidance makes of it (recorded by `python -m tests.inference.structured.probe_support`)."""
+what llguidance makes of it (recorded by `python -m testing.structured.probe_support`)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ import json
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.inference.structured.corpus import (
+from testing.structured.corpus import (
     KEYWORDS_FILE,
     SUPPORT_FILE,
     keyword_coverage,
     load_corpus,
     load_unsupported,
 )
-from tests.inference.structured.llg_bytes import STRICT, compile_schema
-from tests.inference.structured.probe_support import KEYWORD_CASES, probe_keyword, rejected_examples
+from testing.structured.llg_bytes import STRICT, compile_schema
+from testing.structured.probe_support import KEYWORD_CASES, probe_keyword, rejected_examples
 
 CORPUS = load_corpus()
 NAMES = [e.name for e in CORPUS]
 SUPPORT = json.loads(SUPPORT_FILE.read_text(encoding="utf-8"))
 KEYWORDS = json.loads(KEYWORDS_FILE.read_text(encoding="utf-8"))
-REGENERATE = "llguidance changed its answer: rerun python -m tests.inference.structured.probe_support"
+REGENERATE = "llguidance changed its answer: rerun python -m testing.structured.probe_support"
 
 REQUIRED_KEYWORDS = [
     "$ref", "$defs", "$ref:recursive", "anyOf", "oneOf", "allOf", "enum", "enum:>=100", "const", "type[]:null",

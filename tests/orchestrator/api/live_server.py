@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from tests.support.kafka_broker import free_port
+from testing.kafka_broker import free_port
 
 
 @contextmanager

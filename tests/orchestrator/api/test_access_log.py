@@ -15,8 +15,8 @@ import httpx
 
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
+from testing.kafka_broker import free_port
 from tests.orchestrator.api.conftest import make_keys
-from tests.support.kafka_broker import free_port
 
 ACCESS = re.compile(
     r"^ts=\S+Z level=info logger=dayzero\.access msg=request method=(\w+) path=(\S+) status=(\d+) "

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from orchestrator.store import get_task
-from tests.support.otel import span_exporter
+from testing.otel import span_exporter
 
 TRACE = "5b8aa5a2d2c872e8321cf37308d69df2"
 CALLER = "051581bf3cb55c13"

@@ -12,10 +12,10 @@ from sqlalchemy import text, update
 from orchestrator.api import create_app
 from orchestrator.config import IngressSettings, Settings
 from orchestrator.store import tasks_t
+from testing.db_outage import database_down
 from tests.orchestrator.api.conftest import make_keys
 from tests.orchestrator.api.live_server import live_server
 from tests.orchestrator.api.test_sse_e2e import _read_sse
-from tests.support.db_outage import database_down
 
 
 def test_deeply_nested_body_is_a_400_before_parsing(api):

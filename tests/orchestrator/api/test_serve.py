@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from tests.support.kafka_broker import free_port
+from testing.kafka_broker import free_port
 
 
 def test_serve_with_two_workers_answers_without_a_40ms_stall(pg_url):

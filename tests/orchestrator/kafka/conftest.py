@@ -13,7 +13,7 @@ from orchestrator.auth import create_api_key
 from orchestrator.config import KafkaSettings, Settings
 from orchestrator.kafka.ingest import Ingestor, make_consumer, make_dlq_producer
 from orchestrator.kafka.topics import ensure_topics
-from tests.support.kafka_broker import kafka_broker  # noqa: F401 - the session broker fixture
+from testing.kafka_broker import kafka_broker  # noqa: F401 - the session broker fixture
 
 FAST_GROUP = {"session_timeout_ms": 4000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 5000}
 

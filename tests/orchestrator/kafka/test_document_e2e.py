@@ -65,7 +65,7 @@ def test_long_pdf_through_kafka_worker_runner_and_engine(
     recorder = RecordingEngineClient(EmbeddedEngineClient(engine, blob_url=blob_url))
     client = EmbeddedChatClient(recorder, "m")
     dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL)
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("tests.support.test_tools",)))
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
     cfg = RunnerConfig(lease_s=30, poll_interval_s=0.05, blob_url=blob_url, preprocess={"pdf_dpi": 50})
     try:
         Runner(db, client, dispatcher, registry, cfg).run_until_idle(timeout_s=400)

@@ -8,7 +8,7 @@ import time
 from orchestrator.kafka.producer import send_task
 from orchestrator.kafka.relay import Relay, RelayConfig, make_relay_producer
 from orchestrator.store import get_task, list_events
-from tests.support.kafka_broker import consume_all
+from testing.kafka_broker import consume_all
 
 
 def test_kafka_task_runs_to_completion_and_result_is_published(

@@ -9,8 +9,8 @@ import time
 from sqlalchemy import func, select
 
 from orchestrator.store import request_cancel, tasks_t
-from tests.support.kafka_broker import consume_all
-from tests.support.otel import span_exporter
+from testing.kafka_broker import consume_all
+from testing.otel import span_exporter
 
 
 def _run_until(ing, cond, timeout_s: float = 30.0) -> None:

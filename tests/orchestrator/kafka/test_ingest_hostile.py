@@ -9,8 +9,8 @@ import time
 from sqlalchemy import select
 
 from orchestrator.store import tasks_t
-from tests.support.db_outage import database_down
-from tests.support.kafka_broker import consume_all
+from testing.db_outage import database_down
+from testing.kafka_broker import consume_all
 
 
 def _run_until(ing, cond, timeout_s: float = 30.0) -> None:

@@ -24,9 +24,9 @@ import pytest
 
 from orchestrator.kafka.producer import send_task
 from orchestrator.store import get_task
-from tests.support.kafka_broker import consume_all, free_port
-from tests.support.otlp_receiver import OTLPReceiver, ReceivedSpan
-from tests.support.tool_call_proxy import ToolCallProxy
+from testing.kafka_broker import consume_all, free_port
+from testing.otlp_receiver import OTLPReceiver, ReceivedSpan
+from testing.tool_call_proxy import ToolCallProxy
 
 REPO = Path(__file__).resolve().parents[3]
 REDIS_URL = os.environ.get("DAYZERO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -112,7 +112,7 @@ def procs(tmp_path, otlp, db, kafka_broker, kafka_settings) -> Iterator[Processe
         "DAYZERO_KAFKA_HEARTBEAT_INTERVAL_MS": "1000",
         "CELERY_BROKER_URL": broker,
         "CELERY_RESULT_BACKEND": broker,
-        "DAYZERO_TOOL_MODULES": "tests.support.test_tools",
+        "DAYZERO_TOOL_MODULES": "testing.fixture_tools",
         "DAYZERO_TEST_STATE_DIR": str(tmp_path / "state"),
         "DAYZERO_WORKSPACE_DIR": str(tmp_path / "ws"),
         "DAYZERO_BLOB_DIR": str(tmp_path / "blobs"),

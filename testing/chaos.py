@@ -46,10 +46,10 @@ from orchestrator.db.models import Event, Task
 from orchestrator.kafka.relay import unpublished_count
 from orchestrator.kafka.topics import ensure_topics
 from orchestrator.store import list_messages, list_steps
-from tests.support.db_outage import cut_connections, database_down
-from tests.support.kafka_broker import consume_all, free_port
+from testing.db_outage import cut_connections, database_down
+from testing.kafka_broker import consume_all, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TENANT = "acme"
 ACTIONS = (("runner", 4), ("worker", 1), ("ingest", 1), ("relay", 1), ("cut", 2))
 SERVICE_ACTIONS = (("model", 1), ("redis", 1))  # with `ChaosConfig.service_restarts`
@@ -113,7 +113,7 @@ class Stack:
         self.procs: dict[str, list[_Proc]] = {
             "api": [_Proc("api", [py, "-m", "orchestrator.cli", "serve", "--port", str(api_port)], log_dir / "api.log")],
             "runner": [
-                _Proc("runner", [py, "-m", "tests.support.chaos_runner"], log_dir / f"runner{i}.log")
+                _Proc("runner", [py, "-m", "testing.chaos_runner"], log_dir / f"runner{i}.log")
                 for i in range(cfg.runners)
             ],
             "worker": [_Proc("worker", worker, log_dir / "worker.log")],
@@ -320,7 +320,7 @@ def run_chaos(
         model_port, redis_port = free_port(), free_port()
         (work_dir / "redis").mkdir(exist_ok=True)
         services = {
-            "model": [sys.executable, "-m", "tests.support.scripted_model", str(model_port)],
+            "model": [sys.executable, "-m", "testing.scripted_model", str(model_port)],
             "redis": ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                       "--appendonly", "yes", "--appendfsync", "always", "--dir", str(work_dir / "redis")],
         }  # fmt: skip
@@ -344,7 +344,7 @@ def run_chaos(
         DAYZERO_KAFKA_HEARTBEAT_INTERVAL_MS="1000",
         DAYZERO_INFERENCE_URL=model_url,
         DAYZERO_INFERENCE_TIMEOUT_S="30",
-        DAYZERO_TOOL_MODULES="tests.support.test_tools",
+        DAYZERO_TOOL_MODULES="testing.fixture_tools",
         DAYZERO_TEST_STATE_DIR=str(state_dir),
         DAYZERO_WORKSPACE_DIR=str(work_dir / "ws"),
         DAYZERO_BLOB_DIR=str(work_dir / "blobs"),

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 
 from inference.structured.grammar import describes_object
-from tests.inference.structured.corpus import CorpusEntry
+from testing.structured.corpus import CorpusEntry
 
 MODES = ("response_format", "tool_required", "tool_named", "json_object")
 PROMPT = "Answer with the JSON the request asks for."

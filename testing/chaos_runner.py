@@ -1,4 +1,4 @@
-"""`python -m tests.support.chaos_runner`: `dayzero runner` whose Celery app sits on a Redis key
+"""`python -m testing.chaos_runner`: `dayzero runner` whose Celery app sits on a Redis key
 prefix (DZ_TEST_PREFIX), so chaos runs share the test Redis with other tests. Everything else is
 the production runner (`orchestrator.app.make_runner`)."""
 

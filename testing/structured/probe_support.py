@@ -1,5 +1,5 @@
 """What llguidance does with the corpus and with each keyword; writes `llguidance_support.json` and
-`llguidance_keywords.json`. Run: `python -m tests.inference.structured.probe_support`."""
+`llguidance_keywords.json`. Run: `python -m testing.structured.probe_support`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import llguidance
 
-from tests.inference.structured.corpus import KEYWORDS_FILE, SUPPORT_FILE, CorpusEntry, load_corpus
-from tests.inference.structured.llg_bytes import SPACED, STRICT, accepts, compile_schema, dumps
+from testing.structured.corpus import KEYWORDS_FILE, SUPPORT_FILE, CorpusEntry, load_corpus
+from testing.structured.llg_bytes import SPACED, STRICT, accepts, compile_schema, dumps
 
 LENIENT = {"lenient": True}
 # (style, grammar options, serialisation): the examples are fed to the grammar in each style.

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-TINY = Path(__file__).resolve().parents[3] / "inference" / "configs" / "tiny_deepseek_v32.json"
+TINY = Path(__file__).resolve().parents[1] / "inference" / "configs" / "tiny_deepseek_v32.json"
 
 
 def tiny_deepseek_v32_config(**overrides: Any) -> dict[str, Any]:

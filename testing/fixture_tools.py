@@ -1,4 +1,4 @@
-"""Tools used by the orchestrator tests and benchmarks (`DAYZERO_TOOL_MODULES=tests.support.test_tools`).
+"""Tools used by the orchestrator tests and benchmarks (`DAYZERO_TOOL_MODULES=testing.fixture_tools`).
 
 State that must survive a process (attempt counters, the side-effect ledger) lives in files under
 `DAYZERO_TEST_STATE_DIR`, so runner processes killed mid-way leave evidence behind.

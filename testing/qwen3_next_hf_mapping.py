@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.inference.model.deepseek_hf_mapping import published_to_hf
+from testing.deepseek_hf_mapping import published_to_hf
 
-TINY = Path(__file__).resolve().parents[3] / "inference" / "configs" / "tiny_qwen3_next.json"
+TINY = Path(__file__).resolve().parents[1] / "inference" / "configs" / "tiny_qwen3_next.json"
 
 __all__ = ["TINY", "hf_config", "published_to_hf", "tiny_qwen3_next_config"]
 
