@@ -106,7 +106,7 @@ class Stack:
         services: dict[str, list[str]] | None = None,
     ):
         py = sys.executable
-        worker = [py, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker", "--queues", "tools",
+        worker = [py, "-m", "celery", "-A", "testing.celery_test_app", "worker", "--queues", "tools",
                   "--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO", "--without-gossip",
                   "--without-mingle", "--without-heartbeat"]  # fmt: skip
         self.env, self.prefix = env, prefix

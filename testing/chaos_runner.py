@@ -15,7 +15,7 @@ def main() -> None:
     from orchestrator.config import Settings
     from orchestrator.dispatch import CeleryDispatcher
     from orchestrator.probes import retry_until_up
-    from tests.workers.celery_test_app import build_app
+    from testing.celery_test_app import build_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from orchestrator.db.engine import make_engine
-from tests.conftest import PG_ADMIN_URL
+from testing.postgres import PG_ADMIN_URL
 
 
 def cut_connections(dbname: str) -> int:

@@ -31,11 +31,8 @@ if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-PG_ADMIN_URL = os.environ.get("DAYZERO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-
-
-def _pg_url(dbname: str) -> str:
-    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname
+from testing.postgres import PG_ADMIN_URL  # noqa: E402  (after TRITON_INTERPRET is set)
+from testing.postgres import pg_url as _pg_url  # noqa: E402
 
 
 @pytest.fixture

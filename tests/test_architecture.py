@@ -47,6 +47,8 @@ def _imported_packages(package: str) -> set[str]:
         ("workers", {"orchestrator", "inference", "training"}),
         ("orchestrator", {"training"}),
         ("core", {"orchestrator", "workers", "tools", "inference", "preprocess", "training"}),
+        ("benchmarks", {"tests"}),  # shared helpers live in `testing/`
+        ("testing", {"tests", "benchmarks"}),
     ],
 )
 def test_dependencies_point_one_way(package, forbidden):

@@ -24,9 +24,9 @@ from orchestrator.dispatch import CeleryDispatcher, InProcessDispatcher
 from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import get_task, list_attempts
+from testing.celery_test_app import build_app
 from testing.kafka_broker import free_port
 from tests.orchestrator.conftest import submit
-from tests.workers.celery_test_app import build_app
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 
@@ -138,7 +138,7 @@ def test_a_model_server_restart_is_waited_out(db, state_dir, tmp_path, servers):
 def _start_tools_worker(redis_url: str, prefix: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "DZ_TEST_PREFIX": prefix, "CELERY_BROKER_URL": redis_url,
            "CELERY_RESULT_BACKEND": redis_url, "DAYZERO_TOOL_MODULES": "testing.fixture_tools"}  # fmt: skip
-    cmd = [sys.executable, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker", "--queues", "tools",
+    cmd = [sys.executable, "-m", "celery", "-A", "testing.celery_test_app", "worker", "--queues", "tools",
            "--pool", "solo", "--loglevel", "INFO", "--hostname", f"w-{prefix}@%h",
            "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     proc = subprocess.Popen(

@@ -56,7 +56,7 @@ class WorkerEnv:
             "CELERY_RESULT_BACKEND": REDIS_URL,
         }
         cmd = [
-            sys.executable, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker",
+            sys.executable, "-m", "celery", "-A", "testing.celery_test_app", "worker",
             "--queues", "preprocess", "--pool", pool, "--concurrency", "1", "--loglevel", "INFO",
             "--hostname", f"{name}-{self.prefix}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip

@@ -15,7 +15,7 @@ import signal
 import time
 
 from preprocess import BlobStore, ProcessedImage
-from tests.workers.celery_test_app import VISIBILITY_ENV, VISIBILITY_TIMEOUT_S, build_app
+from testing.celery_test_app import VISIBILITY_ENV, VISIBILITY_TIMEOUT_S, build_app
 from tests.workers.conftest import REDIS_URL, kill_group, wait_for
 
 

@@ -13,7 +13,7 @@ from opentelemetry import context, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from preprocess import BlobStore, NotAnImageError, ProcessedImage
-from tests.workers.celery_test_app import build_app
+from testing.celery_test_app import build_app
 from tests.workers.conftest import REDIS_URL, REPO, kill_group
 from workers.celery_app import make_celery_app
 

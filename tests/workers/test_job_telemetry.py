@@ -69,7 +69,7 @@ def test_tool_job_span_outcome_and_error(tmp_path, monkeypatch):
 def test_queue_depth_is_read_from_the_broker(worker_env):
     from prometheus_client import CollectorRegistry
 
-    from tests.workers.celery_test_app import build_app
+    from testing.celery_test_app import build_app
     from tests.workers.conftest import REDIS_URL
     from workers.metrics import QueueDepthCollector
 

@@ -21,8 +21,8 @@ from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import get_task, list_attempts
+from testing.celery_test_app import build_app
 from tests.orchestrator.conftest import model_server, submit  # noqa: F401 - model_server is a fixture
-from tests.workers.celery_test_app import build_app
 from tests.workers.conftest import REDIS_URL, REPO, kill_group, wait_for
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
@@ -41,7 +41,7 @@ def _start_tools_worker(worker_env, name: str, db_url: str, state_dir) -> tuple[
         "DAYZERO_TEST_STATE_DIR": str(state_dir),
     }
     cmd = [
-        sys.executable, "-m", "celery", "-A", "tests.workers.celery_test_app", "worker",
+        sys.executable, "-m", "celery", "-A", "testing.celery_test_app", "worker",
         "--queues", "tools", "--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO",
         "--hostname", f"{name}-{worker_env.prefix}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip

@@ -1,7 +1,7 @@
 """Celery app for the worker tests: the real `make_celery_app`, isolated by a Redis key prefix,
 with a short visibility timeout, plus two test-only tasks.
 
-`celery -A tests.workers.celery_test_app worker` reads DZ_TEST_PREFIX, CELERY_BROKER_URL and
+`celery -A testing.celery_test_app worker` reads DZ_TEST_PREFIX, CELERY_BROKER_URL and
 CELERY_RESULT_BACKEND from the environment; the test process calls `build_app` with the same values.
 """
 
