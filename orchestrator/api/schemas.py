@@ -113,6 +113,12 @@ class Budget(_Strict):
     """Per-task limits; the server's defaults are the maximum. Numbers are JSON numbers: a string
     such as "5" is refused, not converted."""
 
+    # the published schema says what `_policy_needs_a_cap` checks, so clients generated from it
+    # (and the schema-driven tests) know a policy needs its cap
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"dependentRequired": {"context_policy": ["max_context_tokens"]}}
+    )
+
     max_steps: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=100_000)
     max_tokens: Annotated[int | None, JsonNumber] = Field(None, ge=1, le=1_000_000_000)
     deadline_s: Annotated[float | None, JsonNumber] = Field(None, gt=0, le=30 * 86400)
@@ -123,7 +129,8 @@ class Budget(_Strict):
 
     @model_validator(mode="after")
     def _policy_needs_a_cap(self) -> Budget:
-        if self.context_policy is not None and self.max_context_tokens is None:
+        # as the schema's dependentRequired: the field present (even null) needs the cap present
+        if "context_policy" in self.model_fields_set and "max_context_tokens" not in self.model_fields_set:
             raise PydanticCustomError(
                 "context_policy_without_cap", "budget.context_policy needs budget.max_context_tokens", {}
             )
