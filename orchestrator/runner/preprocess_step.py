@@ -18,10 +18,10 @@ from workers.jobs import describe_error as describe_job_error
 from workers.payloads import PreprocessJob
 
 if TYPE_CHECKING:
-    from orchestrator.runner.loop import Runner
+    from orchestrator.runner.context import StepContext
 
 
-def run_preprocess(r: Runner, task: TaskView) -> bool:
+def run_preprocess(r: StepContext, task: TaskView) -> bool:
     """Preprocess the task's pending image attachments, one transaction each; then READY.
 
     Returns False when the task was parked (a transient failure) or failed."""
