@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tools.base import RetryPolicy
+from core.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine

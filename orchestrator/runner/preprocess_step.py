@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from core.payloads import PreprocessJob
 from orchestrator.attachments import PDF_MEDIA_TYPE, preprocess_config_for
 from orchestrator.db.tables import attachments_t
 from orchestrator.metrics import PREPROCESS_JOBS
@@ -15,7 +16,6 @@ from orchestrator.statemachine import TaskEvent
 from orchestrator.tracing import current_traceparent, task_span, trace_error
 from tools.base import ErrorKind
 from workers.jobs import describe_error as describe_job_error
-from workers.payloads import PreprocessJob
 
 if TYPE_CHECKING:
     from orchestrator.runner.context import StepContext

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from sqlalchemy import select
 
+from core.payloads import AttachmentRef, ToolJob, idempotency_key
+from core.retry import RetryPolicy
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import attempts_t
 from orchestrator.failpoints import failpoint
@@ -21,9 +23,8 @@ from orchestrator.runner.boundary import abandon_open_steps, budget_error, sched
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent
 from orchestrator.tracing import current_traceparent, trace_error
-from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
+from tools.base import ErrorKind, ToolError, ToolSpec
 from workers.fence import not_after as job_not_after
-from workers.payloads import AttachmentRef, ToolJob, idempotency_key
 
 if TYPE_CHECKING:
     from orchestrator.runner.context import StepContext
