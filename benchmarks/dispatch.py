@@ -131,7 +131,7 @@ def main() -> None:
         "idempotency_key": "bench:1:1", "timeout_s": 30.0,
     }  # fmt: skip
     try:
-        from workers.payloads import ToolJob
+        from core.payloads import ToolJob
 
         job: Any = ToolJob(**fields)  # type: ignore[arg-type]
     except ImportError:  # the code before issue 16 took a dict (for before/after figures)

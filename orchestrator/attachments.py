@@ -27,10 +27,10 @@ from typing import Any
 
 from sqlalchemy import Connection, insert
 
-from orchestrator.api.schemas import ATTACHMENT_URL_PREFIX
 from orchestrator.clock import utcnow
 from orchestrator.config import Settings
 from orchestrator.db.tables import attachments_t
+from orchestrator.tasks.schemas import ATTACHMENT_URL_PREFIX
 from preprocess.config import PDF_MEDIA_TYPE  # stdlib only: no numpy, torch or OpenCV here
 
 PROCESSED_URL_PREFIX = "dayzero-processed:"  # + processed_sha256; see inference.server.images

@@ -1,6 +1,6 @@
 """Where tool and preprocess jobs run: in-process threads (embedded default) or Celery queues.
 
-Both implementations take the same typed payloads (`workers.payloads`) and return the same outcomes, so the runner
+Both implementations take the same typed payloads (`core.payloads`) and return the same outcomes, so the runner
 does not know which one it has. Retries are never done here: each call is one attempt.
 """
 
@@ -16,8 +16,8 @@ from contextlib import suppress
 from typing import Any, Protocol
 
 from core.outage import OutageOutlasted, wait_out
+from core.payloads import PreprocessJob, ToolJob, unknown_outcome
 from tools.base import ErrorKind
-from workers.payloads import PreprocessJob, ToolJob, unknown_outcome
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class _Cancelled(Exception):
 
 def timeout_outcome(job: ToolJob, started: float) -> dict[str, Any]:
     """No result within the attempt's time: the job may have run (or may still), so its retry
-    reuses this attempt's idempotency key (`workers.payloads.idempotency_key`)."""
+    reuses this attempt's idempotency key (`core.payloads.idempotency_key`)."""
     error = {"error": f"tool timed out after {job.timeout_s:g} s", "kind": ErrorKind.TIMEOUT.value}
     return {
         "ok": False,

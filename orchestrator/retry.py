@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass
 
 from core.backoff import backoff_cap_s
-from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
+from core.retry import RetryPolicy
+from tools.base import ErrorKind, ToolError, ToolSpec
 
 __all__ = ["Decision", "backoff_cap_s", "decide", "decide_tool", "full_jitter_s"]
 

@@ -7,7 +7,9 @@ with `UPDATE … WHERE status = :expected` and appends the outbox event in the s
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
+from typing import Any
 
 
 class TaskStatus(enum.StrEnum):
@@ -112,3 +114,21 @@ def next_step_status(status: str, event: StepEvent) -> StepStatus:
         return STEP_TRANSITIONS[(StepStatus(status), event)]
     except (KeyError, ValueError):
         raise IllegalTransition("step", status, event.value) from None
+
+
+class TaskTransition:
+    """What moving a task by one event writes, decided here once for every writer (a runner's
+    step transaction, a transition of a task nobody holds, a task's creation): the new status,
+    the outbox event `task.<new status>` with `from`/`to`, and the task-row columns — a
+    terminal status also stamps `finished_at` and releases the lease."""
+
+    __slots__ = ("event_payload", "event_type", "new", "old", "row")
+
+    def __init__(self, old: str, event: TaskEvent, now: dt.datetime, payload: dict[str, Any] | None = None):
+        self.old = old
+        self.new = next_task_status(old, event)
+        self.event_type = "task." + self.new.value.lower()
+        self.event_payload = {"from": old, "to": self.new.value, **(payload or {})}
+        self.row: dict[str, Any] = {"status": self.new.value}
+        if self.new in TERMINAL_TASK_STATUSES:
+            self.row.update(finished_at=now, lease_owner=None, lease_until=None)

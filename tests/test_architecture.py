@@ -83,3 +83,17 @@ def test_no_module_over_500_lines(package):
     graph = _import_graph()
     files, _ = graph.build_graph((package,), REPO)
     assert graph.big_files(files) == {}
+
+
+def test_the_task_model_does_not_import_the_http_layer():
+    """`orchestrator/tasks/` owns the task model; `orchestrator/api/` only speaks HTTP over it."""
+    offenders = []
+    for path in (REPO / "orchestrator" / "tasks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                mods = [node.module]
+            offenders += [f"{path.name}: {m}" for m in mods if m.startswith("orchestrator.api")]
+    assert not offenders, offenders

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from core.retry import RetryPolicy  # a tool declares its policy with it (re-exported)
+
 
 class ErrorKind(str, enum.Enum):  # noqa: UP042 (str() and format() must stay as they are)
     """How the orchestrator should treat a failure."""
@@ -91,19 +93,6 @@ class UnknownToolError(InvalidArgumentsError):
 
 class ToolTimeoutError(ToolError):
     kind = ErrorKind.TIMEOUT
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Per-tool retry policy, owned by the orchestrator (Celery and client retries stay off)."""
-
-    max_attempts: int = 3
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    timeout_s: float = 30.0
-    retry_on_timeout: bool = True
-    # When the task should fail instead of showing the model the error after the last attempt.
-    fail_task_on_exhaustion: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from workers.payloads import PreprocessJob
+from core.payloads import PreprocessJob
 
 
 @functools.lru_cache(maxsize=8)

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.payloads import ToolJob
 from tools.base import Attachment, ToolContext, ToolError
 from tools.builtin import register_builtin_tools
 from tools.config import ToolsConfig, tools_config_from_csv
 from tools.registry import ToolRegistry, load_entry_point_tools, load_tool_modules
-from workers.payloads import ToolJob
 from workers.telemetry import job_span
 
 _registry: ToolRegistry | None = None

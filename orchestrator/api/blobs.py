@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from preprocess.store import BlobStore
+from orchestrator.tasks.attachments import put_blob
 
 
 class TooLarge(Exception):
@@ -36,8 +36,3 @@ class BlobWriter:
 
     def discard(self) -> None:
         self._buf = bytearray()
-
-
-def put_blob(blob_dir: str, data: bytes) -> str:
-    """Store `data` under its SHA-256 (a no-op if present); returns the digest."""
-    return BlobStore(blob_dir).put(data)

@@ -84,7 +84,7 @@ def _check(args: argparse.Namespace) -> None:
 
     from pydantic import ValidationError
 
-    from orchestrator.api.schemas import TaskCreate
+    from orchestrator.tasks.schemas import TaskCreate
 
     body: dict[str, Any] = {"goal": args.goal}
     if args.tools:

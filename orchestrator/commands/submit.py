@@ -139,7 +139,7 @@ def _upload(client: Any, path: str) -> dict[str, str]:
     import mimetypes
     from pathlib import Path
 
-    from orchestrator.api.schemas import ATTACHMENT_MEDIA_TYPES
+    from orchestrator.tasks.schemas import ATTACHMENT_MEDIA_TYPES
 
     file = Path(path)
     media_type = mimetypes.guess_type(file.name)[0]

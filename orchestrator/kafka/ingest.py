@@ -29,7 +29,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from core import jsonlimits
 from core.backoff import Backoff
 from core.outage import Stopped, is_outage, wait_out
-from orchestrator.api.schemas import KafkaTaskMessage
 from orchestrator.auth import known_tenants
 from orchestrator.config import KafkaSettings, Settings
 from orchestrator.db.tables import tasks_t
@@ -40,6 +39,7 @@ from orchestrator.probes import Health
 from orchestrator.statemachine import TaskStatus
 from orchestrator.tasks.create import NewTask, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict
+from orchestrator.tasks.schemas import KafkaTaskMessage
 from orchestrator.tasks.submission import InvalidSubmission, submit_task, to_new_task
 from orchestrator.tracing import context_of, trace_error, tracer, valid_traceparent
 

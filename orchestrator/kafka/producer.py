@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from orchestrator.api.schemas import KafkaTaskMessage
+from orchestrator.tasks.schemas import KafkaTaskMessage
 
 
 def task_message(

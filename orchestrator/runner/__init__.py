@@ -1,5 +1,6 @@
 """The runner: claims tasks under a lease and executes one step per transaction."""
 
-from orchestrator.runner.loop import Runner, RunnerConfig
+from orchestrator.runner.context import RunnerConfig, StepContext
+from orchestrator.runner.loop import Runner
 
-__all__ = ["Runner", "RunnerConfig"]
+__all__ = ["Runner", "RunnerConfig", "StepContext"]

@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from sqlalchemy import Engine, select
 
 from orchestrator.db.tables import tasks_t
+from orchestrator.runner.watcher import HeldWatcher
 
 log = logging.getLogger(__name__)
 
@@ -64,55 +65,23 @@ class CancelSignal:
         return bool(flag)
 
 
-class CancelWatch:
+class CancelWatch(HeldWatcher[CancelSignal]):
     """One thread per runner that polls the cancel flag of the task whose step is in flight."""
 
     def __init__(self, engine: Engine, poll_s: float = 0.25):
-        self._engine, self._poll_s = engine, poll_s
-        self._cond = threading.Condition()
-        self._signal: CancelSignal | None = None
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        super().__init__("cancel-watch", poll_s)
+        self._engine = engine
 
     @contextmanager
     def watch(self, task_id: str) -> Iterator[CancelSignal]:
-        signal = CancelSignal(self._engine, task_id)
-        with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._closed = False
-                self._thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
-                self._thread.start()
-            self._signal = signal
-            self._cond.notify()
-        try:
+        with self.holding(CancelSignal(self._engine, task_id)) as signal:
             yield signal
-        finally:
-            with self._cond:
-                self._signal = None
-                self._cond.notify()
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+    def _active(self, signal: CancelSignal) -> bool:
+        return not signal.event.is_set()
 
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                signal = self._signal
-                if signal is None or signal.event.is_set():
-                    self._cond.wait()
-                    continue
-                # A step shorter than one period is never polled: the boundary check covers it.
-                self._cond.wait(self._poll_s)
-                if self._signal is not signal or self._closed:
-                    continue
-                self._cond.release()  # the read's round trip does not block watch()
-                try:
-                    signal.requested()
-                except Exception:  # a DB blip: the next poll or the step's boundary will tell
-                    log.debug("cancel check failed for %s", signal.task_id, exc_info=True)
-                finally:
-                    self._cond.acquire()
+    def _tick(self, signal: CancelSignal) -> None:
+        try:
+            signal.requested()
+        except Exception:  # a DB blip: the next poll or the step's boundary will tell
+            log.debug("cancel check failed for %s", signal.task_id, exc_info=True)

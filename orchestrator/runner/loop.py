@@ -19,9 +19,7 @@ import datetime as dt
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -37,6 +35,7 @@ from orchestrator.probes import Health
 from orchestrator.runner import tasklog
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
 from orchestrator.runner.cancel import CancelSignal, CancelWatch
+from orchestrator.runner.context import RunnerConfig
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
@@ -49,42 +48,11 @@ from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import StaleTransition
 from orchestrator.tasks.queries import TaskState, has_unfinished_tasks, task_state
 from orchestrator.tracing import task_span
-from tools.base import RetryPolicy
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
 _TERMINAL = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerConfig:
-    runner_id: str = field(default_factory=lambda: f"runner-{uuid.uuid4().hex[:12]}")
-    lease_s: float = 30.0
-    poll_interval_s: float = 0.2
-    workspace_dir: str | None = None
-    # Retry backoffs shorter than this are waited out while holding the lease.
-    local_wait_max_s: float = 1.0
-    # Where attachment bytes live (a BlobStore URL) and how images are preprocessed.
-    blob_url: str = "./.dayzero/blobs"
-    preprocess: dict[str, Any] | None = None  # PreprocessConfig fields (Settings.preprocess)
-    preprocess_tenants: dict[str, dict[str, Any]] | None = None  # per-tenant overrides of those
-    # Attachment preprocessing: attempts, backoff (the task is parked meanwhile) and timeout.
-    preprocess_retry: RetryPolicy = field(
-        default_factory=lambda: RetryPolicy(
-            max_attempts=3, backoff_base_s=2.0, backoff_max_s=60.0, timeout_s=120.0
-        )
-    )
-    # tasks whose transcripts this runner keeps between claims (`runner.transcripts`; 0: none)
-    transcript_cache_tasks: int = 256
-    # tool results longer than this (bytes of text) go to the blob store, referenced from the
-    # history row (`runner.payloads`); None: always inline
-    payload_ref_bytes: int | None = 16384
-    model_retry: RetryPolicy = field(
-        default_factory=lambda: RetryPolicy(
-            max_attempts=3, backoff_base_s=0.5, backoff_max_s=10.0, timeout_s=300.0
-        )
-    )
 
 
 class Runner:

@@ -30,11 +30,11 @@ from orchestrator.tracing import trace_error
 from tools.base import ErrorKind
 
 if TYPE_CHECKING:
-    from orchestrator.runner.loop import Runner
+    from orchestrator.runner.context import StepContext
 
 
 def _chat_waiting_out_outages(
-    r: Runner, task: TaskView, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    r: StepContext, task: TaskView, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> AssistantTurn:
     """The model call; a model server that is down or restarting is waited out (readiness says
     so), up to the task's deadline, like the database and the brokers: a restart of the server
@@ -50,7 +50,7 @@ def _chat_waiting_out_outages(
     )
 
 
-def run_model_step(r: Runner, task: TaskView, step: StepView) -> None:
+def run_model_step(r: StepContext, task: TaskView, step: StepView) -> None:
     t0 = time.perf_counter()
     if task.offered_tools is None:
         task.offered_tools = r.tools.openai_tools(task.allowed_tools)
@@ -161,7 +161,7 @@ def _count_usage(task: TaskView, usage: Usage) -> None:
 
 
 def _fail_attempt(
-    r: Runner, task: TaskView, step: StepView, err: dict[str, Any], usage: dict[str, Any] | None = None
+    r: StepContext, task: TaskView, step: StepView, err: dict[str, Any], usage: dict[str, Any] | None = None
 ) -> None:
     """A failed model attempt, by the one retry rule: again after a backoff, or the task fails."""
     tx = r.txn(task)
@@ -177,7 +177,7 @@ def _fail_attempt(
     tx.commit(r.conn)
 
 
-def _feedback(r: Runner, task: TaskView, step: StepView) -> dict[str, Any] | None:
+def _feedback(r: StepContext, task: TaskView, step: StepView) -> dict[str, Any] | None:
     """On the retry of a turn whose output could not be used: a message telling the model what
     was wrong (from memory, or from the failed attempt when another runner made it)."""
     if step.attempt_count <= 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from core.payloads import PreprocessJob
 from orchestrator.attachments import PDF_MEDIA_TYPE, preprocess_config_for
 from orchestrator.db.tables import attachments_t
 from orchestrator.metrics import PREPROCESS_JOBS
@@ -15,13 +16,12 @@ from orchestrator.statemachine import TaskEvent
 from orchestrator.tracing import current_traceparent, task_span, trace_error
 from tools.base import ErrorKind
 from workers.jobs import describe_error as describe_job_error
-from workers.payloads import PreprocessJob
 
 if TYPE_CHECKING:
-    from orchestrator.runner.loop import Runner
+    from orchestrator.runner.context import StepContext
 
 
-def run_preprocess(r: Runner, task: TaskView) -> bool:
+def run_preprocess(r: StepContext, task: TaskView) -> bool:
     """Preprocess the task's pending image attachments, one transaction each; then READY.
 
     Returns False when the task was parked (a transient failure) or failed."""

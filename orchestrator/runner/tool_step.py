@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from sqlalchemy import select
 
+from core.payloads import AttachmentRef, ToolJob, idempotency_key
+from core.retry import RetryPolicy
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import attempts_t
 from orchestrator.failpoints import failpoint
@@ -21,15 +23,14 @@ from orchestrator.runner.boundary import abandon_open_steps, budget_error, sched
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent
 from orchestrator.tracing import current_traceparent, trace_error
-from tools.base import ErrorKind, RetryPolicy, ToolError, ToolSpec
+from tools.base import ErrorKind, ToolError, ToolSpec
 from workers.fence import not_after as job_not_after
-from workers.payloads import AttachmentRef, ToolJob, idempotency_key
 
 if TYPE_CHECKING:
-    from orchestrator.runner.loop import Runner
+    from orchestrator.runner.context import StepContext
 
 
-def tool_spec(r: Runner, name: str | None) -> ToolSpec | None:
+def tool_spec(r: StepContext, name: str | None) -> ToolSpec | None:
     try:
         return r.tools.spec(name or "")
     except ToolError:
@@ -48,7 +49,7 @@ def remove_workspace(workspace_dir: str | None, task_id: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def previous_error(r: Runner, task: TaskView, step: StepView) -> dict[str, Any] | None:
+def previous_error(r: StepContext, task: TaskView, step: StepView) -> dict[str, Any] | None:
     """The error of the step's attempt before this one (None on a first attempt)."""
     if step.attempt_count <= 1:
         return None
@@ -61,7 +62,7 @@ def previous_error(r: Runner, task: TaskView, step: StepView) -> dict[str, Any] 
         ).scalar_one_or_none()
 
 
-def tool_job(r: Runner, task: TaskView, step: StepView, timeout_s: float) -> ToolJob:
+def tool_job(r: StepContext, task: TaskView, step: StepView, timeout_s: float) -> ToolJob:
     path = workspace_path(r.config.workspace_dir, task.id)
     workspace = str(path) if path is not None else None
     return ToolJob(
@@ -82,7 +83,7 @@ def tool_job(r: Runner, task: TaskView, step: StepView, timeout_s: float) -> Too
     )
 
 
-def run_tool_step(r: Runner, task: TaskView, step: StepView, *, in_doubt: bool) -> None:
+def run_tool_step(r: StepContext, task: TaskView, step: StepView, *, in_doubt: bool) -> None:
     spec = tool_spec(r, step.tool_name)
     if task.allowed_tools is not None and step.tool_name not in task.allowed_tools:
         # The model was offered only the allowed tools, but it may name any: the task's

@@ -35,8 +35,8 @@ from orchestrator.statemachine import (
     StepEvent,
     StepStatus,
     TaskEvent,
+    TaskTransition,
     next_step_status,
-    next_task_status,
 )
 from orchestrator.tasks.errors import StaleTransition
 from orchestrator.tasks.writer import TaskWrite, lease_fence
@@ -139,14 +139,11 @@ class StepTxn:
         self._events.append((typ, payload))
 
     def task_transition(self, event: TaskEvent, **values: Any) -> None:
-        new = next_task_status(self.task.status, event)
-        self._transitions.append(("task", self.task.status, new.value, None))
-        payload = values.pop("_payload", {})
-        self.event("task." + new.value.lower(), {"from": self.task.status, "to": new.value, **payload})
-        self._task_values.update(values, status=new.value)
-        if new in TERMINAL_TASK_STATUSES:
-            self._task_values.update(finished_at=self.now, lease_owner=None, lease_until=None)
-        self.task.status = new.value
+        t = TaskTransition(self.task.status, event, self.now, values.pop("_payload", {}))
+        self._transitions.append(("task", t.old, t.new.value, None))
+        self.event(t.event_type, t.event_payload)
+        self._task_values.update(values, **t.row)
+        self.task.status = t.new.value
 
     def set_task(self, **values: Any) -> None:
         self._task_values.update(values)

@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator.clock import utcnow
 from orchestrator.config import Budgets
 from orchestrator.db.tables import attachments_t, events_t, messages_t, tasks_t
-from orchestrator.statemachine import TaskEvent, TaskStatus, next_task_status
+from orchestrator.statemachine import TaskEvent, TaskStatus, TaskTransition
 from orchestrator.tasks.errors import IdempotencyConflict
 from orchestrator.tracing import new_traceparent, record_transition, valid_traceparent
 
@@ -174,8 +174,10 @@ def create_tasks(
         if spec.idempotency_key is not None:
             known[(spec.tenant, spec.idempotency_key)] = (task_id, req_hash)
         results.append((task_id, True))
-        event = TaskEvent.PREPROCESS if spec.attachment_ids else TaskEvent.ADMIT
-        status = next_task_status(TaskStatus.PENDING.value, event)
+        admission = TaskTransition(
+            TaskStatus.PENDING.value, TaskEvent.PREPROCESS if spec.attachment_ids else TaskEvent.ADMIT, now
+        )
+        status = admission.new
         max_steps = min(spec.max_steps or budgets.max_steps, budgets.max_steps)
         max_tokens = min(spec.max_tokens or budgets.max_tokens, budgets.max_tokens)
         deadline_s = min(spec.deadline_s or budgets.deadline_s, budgets.deadline_s)
@@ -216,10 +218,9 @@ def create_tasks(
                 }
             )
         created = {"tenant": spec.tenant, "max_steps": max_steps, "max_tokens": max_tokens}
-        admitted = {"from": TaskStatus.PENDING.value, "to": status.value}
         for seq, typ, payload in (
             (1, "task.created", created),
-            (2, "task." + status.value.lower(), admitted),
+            (2, admission.event_type, admission.event_payload),
         ):
             event_rows.append(
                 {"task_id": task_id, "seq": seq, "type": typ, "payload": payload, "created_at": now}

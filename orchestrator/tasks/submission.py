@@ -11,11 +11,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, select
 
 from core.media import SNIFF_BYTES, sniff_media_type
-from orchestrator.api.blobs import put_blob
-from orchestrator.api.schemas import (
+from orchestrator.config import Budgets
+from orchestrator.db.tables import attachments_t
+from orchestrator.tasks.attachments import NewAttachment, add_attachments, put_blob
+from orchestrator.tasks.create import NewTask, create_tasks, existing_tasks, replay_of
+from orchestrator.tasks.errors import IdempotencyConflict
+from orchestrator.tasks.schemas import (
     ATTACHMENT_MEDIA_TYPES,
     ATTACHMENT_URL_PREFIX,
     INLINE_IMAGE_PREFIX,
@@ -23,11 +27,6 @@ from orchestrator.api.schemas import (
     TaskCreate,
     UploadedAttachment,
 )
-from orchestrator.clock import utcnow
-from orchestrator.config import Budgets
-from orchestrator.db.tables import attachments_t
-from orchestrator.tasks.create import NewTask, create_tasks, existing_tasks, replay_of
-from orchestrator.tasks.errors import IdempotencyConflict
 
 _INLINE_NS = uuid.UUID("6f6c2b2e-4d0a-4c3e-9a55-0d1f3f0c6a21")
 
@@ -179,23 +178,12 @@ def _store_attachments(
         if used:
             raise InvalidSubmission("attachment_in_use", f"attachment(s) already used or failed: {used}", 409)
     if inline:
-        now = utcnow()
         for a in inline.values():
             put_blob(blob_dir, a.data)
-        conn.execute(
-            insert(attachments_t),
+        add_attachments(
+            conn,
             [
-                {
-                    "id": a.id,
-                    "tenant": tenant,
-                    "status": "PENDING",
-                    "media_type": a.media_type,
-                    "filename": a.filename,
-                    "size_bytes": len(a.data),
-                    "sha256": a.sha256,
-                    "created_at": now,
-                    "updated_at": now,
-                }
+                NewAttachment(a.id, tenant, a.media_type, a.filename, len(a.data), a.sha256)
                 for a in inline.values()
             ],
         )

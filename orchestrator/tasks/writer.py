@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from orchestrator.clock import utcnow
 from orchestrator.db.engine import autocommit_driver
 from orchestrator.db.tables import attachments_t, attempts_t, events_t, messages_t, tasks_t
-from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskEvent, TaskStatus, next_task_status
+from orchestrator.statemachine import TaskEvent, TaskStatus, TaskTransition
 from orchestrator.tasks.errors import StaleTransition
 from orchestrator.tracing import record_transition
 
@@ -148,17 +148,16 @@ def transition_task(
 ) -> TaskStatus:
     """Move a task no runner holds from `expected` by `event`, with its outbox event, in the
     caller's transaction. Raises `IllegalTransition` / `StaleTransition` (row not `expected`)."""
-    new = next_task_status(expected, event)
     w = TaskWrite(task_id, status_fence(expected))
-    w.set_task(status=new.value, updated_at=w.now, **(values or {}))
-    if new in TERMINAL_TASK_STATUSES:
-        w.set_task(finished_at=w.now, lease_owner=None, lease_until=None)
-    w.event("task." + new.value.lower(), {"from": expected, "to": new.value, **(payload or {})})
+    t = TaskTransition(expected, event, w.now, dict(payload or {}))
+    w.set_task(updated_at=w.now, **(values or {}))
+    w.set_task(**t.row)
+    w.event(t.event_type, t.event_payload)
     outcome = w.apply(conn)
     if outcome is None:
         raise StaleTransition(f"task {task_id} is no longer {expected}")
-    record_transition("task", task_id, expected, new.value, outcome.traceparent)
-    return new
+    record_transition("task", task_id, expected, t.new.value, outcome.traceparent)
+    return t.new
 
 
 # -- PostgreSQL: one statement --------------------------------------------------------------

@@ -209,8 +209,8 @@ def test_a_celery_broker_blip_is_waited_out_and_the_tool_runs_once(
 def test_a_revoked_job_is_a_failed_attempt_not_a_runner_crash(tmp_path, state_dir):
     # Found by the soak with Redis restarts: a job that expired in the queue (the broker was away
     # past its deadline) comes back as TaskRevokedError from the result, which ended the runner.
+    from core.payloads import ToolJob
     from tests.workers.conftest import REDIS_URL
-    from workers.payloads import ToolJob
 
     prefix = f"dzrevoke-{uuid.uuid4().hex[:8]}-"
     worker = _start_tools_worker(REDIS_URL, prefix, tmp_path / "worker.log")
@@ -232,8 +232,8 @@ def test_a_revoked_job_is_a_failed_attempt_not_a_runner_crash(tmp_path, state_di
 def test_a_cancel_stops_the_wait_for_a_celery_job_and_revokes_it(tmp_path, state_dir):
     # Cancellation (issue 39, item 7) through Celery: the dispatcher stops waiting at once and
     # revokes the job; the tool here would never end by itself (its gate is never opened).
+    from core.payloads import ToolJob
     from tests.workers.conftest import REDIS_URL
-    from workers.payloads import ToolJob
 
     prefix = f"dzcancel-{uuid.uuid4().hex[:8]}-"
     worker = _start_tools_worker(REDIS_URL, prefix, tmp_path / "worker.log")

@@ -104,7 +104,7 @@ def test_a_keyed_tool_retried_after_an_unknown_outcome_reuses_the_key(db, make_r
 
 
 def test_a_keyed_tool_retried_after_a_known_failure_gets_a_fresh_key(db, make_runner, state_dir):
-    from workers.payloads import idempotency_key
+    from core.payloads import idempotency_key
 
     known = {"error": "connection refused", "kind": "retryable", "started": False}
     unknown = {**known, "outcome_unknown": True, "idempotency_key": "t:1:1"}

@@ -55,3 +55,20 @@ def test_illegal_transition_in_the_database_raises_and_changes_nothing(db):
 
         assert get_task(conn, task_id).status == "READY"
         assert [e.type for e in list_events(conn, task_id)] == ["task.created", "task.ready"]
+
+
+def test_a_task_transition_carries_its_event_and_row_values():
+    import datetime as dt
+
+    from orchestrator.statemachine import TaskTransition
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    start = TaskTransition("READY", TaskEvent.START, now)
+    assert (start.new, start.event_type) == (TaskStatus.RUNNING, "task.running")
+    assert start.event_payload == {"from": "READY", "to": "RUNNING"}
+    assert start.row == {"status": "RUNNING"}  # not terminal: the lease stays
+    done = TaskTransition("RUNNING", TaskEvent.FAIL, now, {"error": {"kind": "x"}})
+    assert done.event_payload == {"from": "RUNNING", "to": "FAILED", "error": {"kind": "x"}}
+    assert done.row == {"status": "FAILED", "finished_at": now, "lease_owner": None, "lease_until": None}
+    with pytest.raises(IllegalTransition):
+        TaskTransition("SUCCEEDED", TaskEvent.START, now)

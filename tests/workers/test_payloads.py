@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workers.payloads import AttachmentRef, PreprocessJob, ToolJob
+from core.payloads import AttachmentRef, PreprocessJob, ToolJob
 
 
 def test_tool_job_round_trips_through_json():

@@ -7,16 +7,17 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Path, Query, Request
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from core.media import SNIFF_BYTES, sniff_media_type
 from orchestrator.api.blobs import BlobWriter, TooLarge
 from orchestrator.api.deps import DbDep, IngressDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
-from orchestrator.api.schemas import ATTACHMENT_MEDIA_TYPES, ID_PATTERN, AttachmentOut
+from orchestrator.api.schemas import AttachmentOut
 from orchestrator.api.views import attachment_out
-from orchestrator.clock import utcnow
 from orchestrator.db.tables import attachments_t
+from orchestrator.tasks.attachments import NewAttachment, add_attachments
+from orchestrator.tasks.schemas import ATTACHMENT_MEDIA_TYPES, ID_PATTERN
 
 router = APIRouter(prefix="/v1/attachments", tags=["attachments"])
 
@@ -72,25 +73,13 @@ async def upload(
     except BaseException:
         writer.discard()
         raise
-    att_id = str(uuid.uuid4())
-    now = utcnow()
-    row = {
-        "id": att_id,
-        "tenant": tenant,
-        "status": "PENDING",
-        "media_type": media_type,
-        "filename": filename,
-        "size_bytes": writer.size,
-        "sha256": digest,
-        "created_at": now,
-        "updated_at": now,
-    }
+    new = NewAttachment(str(uuid.uuid4()), tenant, media_type, filename, writer.size, digest)
 
-    def save() -> None:
+    def save() -> dict:
         with engine.begin() as conn:
-            conn.execute(insert(attachments_t).values(**row))
+            return add_attachments(conn, [new])[0]
 
-    await anyio.to_thread.run_sync(save)
+    row = await anyio.to_thread.run_sync(save)
     return AttachmentOut(
         **{
             k: row[k]

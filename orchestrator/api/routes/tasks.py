@@ -13,20 +13,13 @@ from sqlalchemy.exc import IntegrityError
 
 from orchestrator.api.deps import DbDep, SettingsDep, TenantDep
 from orchestrator.api.errors import ProblemError, problem_responses
-from orchestrator.api.schemas import (
-    ID_PATTERN,
-    TaskCreate,
-    TaskDetail,
-    TaskPage,
-    TaskSummary,
-    TranscriptMessage,
-    check_text,
-)
+from orchestrator.api.schemas import TaskDetail, TaskPage, TaskSummary, TranscriptMessage
 from orchestrator.api.views import new_task_row, task_detail, task_summary
 from orchestrator.db.tables import tasks_t
 from orchestrator.metrics import TASKS_SUBMITTED
 from orchestrator.tasks.control import request_cancel
 from orchestrator.tasks.queries import get_task, list_attempts, list_messages, list_steps, task_goals
+from orchestrator.tasks.schemas import ID_PATTERN, TaskCreate, check_text
 from orchestrator.tasks.submission import InvalidSubmission, submit_task
 from orchestrator.tracing import current_traceparent, task_span, valid_traceparent
 

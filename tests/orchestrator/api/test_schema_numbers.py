@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.api.schemas import TaskCreate
+from orchestrator.tasks.schemas import TaskCreate
 
 
 @pytest.mark.parametrize(

@@ -90,8 +90,8 @@ def test_apikey_create_then_submit_via_kafka_and_rest(
 
 
 def test_example_producer_record_is_a_valid_task_message(kafka_broker):
-    from orchestrator.api.schemas import KafkaTaskMessage
     from orchestrator.kafka.topics import ensure_topics
+    from orchestrator.tasks.schemas import KafkaTaskMessage
     from testing.kafka_broker import consume_all
 
     ensure_topics(kafka_broker.bootstrap, ["dayzero.tasks"], 1)
