@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels a `run` on the lent H200 needs besides what its image has (torch, triton, numpy):
+# The wheels a GPU host without a package index needs besides what its image has (torch, triton, numpy):
 # the service packages the inference code imports (pydantic and friends, SQLAlchemy, FastAPI,
 # OpenTelemetry, ...) at this repository's locked versions (requirements/dev.lock), and fla for
 # the KDA kernels' reference paths. Downloaded here (the device reaches no index) for CPython

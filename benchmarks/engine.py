@@ -10,34 +10,8 @@ Model: a Kimi-Linear-shaped random-weight config of about 2.7B total parameters 
     python -m benchmarks.engine                  # CUDA + fla installed; prints JSON, writes $OUT/engine_bench.json
     python -m benchmarks.engine --quick          # CPU smoke run with the bundled small model
 
-Recorded run (2026-11-30, one H200, torch 2.11, fla 0.6.0, transformers 5.17; 2,772,104,896-param config
-above, bf16, prompt 128, 64 timed steps): engine decode 266.6 / 4,911.1 / 12,533.1 tok/s at batch
-1 / 32 / 128 (3.75 / 6.52 / 10.21 ms per step, CUDA graphs), eager batch 32: 799.5 tok/s;
-transformers `generate` on the same weights 9.1 / 322.8 / 1,189.5 tok/s -> 29.3x / 15.2x / 10.5x.
-Turn-10 TTFT at a 16K shared context: 72.8 ms with the prefix cache vs 659.7 ms without (0.110x).
-Greedy exactness on the GPU in fp32: alone vs batched 6/6, chunked 6/6, prefix-cache turn 6/6
-identical; in bf16 2/6, 1/6, 2/6 (batch-shape-dependent GEMM rounding; see the issue note).
-Final decode code (quarter-octave width buckets, LRU graphs): 268.5 / 5,088.2 / 12,494.9 tok/s;
-batch 32 at a 16K context: 885.3 tok/s (attention is the PyTorch paged-MLA seam).
-With our Triton MLA kernels (2026-12-01, same machine): 288.7 / 5,343.6 / 12,823.1 tok/s at batch
-1 / 32 / 128 (3.46 / 5.99 / 9.98 ms per step); eager batch 32 640.0 and batch 32 at 16K 482.5 tok/s,
-both measured while the decode kernel's autotuner was keyed per launch size and re-tuned (~1.5 s)
-whenever the batch or table width changed mid-run (since keyed on two values only; not re-run).
-The prefill_long and decode_128k sections did not fit that run's time limit.
-2026-12-01 afternoon (decode tiles fixed, no autotuner; every timed step a graph replay, no
-capture or eager fallback while timed): 294.0 / 5,458.9 / 14,378.3 tok/s at batch 1 / 32 / 128
-(3.40 / 5.86 / 8.90 ms per step). Batch 32 at 16K did not finish in the 60-70 s given to it.
-2026-12-01 evening (session 5: fused decode ops, greedy tokens inside the graph; same machine and
-config): 506.1 / 7,828.8 / 16,625.2 tok/s at batch 1 / 32 / 128 (1.976 / 4.087 / 7.699 ms per
-step), eager batch 32 1,066.0. Batch 32 at 16K: 1,787.1 tok/s (14.3 ms per step), not valid: a
-graph capture (0.26 s) and finishing requests (819 of 1,024 tokens) fell inside the timed steps;
-`engine_decode` now sizes `max_tokens` so that no request finishes there (not re-run on the GPU).
-After merging every session-5 branch (main at 95305f1; the decode path differs from the run above
-only by a clamp in the router kernel), on a fresh H200 in the session's last call: 364.7 / 5,435.1 /
-10,661.1 tok/s at batch 1 / 32 / 128 (2.742 / 5.888 / 12.006 ms per step, no capture while timed);
-28-36% below the branch's run on another machine, unexplained (clocks were not recorded; no device
-time was left to re-run both commits on one machine). The 16K section ran out of the call's time.
-Where a step's time goes: `benchmarks/decode_profile.py`.
+Figures worth keeping go to `docs/results/` as data; the design they informed is in
+`docs/architecture.md`. Where a step's time goes: `benchmarks/decode_profile.py`.
 """
 
 from __future__ import annotations

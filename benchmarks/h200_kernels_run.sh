@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call for issue 12 (run from the repository root; `python3` with torch, triton, fla):
+# Kernel benchmarks then `gpu` tests in one run on a CUDA host (from the repository root; `python3` with torch, triton, fla):
 #   phase 1, alone on the GPU: benchmarks/kernels.py (sections in $KERNEL_SECTIONS; skipped when
 #   empty), then, with ENGINE=1, benchmarks/engine.py's decode sections;
 #   phase 2, in parallel on the one GPU, sharing one Triton cache: the kernel tests ($TEST_GROUPS,
@@ -10,11 +10,8 @@
 # (max abs / rel error of every kernel-vs-reference comparison), kernels_bench.json,
 # engine_bench.json (ENGINE=1), tc.tgz (the Triton cache, if under 16 MB: carry it to the next
 # call as ./tc.tgz, it is unpacked first).
-# decode_ops: the fused decode ops, the split router, the decode-size MoE GEMMs (first run on the
-# H200 in session 7), KDA's fla paths incl. the recurrent one for short prefill chunks (session 7:
-# not run on the H200 yet), and the bf16 graph-greedy check.
-# History: the fp32 end-to-end check used to be benchmarks/engine.py --sections exactness_fp32
-# (the 16-layer 2.77B model in fp32); it ran past 112-165 s three times and never finished.
+# decode_ops: the fused decode ops, the split router, the decode-size MoE GEMMs, KDA's fla paths
+# incl. the recurrent one for short prefill chunks, and the bf16 graph-greedy check.
 set -u
 : "${OUT:?set OUT}"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -9,50 +9,8 @@ MLA prefill (our Triton kernel vs cuDNN split vs SDPA lower-right causal), DSA i
 Shapes are the benchmark config's MLA (16 heads, latent 512 + rope 64, nope 128, v 128) and a
 DeepSeek-V3.2-shaped indexer (64 heads x 128).
 
-Recorded runs (2026-12-01, one H200, torch 2.11, triton 3.6; device copy 4,262 GB/s counting read +
-write): paged decode, CUDA-graph replay, L2 flushed, block 64, bf16 latents, % of copy bandwidth on
-the latent bytes: b32 x 8K 69.9%, b32 x 16K 78.9%, b32 x 128K 89.7%, b64 x 8K 79.4%, b128 x 8K
-85.6%, b256 x 8K 86.7%, b1 x 128K 41.3% (85.7 us); block 16, b32 x 8K 65.0%; FP8 latents read half
-the bytes but ran 1.3-1.4x the bf16 time (27-31% of copy bandwidth on their bytes). The PyTorch
-seam it replaces: 2,890 us at b32 x 16K (this kernel 180 us). Prefill attention (8K-query chunk,
-TFLOP/s, Triton / cuDNN split / SDPA lower-right): over 32K 404 / 548 / 141, over 128K 444 / 612 /
-131, over 512K 442 / 581 / 117; square 32K causal 484 / 620 / 625. One MLA layer's chunked prefill
-(16K chunks, cuDNN path): 128K in 0.481 s (2.9 GiB peak), 512K in 3.63 s (9.0 GiB). DSA decode
-step, b32 x 128K, top-2048, graph replay: indexer + top-k 498 us (torch.topk alone 119 us),
-sparse attention 49 us, step 543 us vs dense decode 1,245 us (2.3x); the PyTorch indexer 8.5 ms.
-Prefill indexer, 8K queries over 128K keys: 99 ms (172 TFLOP/s bf16).
-
-Run of 2026-12-01 afternoon (same machine kind; copy 4,288 GB/s; decode now has fixed tiles, no
-autotuner): the tile/split sweep (`sweep`) at b32 x 8K: (64, 4, 3) with 8 splits 103.4 us
-(68.1%), 16 splits 109.1, 4 splits 137.2; (32, 4, 2) 109.4; (64, 4, 2) 130.6 (53.9%, what the
-first fixed table picked: 130.1 us in `decode`, and 62.4-62.7% at b256 x 8K / b32 x 128K, where
-the autotuned kernel had reached 86.7 / 89.7%). b32 x 16K: (64, 4, 3) 181.6 us (77.6%); b64 x 8K:
-(64, 4, 3), 4 splits 180.1 us (78.2%); b1 x 128K: (64, 8, 2), 128 splits 86.7 us (40.6%), 256
-splits 87.8-115.2 by tile. FP8 at b32 x 8K: best (64, 4, 2) 133.2 us (26.6% of copy bandwidth on
-its bytes: as slow as bf16 in time), tiles dequantised to bf16 first 175.7-334.7 us. `deep`
-(second call, beside an fp32 engine run): the TILES pick vs 5-stage tiles: b32 x 8K 106.7 us
-(66.5%) vs 104.3-128.7; b32 x 16K 180.8 (78.4%) vs 187.1-235.9; b128 x 8K 335.7 (84.5%) vs
-352.4-452.8; b32 x 128K 1,270.7 (89.3%) vs 1,342.8-1,743.0; b1 x 128K 89.0 vs (64, 8, 5) 78.1 us
-(45.4%, now the pick). DSA (same call): torch.topk 118.6 us; an exact Triton radix select (four
-8-bit `tl.histogram` passes per row, one program per row) 936.3 us, so not kept; scoring ~390 us
-(2.75 TB/s on the 1.07 GB of bf16 index keys); sparse attention 65.1 us; dense 1,246.7 us.
-
-Session 5 (2026-12-01, copy 4,240-4,247 GB/s; L2 flushed by writes or by reads: they differ by
-<= 1%): `decode` b32 x 8K 102.6 us (69.4%), b32 x 16K 78.6%, b64 x 8K 78.3%, b128 x 8K 84.3%,
-b256 x 8K 86.9%, b32 x 128K 88.6%, b1 x 128K 77.5 us; `sweep`: the current splits/tiles are the
-best measured at b32 x 8K / 16K, b48 x 8K, b64 x 8K; the split merge alone 9.0 us at b32 x 8
-splits, 7.6 at b64 x 4. `dsa` (b32 x 128K, top-2048, graph replay, read flush): scoring FP8
-158.0 us (3.50 TB/s on 554 MB), bf16 302.0 (3.56 TB/s); radix top-k 147.9 us (2048-bin levels:
-602.1), torch.topk 125.1; indexer + top-k FP8 303.4, bf16 447.8; sparse attention 60.3; step FP8
-360.0 us, bf16 504.3, dense 1,245.5 (3.46x); FP8 recall of the bf16 top-2048 0.956. Prefill
-scoring of 8K queries over 128K keys: FP8 31.1 ms (548 TFLOP/s), bf16 61.2 ms (278 TFLOP/s);
-with the selection 71.6 / 99.5 ms.
-
-Session 7 (copy 4,247 GB/s), `moe` (E 32, H 2048, I 768, top-4, 12 tiles, graph replay, read
-flush; % of copy bandwidth on the routed experts' weights): batch 1 up 14.3 us (41%; 64/4/3,
-the tile before, 19.2; 16-column tiles 17-24), down 10.2 us (29%); batch 4 26.7 / 17.3 us (78 /
-60%); batch 32 up 49.7-50.6 us (88-89%), down 27.6 (81%); batch 128 up 78.2 (61%), down 35.9
-(66%; 64/4/3 42.8). `moe_gemm.fast.UP_TILES` / `DOWN_TILES` hold the picks.
+Figures worth keeping go to `docs/results/` as data (`docs/figures/kernels_h200.json` holds
+long-context kernel figures); the tile tables they chose live in each kernel's `fast.py`.
 """
 
 from __future__ import annotations

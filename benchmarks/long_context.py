@@ -18,55 +18,9 @@ at the lengths where it fits), turn10, returning, promotion, fp8, fp8_accuracy.
 Merge a run into the figures file (rows tagged with who measured them) and redraw it:
 
     python -m benchmarks.long_context --plot-from run.json --merge-into docs/figures/long_context_h200.json \
-        --session "session 5 (2026-12-01)" --plot docs/figures/long_context_h200.png
+        --session "H200, <commit>" --plot docs/figures/long_context_h200.png
 
-Recorded, session 5 (2026-12-01), H200, torch 2.11, bf16, one call: `--sections
-promotion,returning,turn10,fp8,prefill_decode --lengths 524288 --hf-lengths 32768,131072 --hf-max
-131072 --dsa-lengths "" --decode-steps 32` (bench wall 200 s, cold Triton cache):
-- promotion of a 131,072-token conversation's KV (2,048 blocks, 604 MB) from the pinned host tier:
-  48.58 GB/s into a consecutive run of the pool (straight copies) = 0.891x of one pinned H2D copy
-  of the same bytes (54.51 GB/s); 41.42 GB/s = 0.760x into shuffled blocks (staging + scatter).
-- returning 128K conversation after eviction (TTFT of the return, 64 new tokens): recompute
-  2,274.8 ms; host tier 307.5 ms = 0.135x (131,103 of 131,168 tokens cached; its promotion 602.5
-  MB in 18.3 ms inside the engine, a span that also holds the eviction of the other conversation
-  to the host in the same step); disk tier 2,185.6 ms = 0.961x (promotion 1,271 ms, 0.47 GB/s:
-  the reads queued behind the other conversation's disk writes on the one FIFO worker of then;
-  the per-file ordering on 4 I/O threads came after this run).
-- turn-10 TTFT with vs without the cache: 16K 132.9 vs 290.2 ms (0.458x); 128K 210.2 vs 2,270.2 ms
-  (0.093x). Cached turns alternate ~60 / ~110-130 ms at 16K (~130 / ~210 at 128K) for 65 new
-  tokens: a fixed per-turn cost, not the context. bf16 replies differ from the cache-less ones
-  (different chunk boundaries; exactness holds in fp32).
-- FP8 latents at 128K: KV 4,608 -> 2,320 B/token (-49.65%, 0.562 -> 0.283 GiB); decode 229.1 vs
-  237.9 tok/s bf16 (0.963x), TTFT 2.281 vs 2.236 s, peak 9.67 vs 9.92 GiB; greedy agreement on
-  the random-weight model 4/37 tokens (near-flat random logits flip early; the demo-model study
-  below is the accuracy figure).
-- dense 524,288 tokens: TTFT 18.155 s (28.9k tok/s), decode 193.2 tok/s, peak 12.93 GiB.
-- transformers: not measured (its import of huggingface_hub needs `truststore`, absent from the
-  wheels the device gets).
-
-Recorded, session 4 (2026-12-01):
-- H200, torch 2.11, `--sections promotion`: a 131,072-token conversation's KV (2,048 blocks,
-  604 MB) promoted from the pinned host tier at 37.55 GB/s vs 55.11 GB/s for one pinned copy of
-  the same bytes (0.681; the timed span includes building the 2,048 loads in Python and the
-  staging + scatter on the side stream). The other sections were not run on the H200 (the first
-  call's run ended at its time limit before its first section printed: cold Triton caches).
-- H200, torch 2.11, `--sections prefill_decode --lengths 32768,131072,1048576 --dsa-lengths
-  131072 --hf-max 0 --decode-steps 8` (one sequence, 16K chunks, bf16, CUDA graphs; the 32K row
-  includes the first compile): dense TTFT 0.415 s at 32K (79.0k tok/s), 2.214 s at 128K
-  (59.2k tok/s), **63.8 s at 1,048,576 tokens** (16.4k tok/s, 19.5 GiB peak); batch-1 decode
-  273 / 250 / 137 tok/s at 32K / 128K / 1M; DSA top-2048 at 128K: TTFT 6.04 s, decode 21.4 tok/s
-  (the indexer's scoring and torch.topk per step; slower than dense at this length).
-  `docs/figures/long_context_h200.{json,png}`.
-- CPU box (2 cores shared by other jobs), `--quick` (small random model, fp32): returning
-  conversation at 1K after eviction: host tier 10.4 ms, disk tier 15.0 ms vs recompute 102.8 ms
-  (0.10x / 0.15x; 1,055 of 1,120 prompt tokens cached from the tier); turn-10 TTFT at 1K
-  10.8 vs 177.7 ms (0.061x).
-- FP8 accuracy (`--sections fp8_accuracy --accuracy-tokens 48`, CPU, demo model bf16 weights, 16
-  chat prompts, 48 greedy tokens): FP8 latents vs bf16 latents 12/16 sequences identical, mean
-  common prefix 83.5%, logit mean |err| 0.024 (relative 1.5%), max 1.34 - the same size as the
-  bf16-vs-fp32 KV noise floor on this model (13/16, 88.4%, 0.029, 1.8%, 1.36). FP8 latents take
-  the benchmark config from 4,608 to 2,320 KV bytes per token (-49.7%: 576 one-byte values + a
-  4-byte scale per row instead of 576 bf16 values, 4 MLA layers): 0.56 vs 1.13 GiB at 256K tokens.
+Measured figures: `docs/figures/long_context_h200.{json,png}`.
 """
 
 from __future__ import annotations
@@ -603,7 +557,7 @@ def main() -> None:
         "--merge-into", default=None, help="with --plot-from: merge that run into this figures JSON"
     )
     ap.add_argument(
-        "--session", default="new", help="who measured the merged run, e.g. 'session 5 (2026-12-01)'"
+        "--session", default="new", help="what the merged run measured, e.g. 'H200, <commit>'"
     )
     ap.add_argument("--old-session", default="earlier", help="who measured the untagged rows already there")
     args = ap.parse_args()

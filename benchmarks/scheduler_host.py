@@ -9,10 +9,6 @@ GPU's forward (issue 12), so it is the number to keep small per running request.
     python -m benchmarks.scheduler_host --profile 128   # plus a cProfile of batch 128 (stderr)
     PYTHONPATH=/path/to/other/checkout python -m benchmarks.scheduler_host  # that code's figures
 
-Recorded 2026-12-01 on the 2-core CPU box shared with other sessions (1-minute load average
-4.8-4.9), medians of 3 runs interleaved with main at 32cac66, before -> after, us per step:
-batch 1 16.1 -> 7.8, batch 32 447.5 -> 128.9 (3.5x), batch 128 1,945.7 -> 646.3 (3.0x); with
-`--no-gc` 16.1 -> 8.2, 459.5 -> 155.2, 1,844.5 -> 627.9. On a quiet box before was ~250 / ~1,030.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the bundled demo model and a random-weight `--dummy` model; each answer validate
     python -m benchmarks.structured_outputs                      # the whole matrix, JSON to stdout
     python -m benchmarks.structured_outputs --models dayzero-small-random --modes response_format --out r.json
 
-Results: docs/results/structured_outputs.json.
+Results: JSON on stdout (and `--out`); a run worth keeping goes to `docs/results/`.
 """
 
 from __future__ import annotations

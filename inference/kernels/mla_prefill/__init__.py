@@ -20,11 +20,9 @@ __all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_referenc
 # (`fast.CUDNN_PIECE`) a long chunked prefill meets a handful of shapes, but every new chunk
 # length still costs two or three plans, so "auto" takes cuDNN only where attention dominates a
 # step: one sequence, a chunk of >= CUDNN_MIN_QUERIES queries over >= CUDNN_MIN_KEYS keys;
-# Triton (compiled once for all lengths, a varlen batch in one launch) everywhere else. Measured
-# on the H200 (session 11, one MLA layer in 16K chunks, plans included): 512K 2.55 s vs Triton
-# 3.28, 128K 0.201 vs 0.211 s; a whole 1M prompt 48.95 s (60.36 Triton-only). cuDNN's first use
-# in a process costs more than that 128K gain (a fresh process's 128K prompt: TTFT 3.88 s, vs
-# 2.21 s Triton-only in session 4): a one-time cost, paid here by the first long prompt.
+# Triton (compiled once for all lengths, a varlen batch in one launch) everywhere else: on an H200
+# cuDNN's chunked prefill of one MLA layer is ~1.3x faster at 512K, at par at 128K, and its first
+# use in a process costs more than that 128K gain (a one-time cost, paid by the first long prompt).
 PREFILL_BACKEND: Literal["auto", "triton", "cudnn"] = "auto"
 CUDNN_MIN_KEYS = 131072
 CUDNN_MIN_QUERIES = 8192

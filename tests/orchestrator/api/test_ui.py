@@ -3,7 +3,7 @@ Playwright): it loads with no external resources, lists and filters tasks, shows
 steps and tool attempts (retries, errors, tokens), and updates live from the SSE stream while a
 task runs; a person signs in once per browser session, opens a task by its address, and reads
 its goal and its answer or error in the list and on its page. Screenshots land in pytest's tmp
-dir, or in `DAYZERO_UI_SCREENSHOT_DIR` (`docs/images` holds the committed ones)."""
+dir, or in `DAYZERO_UI_SCREENSHOT_DIR` (`docs/figures/ui` holds the committed ones)."""
 
 from __future__ import annotations
 
