@@ -50,39 +50,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 WORDS = [
-    "contract",
-    "clause",
-    "party",
-    "liability",
-    "payment",
-    "invoice",
-    "schedule",
-    "termination",
-    "notice",
-    "warranty",
-    "indemnity",
-    "audit",
-    "report",
-    "revenue",
-    "region",
-    "quarter",
-    "module",
-    "function",
-    "return",
-    "value",
-    "error",
-    "retry",
-    "cache",
-    "block",
-    "token",
-    "layer",
-    "state",
-    "request",
-    "server",
-    "client",
-    "budget",
-    "policy",
-]
+    "contract", "clause", "party", "liability", "payment", "invoice", "schedule", "termination",
+    "notice", "warranty", "indemnity", "audit", "report", "revenue", "region", "quarter", "module",
+    "function", "return", "value", "error", "retry", "cache", "block", "token", "layer", "state",
+    "request", "server", "client", "budget", "policy",
+]  # fmt: skip
 
 
 # -- the trace ---------------------------------------------------------------------------------
