@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine import _warm, bench_config, make_engine, rand_prompts
+from benchmarks.engine_setup import _warm, bench_config, make_engine, rand_prompts
 from inference.config import parse_config
 from inference.engine import cuda_graphs, stops
 from inference.engine.engine import Engine

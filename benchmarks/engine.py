@@ -28,32 +28,27 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from inference.config import parse_config  # noqa: E402
-from inference.engine.engine import Engine, EngineConfig  # noqa: E402
-from inference.engine.factory import small_model_config  # noqa: E402
-from inference.engine.request import SamplingParams  # noqa: E402
-from inference.model.cache_tensors import HybridCacheSpec  # noqa: E402
-from inference.model.factory import build_model  # noqa: E402
-from inference.tokenizer import ByteTokenizer  # noqa: E402
+from benchmarks.engine_profiles import profile_cached_turn, profile_decode
+from benchmarks.engine_setup import (
+    _timed_steps,
+    _warm,
+    bench_config,
+    engine_decode,
+    first_token,
+    hf_decode,
+    hf_model,
+    make_engine,
+    rand_prompts,
+    sync,
+)
+from benchmarks.engine_structured import structured_decode
+from inference.config import parse_config
+from inference.engine.engine import Engine
+from inference.engine.factory import small_model_config
+from inference.engine.request import SamplingParams
+from inference.model.factory import build_model
 
 RESULTS: dict[str, Any] = {}
-
-
-def bench_config() -> dict[str, Any]:
-    cfg = small_model_config()
-    kda = [i for i in range(1, 17) if i % 4]
-    cfg.update(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
-        num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, qk_nope_head_dim=128,
-        qk_rope_head_dim=64, v_head_dim=128, num_experts=32, num_experts_per_token=4,
-        moe_intermediate_size=768, num_shared_experts=1, num_expert_group=1, topk_group=1,
-        first_k_dense_replace=1,
-        linear_attn_config={"kda_layers": kda, "full_attn_layers": [4, 8, 12, 16], "num_heads": 16,
-                            "head_dim": 128, "short_conv_kernel_size": 4},
-    )  # fmt: skip
-    return cfg
 
 
 def emit(out_dir: str | None) -> None:
@@ -77,44 +72,6 @@ def section(name: str, out_dir: str | None):
         return run
 
     return deco
-
-
-BATCHED_TOKENS = 8192  # make_engine's prefill chunk budget per step
-
-
-def make_engine(model, spec, dtype, device, tokenizer: Any = None, **kw) -> Engine:
-    cfg = EngineConfig.of(
-        **{
-            **dict(
-                block_size=64,
-                num_blocks=1024,
-                num_state_slots=64,
-                max_num_seqs=128,
-                max_num_batched_tokens=BATCHED_TOKENS,
-                max_model_len=40000,
-                checkpoint_interval=2048,
-            ),
-            **kw,
-        }
-    )
-    tok = tokenizer
-    if tok is None:
-        tok = ByteTokenizer()
-        tok.vocab_size = spec.vocab_size  # sample over the model's whole vocabulary, as transformers does
-    return Engine(
-        model, tok, cfg, cache_spec=HybridCacheSpec.from_model_spec(spec, dtype), device=device, dtype=dtype
-    )
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def rand_prompts(n, length, seed, shared=0):
-    rng = random.Random(seed)
-    pre = [rng.randrange(256) for _ in range(shared)]
-    return [pre + [rng.randrange(256) for _ in range(length - shared)] for _ in range(n)]
 
 
 def _compare(ref: list, got: list) -> dict[str, Any]:
@@ -172,126 +129,6 @@ def exactness(model, spec, dtype, device, n_tok: int) -> dict[str, Any]:
     return res
 
 
-def _graph_state(eng: Engine) -> dict[str, Any]:
-    g = eng.runner.graphs
-    if g is None:
-        return {"replays": 0, "captured": 0, "disabled": None, "capture_s": 0.0}
-    return {"replays": g.num_replays, "captured": len(g.graphs), "disabled": g.disabled,
-            "capture_s": round(g.capture_s, 3)}  # fmt: skip
-
-
-def _timed_steps(eng: Engine, device, steps: int) -> dict[str, Any]:
-    """Time `steps` engine steps; say what the decode graphs did meanwhile (replays, new captures,
-    an eager fallback), so a slow figure can be told apart from a capture or a fallback in it."""
-    before = _graph_state(eng)
-    sync(device)
-    t0 = time.perf_counter()
-    n = 0
-    for _ in range(steps):
-        n += sum(len(o.new_token_ids) for o in eng.step())
-    sync(device)
-    dt = time.perf_counter() - t0
-    after = _graph_state(eng)
-    return {
-        "tokens": n, "seconds": round(dt, 4), "tok_per_s": round(n / dt, 1),
-        "ms_per_step": round(1000 * dt / steps, 3),
-        "graph_replays": after["replays"],
-        "replays_while_timed": after["replays"] - before["replays"],
-        "captures_while_timed": after["captured"] - before["captured"],
-        "capture_s_while_timed": round(after["capture_s"] - before["capture_s"], 3),
-        "graphs_disabled": after["disabled"],
-    }  # fmt: skip
-
-
-def _warm(eng: Engine, extra_steps: int = 3) -> None:
-    """Steps until every request has a token, then until a pure-decode graph has replayed (its
-    capture is warm-up, not timed), then `extra_steps` more."""
-    while any(r.num_output_tokens == 0 for r in eng.scheduler.requests.values()):
-        eng.step()
-    g = eng.runner.graphs
-    for _ in range(8):
-        if g is None or g.disabled or g.num_replays > 0:
-            break
-        eng.step()
-    for _ in range(extra_steps):
-        eng.step()
-
-
-def engine_decode(
-    model,
-    spec,
-    dtype,
-    device,
-    batch: int,
-    prompt_len: int,
-    steps: int,
-    host_profile: bool = False,
-    grammar: str | None = None,
-    **engine_kw,
-) -> dict[str, Any]:
-    # a request whose prompt is done decodes while the others still prefill (a token per step):
-    # room for those steps too, so that no request finishes inside the timed steps (a smaller
-    # batch there would time fewer rows and capture a graph of a smaller bucket)
-    chunk = engine_kw.get("max_num_batched_tokens", BATCHED_TOKENS)
-    max_tokens = steps + 40 + -(-batch * prompt_len // chunk)
-    eng = make_engine(
-        model,
-        spec,
-        dtype,
-        device,
-        num_state_slots=2 * batch + 8,
-        num_blocks=batch * ((prompt_len + max_tokens + 80) // 64 + 2),
-        **engine_kw,
-    )
-    # a constrained request gets room past the timed steps: its grammar's closing window (the last
-    # eighth of max_tokens) would otherwise end answers inside them
-    sp = SamplingParams(
-        temperature=0, max_tokens=max_tokens * (8 if grammar else 1), ignore_eos=True, grammar=grammar
-    )
-    rids = [eng.add_request(p, sp) for p in rand_prompts(batch, prompt_len, 7)]
-    first = eng.get_request(rids[0])
-    _warm(eng)
-    res = _timed_steps(eng, device, steps)
-    out = {"batch": batch, "prompt_len": prompt_len, **res, "first_tokens": first.output_token_ids[:8]}
-    if host_profile:
-        out["host_profile"] = _host_profile(eng, device, min(steps, 16))  # within max_tokens
-    return out
-
-
-def _host_profile(eng: Engine, device, steps: int) -> str:
-    """Where the host time of `steps` graph-mode decode steps goes (cProfile, by own time). A
-    step's wall time over its GPU work is host time when the GPU waits: the sampled tokens' copy
-    to the host (the step's one sync) shows how long the host waited for the GPU."""
-
-    def run() -> None:
-        for _ in range(steps):
-            eng.step()
-
-    return cprofile_text(run, device)
-
-
-def cprofile_text(fn, device) -> str:
-    """`fn()` under cProfile (synchronised before and after): the top functions by own time and
-    by cumulative time, printed and returned."""
-    import cProfile
-    import io
-    import pstats
-
-    sync(device)
-    prof = cProfile.Profile()
-    prof.enable()
-    fn()
-    sync(device)
-    prof.disable()
-    buf = io.StringIO()
-    st = pstats.Stats(prof, stream=buf)
-    st.sort_stats("tottime").print_stats(22)
-    st.sort_stats("cumulative").print_stats(18)
-    text = buf.getvalue()
-    print(text, flush=True)
-    return text
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
@@ -346,71 +183,6 @@ def decode_paths(model, spec, dtype, device) -> dict[str, Any]:
             res["graphs_note"] = res.get("graphs_note", "") + f"{name}: no graphs; "
     res["graphs_vs_eager"] = _compare(runs["eager"], runs["graphs"])
     return res
-
-
-def hf_model(model, cfg, dtype, device):
-    from transformers import KimiLinearConfig, KimiLinearForCausalLM
-
-    from testing.kimi_hf_mapping import published_to_hf
-
-    hc = KimiLinearConfig(**cfg, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    with torch.device(device):
-        hf = KimiLinearForCausalLM(hc)
-    hf = hf.to(dtype).eval()
-    missing, unexpected = hf.load_state_dict(published_to_hf(model.state_dict()), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"weight mapping: missing {missing[:5]} unexpected {unexpected[:5]}")
-    return hf
-
-
-@torch.inference_mode()
-def hf_decode(hf, device, batch: int, prompt_len: int, steps: int) -> dict[str, float]:
-    ids = torch.tensor(rand_prompts(batch, prompt_len, 7), device=device)
-    kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-
-    def timed(n):
-        sync(device)
-        t0 = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        sync(device)
-        return time.perf_counter() - t0, out
-
-    timed(2)  # warm-up
-    t_pre, _ = timed(1)
-    t_all, out = timed(steps + 1)
-    dt = t_all - t_pre
-    return {
-        "batch": batch,
-        "tokens": batch * steps,
-        "seconds": round(dt, 4),
-        "tok_per_s": round(batch * steps / dt, 1),
-        "ms_per_step": round(1000 * dt / steps, 2),
-        "first_tokens": out[0, prompt_len : prompt_len + 8].tolist(),
-    }
-
-
-def first_token(
-    eng: Engine, prompt: list[int], sp: SamplingParams, device, steps: list[int] | None = None
-) -> tuple[float, list[int], int]:
-    """TTFT of one request on an otherwise idle engine; runs it to the end. Returns (ttft s,
-    output ids, cached prompt tokens); `steps`, if given, receives the engine steps the prompt
-    took (up to its first token: one means its uncached part was prefilled in one step)."""
-    sync(device)
-    t0 = time.perf_counter()
-    step0 = eng.num_steps
-    rid = eng.add_request(prompt, sp)
-    ttft, out, cached = None, [], 0
-    while eng.has_unfinished:
-        for o in eng.step():
-            if o.request_id == rid:
-                if ttft is None and o.new_token_ids:
-                    sync(device)
-                    ttft = time.perf_counter() - t0
-                    if steps is not None:
-                        steps.append(eng.num_steps - step0)
-                out += o.new_token_ids
-                cached = o.num_cached_tokens
-    return ttft, out, cached
 
 
 def ttft_turn10(
@@ -525,147 +297,6 @@ def decode_at_context(model, spec, dtype, device, batch: int, context: int, step
         eng.add_request(p, sp)
     _warm(eng)
     return {"batch": batch, "context": context, **_timed_steps(eng, device, steps)}
-
-
-def profile_cached_turn(model, spec, dtype, device, context: int) -> dict[str, Any]:
-    """Where the time of a cached agent turn goes: one turn under torch.profiler, top ops by time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    rng = random.Random(5)
-    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    eng = make_engine(model, spec, dtype, device, enable_prefix_caching=True)
-    prompt = [rng.randrange(256) for _ in range(context)]
-    first_token(eng, prompt, sp, device)
-    prompt += [rng.randrange(256) for _ in range(64)]
-    first_token(eng, prompt, sp, device)  # a first cached turn: captures its short-step graph
-    nxt = prompt + [rng.randrange(256) for _ in range(64)]
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        ttft, _, hit = first_token(eng, nxt, sp, device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=25)
-    cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    print(table, flush=True)
-    print(cpu_table, flush=True)
-    # the next turn under cProfile: which Python functions the host time goes to
-    nxt += [rng.randrange(256) for _ in range(64)]
-    host = cprofile_text(lambda: first_token(eng, nxt, sp, device), device)
-    return {"ttft_ms": round(1000 * ttft, 2), "cached_tokens": hit, "table": table, "cpu_table": cpu_table,
-            "host_profile": host}  # fmt: skip
-
-
-def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any]:
-    """GPU time of eager decode steps at `batch`: kernels per step, busy time, top kernels. With
-    CUDA graphs the host launch cost is gone, so a graph step's time over this busy time says
-    how much is left between kernels, and the table says which kernels the busy time goes to."""
-    from torch.profiler import ProfilerActivity, profile
-
-    eng = make_engine(model, spec, dtype, device, enable_cuda_graphs=False, num_state_slots=2 * batch + 8)
-    for p in rand_prompts(batch, 128, 9):
-        eng.add_request(p, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
-    while any(r.num_output_tokens == 0 for r in eng.scheduler.requests.values()):
-        eng.step()
-    for _ in range(3):
-        eng.step()
-    sync(device)
-    steps = 5
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            eng.step()
-        sync(device)
-    ka = prof.key_averages()
-    kernels = [e for e in ka if getattr(e, "device_time_total", 0) > 0 and e.device_type.name == "CUDA"]
-    busy_us = sum(e.device_time_total for e in kernels) / steps
-    launches = sum(e.count for e in kernels) / steps
-    table = ka.table(sort_by="device_time_total", row_limit=30)
-    print(table, flush=True)
-    return {"batch": batch, "kernels_per_step": launches, "gpu_busy_ms_per_step": round(busy_us / 1000, 3),
-            "table": table}  # fmt: skip
-
-
-# the grammar of the structured section: a JSON object holding a list of short strings that may
-# not close before 10,000 items (every step computes a real JSON mask; no answer completes while
-# timed)
-STRUCTURED_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "items": {"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 10000}
-    },
-    "required": ["items"],
-    "additionalProperties": False,
-}
-
-
-class WideVocab(ByteTokenizer):
-    """A tokenizer over the model's whole vocabulary for the grammar's sake: the 256 bytes, the
-    Kimi special tokens, then distinct multi-byte tokens of JSON-ish text (2- and 3-character
-    strings), so a mask is computed over as many ids as a real checkpoint's (~160K) and many of
-    them are valid JSON continuations, as in a real vocabulary. Prompts encode as bytes."""
-
-    def __init__(self, vocab_size: int) -> None:
-        super().__init__()
-        chars = [chr(c) for c in range(32, 127)]
-        extra: list[bytes] = []
-        for n in (2, 3):
-            for i in range(len(chars) ** n):
-                if 256 + len(self.special_tokens) + len(extra) >= vocab_size:
-                    break
-                s, k = "", i
-                for _ in range(n):
-                    s, k = s + chars[k % len(chars)], k // len(chars)
-                extra.append(s.encode())
-        self._table = [bytes([i]) for i in range(256)] + [t.encode() for t in self.special_tokens] + extra
-        self.vocab_size = len(self._table)
-
-    def is_special(self, token_id: int) -> bool:
-        return 256 <= token_id < 256 + len(self.special_tokens)
-
-    def token_bytes(self) -> list[bytes]:
-        return self._table
-
-    def grammar_tokenizer(self) -> Any:
-        import llguidance
-
-        tok = self
-
-        class _Vocab:
-            def __init__(self) -> None:
-                self.eos_token_id, self.bos_token_id = tok.eos_token_ids[0], None
-                self.tokens = tok._table
-                self.special_token_ids = list(range(256, 256 + len(tok.special_tokens)))
-
-            def __call__(self, text: str | bytes) -> list[int]:
-                return list(text if isinstance(text, bytes) else text.encode())
-
-        return llguidance.LLTokenizer(
-            llguidance.TokenizerWrapper(_Vocab()), eos_token=list(tok.eos_token_ids)
-        )
-
-
-def structured_decode(model, spec, dtype, device, batches, plen: int, steps: int) -> dict[str, Any]:
-    """Decode tok/s with every request constrained by a JSON-schema grammar vs none, same engine
-    shape, over the model's whole vocabulary (`WideVocab`); the overhead is the mask computation
-    (overlapped with the forward) and its application per step."""
-    from inference.structured.grammar import with_options
-
-    grammar = "start: %json " + json.dumps(with_options(STRUCTURED_SCHEMA))
-    tok = WideVocab(spec.vocab_size)
-    out: dict[str, Any] = {"vocab": tok.vocab_size}
-    for b in batches:
-        free = engine_decode(model, spec, dtype, device, b, plen, steps, tokenizer=tok)
-        constrained = engine_decode(
-            model, spec, dtype, device, b, plen, steps, grammar=grammar, tokenizer=tok
-        )
-        out[f"b{b}"] = {
-            "free_tok_per_s": free["tok_per_s"],
-            "constrained_tok_per_s": constrained["tok_per_s"],
-            "overhead_pct": round(100 * (free["tok_per_s"] / constrained["tok_per_s"] - 1), 2),
-            "constrained_ms_per_step": constrained["ms_per_step"],
-            "free_ms_per_step": free["ms_per_step"],
-            "free": free,
-            "constrained": constrained,
-        }
-    return out
 
 
 SECTIONS = (

@@ -26,74 +26,28 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from inference.kernels.dsa import PREFILL_ROWS  # noqa: E402
-from inference.kernels.dsa.fast import dsa_scores_fast, dsa_topk_paged_fast  # noqa: E402
-from inference.kernels.dsa.reference import SCORE_BUDGET  # noqa: E402
-from inference.kernels.mla_decode.fast import default_num_splits, mla_decode_paged_fast, pick_tile  # noqa: E402
-from inference.kernels.mla_decode.reference import mla_decode_paged_reference  # noqa: E402
-from inference.kernels.mla_prefill.fast import (  # noqa: E402
+from benchmarks import kernels_setup as setup
+from benchmarks.kernels_dsa import dsa, dsa_prefill
+from benchmarks.kernels_setup import (
+    DN,
+    DV,
+    H,
+    P,
+    R,
+    _pool,
+    bench,
+    bench_graph,
+    copy_bandwidth,
+)
+from inference.kernels.mla_decode.fast import default_num_splits, mla_decode_paged_fast, pick_tile
+from inference.kernels.mla_decode.reference import mla_decode_paged_reference
+from inference.kernels.mla_prefill.fast import (
     _tuned_prefill_kernel,
     mla_prefill_varlen_cudnn,
     mla_prefill_varlen_triton,
 )
-from inference.kernels.topk.fast import select_rows  # noqa: E402
-from inference.model.cache_tensors import quantize_rows_fp8  # noqa: E402
 
-H, R, P, DN, DV = 16, 512, 64, 128, 128
 RESULTS: dict[str, Any] = {}
-# --warm-only: call every variant once and time nothing (fills the Triton cache, e.g. in a process
-# beside the GPU tests, so that the timed run that follows compiles nothing)
-WARM_ONLY = False
-
-
-def bench(fn, reps: int = 20) -> float:
-    """Median seconds of `fn()` after one warm-up call, CUDA events around each call."""
-    fn()
-    torch.cuda.synchronize()
-    if WARM_ONLY:
-        return 1.0
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1000)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def bench_graph(fn, reps: int = 20, flush: str = "write") -> float:
-    """Median GPU seconds of `fn` replayed from a CUDA graph (no host launch cost, as the engine's
-    decode graphs run it), with L2 flushed before each replay: `write` zeroes 256 MiB (L2 is then
-    full of dirty lines, whose write-back the timed kernel pays: ~50 MB at the start of the
-    replay), `read` sums 256 MiB (L2 full of clean lines, as after the weight reads of a real
-    decode step)."""
-    fn()  # compile + autotune outside the capture
-    torch.cuda.synchronize()
-    if WARM_ONLY:
-        return 1.0
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    buf = torch.empty(1 << 26, dtype=torch.int32, device="cuda")
-    pairs = []
-    for _ in range(reps):
-        if flush == "write":
-            buf.zero_()
-        else:
-            buf.sum()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        pairs.append((a, b))
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) / 1000 for a, b in pairs)
-    return times[len(times) // 2]
 
 
 def record(name: str, fn, *args) -> None:
@@ -104,32 +58,8 @@ def record(name: str, fn, *args) -> None:
         RESULTS[name] = {"error": repr(exc), "trace": traceback.format_exc()[-2000:]}
     RESULTS.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
     print(f"[{name}] {json.dumps(RESULTS[name], default=str)[:3000]}", flush=True)
-    if (out := os.environ.get("OUT")) and not WARM_ONLY:
+    if (out := os.environ.get("OUT")) and not setup.WARM_ONLY:
         Path(out, "kernels_bench.json").write_text(json.dumps(RESULTS, indent=1, default=str))
-
-
-def copy_bandwidth() -> dict[str, float]:
-    """Device-to-device copy of 4 GiB: (read + write bytes) / time, the ceiling decode is held to."""
-    src = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    t = bench(lambda: dst.copy_(src), reps=10)
-    return {"bytes": 2 * src.numel() * 2, "seconds": t, "GBps": round(2 * src.numel() * 2 / t / 1e9, 1)}
-
-
-def _pool(batch: int, ctx: int, page: int, fp8: bool, seed: int = 0):
-    g = torch.Generator("cuda").manual_seed(seed)
-    blocks = batch * (-(-ctx // page))
-    rows = torch.randn(blocks * page, R + P, generator=g, device="cuda")
-    if fp8:
-        q, s = quantize_rows_fp8(rows)
-        pool, scales = q.view(blocks, page, R + P), s.view(blocks, page)
-    else:
-        pool, scales = rows.to(torch.bfloat16).view(blocks, page, R + P), None
-    tables = torch.randperm(blocks, device="cuda", generator=g).int().view(batch, -1)
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    q_lat = torch.randn(batch, H, R, generator=g, device="cuda")
-    q_rope = torch.randn(batch, H, P, generator=g, device="cuda")
-    return q_lat, q_rope, pool, scales, tables, lens
 
 
 def _latent_bytes(batch: int, ctx: int, fp8: bool) -> int:
@@ -340,146 +270,6 @@ def prefill_chunking(total: int = 131072) -> list[dict[str, Any]]:
     return rows
 
 
-def _fp8_index_pool(ipool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """bf16 index keys `[blocks, page, D]` in the FP8 cache's per-block layout (e4m3 keys, then
-    their fp32 scales): the strided views the indexer reads."""
-    nb, page, d = ipool.shape
-    q, scale = quantize_rows_fp8(ipool.reshape(-1, d))
-    raw = torch.empty(nb, page * (d + 4), dtype=torch.uint8, device=ipool.device)
-    raw[:, : page * d] = q.view(torch.uint8).view(nb, page * d)
-    raw[:, page * d :] = scale.view(nb, page).view(torch.uint8).view(nb, page * 4)
-    keys = raw[:, : page * d].view(torch.float8_e4m3fn).view(nb, page, d)
-    return keys, raw[:, page * d :].view(torch.float32)
-
-
-def dsa() -> dict[str, Any]:
-    """Decode step of one layer at batch 32, 128K context, top-2048: indexer (bf16 or FP8 keys) +
-    the radix top-k + sparse attention, vs dense paged decode over all keys; the parts alone; the
-    FP8 selection's recall of the bf16 one; the prefill-side scoring throughput."""
-    res: dict[str, Any] = {}
-    batch, ctx, page, hi, d, k = 32, 131072, 64, 64, 128, 2048
-    q_lat, q_rope, pool, _, tables, lens = _pool(batch, ctx, page, False)
-    g = torch.Generator("cuda").manual_seed(1)
-    ipool = torch.randn(pool.shape[0], page, d, generator=g, device="cuda", dtype=torch.bfloat16)
-    keys8, scales8 = _fp8_index_pool(ipool)
-    iq = torch.randn(batch, hi, d, generator=g, device="cuda", dtype=torch.bfloat16)
-    iw = torch.randn(batch, hi, generator=g, device="cuda") * hi**-0.5
-    kw = dict(kv_lora_rank=R, scale=192**-0.5)
-    scores = torch.empty(batch, ctx, device="cuda")
-    res["index_key_bytes_bf16"] = batch * ctx * d * 2
-    res["index_key_bytes_fp8"] = batch * ctx * (d + 4)
-    for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
-        fn = lambda pool_i=pool_i, sc=sc: dsa_scores_fast(  # noqa: E731
-            iq, iw, pool_i, tables, lens, scores, 0, index_scales=sc
-        )
-        t = bench_graph(fn, flush="read")
-        res[f"scoring_{name}_us"] = round(1e6 * t, 1)
-        res[f"scoring_{name}_GBps"] = round(res[f"index_key_bytes_{name}"] / t / 1e9, 1)
-    sweep = []
-    for tile in ((128, 4, 3), (128, 8, 3), (64, 4, 3), (128, 4, 4), (256, 8, 3), (64, 4, 5)):
-        try:
-            fn = lambda tile=tile: dsa_scores_fast(iq, iw, keys8, tables, lens, scores, 0, index_scales=scales8,  # noqa: E731
-                                                   score_tile=tile)  # fmt: skip
-            t = bench_graph(fn, 10, "read")
-            sweep.append({"tile": tile, "us": round(1e6 * t, 1),
-                          "GBps": round(res["index_key_bytes_fp8"] / t / 1e9, 1)})  # fmt: skip
-        except Exception as exc:  # a tile that does not fit
-            sweep.append({"tile": tile, "error": repr(exc)[:200]})
-    res["fp8_scoring_tiles"] = sweep
-    dsa_scores_fast(iq, iw, keys8, tables, lens, scores, 0, index_scales=scales8)
-    out = torch.empty(batch, k, dtype=torch.long, device="cuda")
-    res["radix_topk_us"] = round(
-        1e6 * bench_graph(lambda: select_rows(scores, lens, out, 0), flush="read"), 1
-    )
-    res["torch_topk_us"] = round(1e6 * bench_graph(lambda: scores.topk(k, dim=-1), flush="read"), 1)
-    for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
-        fn = lambda pool_i=pool_i, sc=sc: dsa_topk_paged_fast(  # noqa: E731
-            iq, iw, pool_i, tables, lens, topk=k, index_scales=sc
-        )
-        res[f"indexer_topk_{name}_us"] = round(1e6 * bench_graph(fn, flush="read"), 1)
-    idx = dsa_topk_paged_fast(iq, iw, keys8, tables, lens, topk=k, index_scales=scales8)
-    idx_bf16 = dsa_topk_paged_fast(iq, iw, ipool, tables, lens, topk=k)
-    res["fp8_recall_of_bf16_top2048"] = round(
-        sum(torch.isin(idx[n], idx_bf16[n]).float().mean().item() for n in range(batch)) / batch, 4
-    )
-    sparse = lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, indices=idx, **kw)  # noqa: E731
-    res["sparse_attention_us"] = round(1e6 * bench_graph(sparse, flush="read"), 1)
-
-    def step(pool_i=keys8, sc=scales8):
-        sel = dsa_topk_paged_fast(iq, iw, pool_i, tables, lens, topk=k, index_scales=sc)
-        return mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, indices=sel, **kw)
-
-    dense = lambda: mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **kw)  # noqa: E731
-    for flush in ("read", "write"):
-        res[f"dsa_step_fp8_us_{flush}_flush"] = round(1e6 * bench_graph(step, flush=flush), 1)
-        res[f"dsa_step_bf16_us_{flush}_flush"] = round(
-            1e6 * bench_graph(lambda: step(ipool, None), flush=flush), 1
-        )
-        res[f"dense_decode_us_{flush}_flush"] = round(1e6 * bench_graph(dense, flush=flush), 1)
-        res[f"speedup_fp8_vs_dense_{flush}_flush"] = round(
-            res[f"dense_decode_us_{flush}_flush"] / res[f"dsa_step_fp8_us_{flush}_flush"], 2
-        )
-    return res
-
-
-FP8_PEAK_TFLOPS = 1979.0  # H200 SXM dense FP8 tensor-core peak (datasheet); bf16 989.5
-
-
-def dsa_prefill() -> dict[str, Any]:
-    """Prefill indexer: an 8K-query chunk of one sequence over 128K keys (rows at positions
-    120K-128K, in the row blocks the indexer uses): scoring TFLOP/s for bf16 and FP8 keys by rows
-    per key-tile read (1 = the single-row kernel) and tile, then scoring + top-2048 selection."""
-    res: dict[str, Any] = {"fp8_peak_tflops": FP8_PEAK_TFLOPS}
-    ctx, page, hi, d, k, lq = 131072, 64, 64, 128, 2048, 8192
-    _, _, pool, _, tables, _ = _pool(1, ctx, page, False)
-    g = torch.Generator("cuda").manual_seed(1)
-    ipool = torch.randn(pool.shape[0], page, d, generator=g, device="cuda", dtype=torch.bfloat16)
-    keys8, scales8 = _fp8_index_pool(ipool)
-    rows_t = torch.zeros(lq, dtype=torch.long, device="cuda")
-    piq = torch.randn(lq, hi, d, generator=g, device="cuda", dtype=torch.bfloat16)
-    piw = torch.randn(lq, hi, generator=g, device="cuda") * hi**-0.5
-    plens = torch.arange(ctx - lq, ctx, device="cuda", dtype=torch.int32) + 1
-    step_rows = SCORE_BUDGET // ctx
-    pscores = torch.empty(step_rows, ctx, device="cuda")
-    score_flops = 2 * lq * (ctx - lq / 2) * hi * d
-    sweep = []
-    for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
-        for group, tile in (
-            (1, None),
-            (2, None),
-            (4, None),
-            (4, (64, 4, 3)),
-            (4, (128, 8, 3)),
-            (2, (128, 8, 3)),
-        ):
-
-            def prefill_scores(pool_i=pool_i, sc=sc, group=group, tile=tile):
-                for r0 in range(0, lq, step_rows):
-                    dsa_scores_fast(piq, piw, pool_i, tables, plens, pscores, r0, index_scales=sc,
-                                    table_rows=rows_t, score_tile=tile, rows_per_program=group)  # fmt: skip
-
-            try:
-                t = bench(prefill_scores, reps=3)
-            except Exception as exc:  # a tile that does not fit
-                sweep.append({"keys": name, "rows": group, "tile": tile, "error": repr(exc)[:200]})
-                continue
-            row = {"keys": name, "rows": group, "tile": tile, "ms": round(1e3 * t, 2),
-                   "TFLOPs": round(score_flops / t / 1e12, 1)}  # fmt: skip
-            if name == "fp8":
-                row["pct_fp8_peak"] = round(100 * score_flops / t / 1e12 / FP8_PEAK_TFLOPS, 1)
-            sweep.append(row)
-            print(f"[dsa_prefill] {row}", flush=True)
-    res["scoring_8k_over_128k"] = sweep
-    for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
-        for group in (1, PREFILL_ROWS[name]):
-            fn = lambda pool_i=pool_i, sc=sc, group=group: dsa_topk_paged_fast(  # noqa: E731
-                piq, piw, pool_i, tables, plens, topk=k, table_rows=rows_t, index_scales=sc,
-                rows_per_program=group,
-            )  # fmt: skip
-            res[f"indexer_topk_8k_over_128k_{name}_rows{group}_ms"] = round(1e3 * bench(fn, reps=3), 2)
-    return res
-
-
 def layer_prefill(lengths: tuple[int, ...] = (131072, 524288), chunk: int = 16384) -> list[dict[str, Any]]:
     """One MLA layer of the benchmark config (bf16, the model's own code path: latent write, paged
     gather, kv_b_proj expansion, the chosen prefill backend) prefilling one sequence in `chunk`-token
@@ -617,8 +407,7 @@ def main() -> None:
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
     want = args.sections.split(",")
-    global WARM_ONLY
-    WARM_ONLY = args.warm_only
+    setup.WARM_ONLY = args.warm_only
     RESULTS["device"] = torch.cuda.get_device_name()
     RESULTS["torch"] = torch.__version__
     import triton

@@ -39,17 +39,18 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-ROOT = Path(__file__).resolve().parent.parent
-
-from inference.cache.tiers import BLOCK, HOST, Load, Store, TierCapacity, TierConfig, Transfer  # noqa: E402
-from inference.config import parse_config  # noqa: E402
-from inference.engine.engine import Engine, EngineConfig  # noqa: E402
-from inference.engine.factory import small_model_config  # noqa: E402
-from inference.engine.request import SamplingParams  # noqa: E402
-from inference.engine.tier_store import TierStore  # noqa: E402
-from inference.model.cache_tensors import HybridCacheSpec, HybridCacheTensors  # noqa: E402
-from inference.model.factory import build_model  # noqa: E402
-from inference.tokenizer import ByteTokenizer  # noqa: E402
+from benchmarks.engine_setup import free, sync
+from benchmarks.long_context_figures import merge, plot
+from benchmarks.long_context_fp8 import fp8_accuracy
+from benchmarks.long_context_promotion import promotion
+from inference.cache.tiers import TierConfig
+from inference.config import parse_config
+from inference.engine.engine import Engine, EngineConfig
+from inference.engine.factory import small_model_config
+from inference.engine.request import SamplingParams
+from inference.model.cache_tensors import HybridCacheSpec
+from inference.model.factory import build_model
+from inference.tokenizer import ByteTokenizer
 
 RESULTS: dict[str, Any] = {}
 GiB = 1 << 30
@@ -65,8 +66,8 @@ def model_config(quick: bool, dsa: bool) -> dict[str, Any]:
         if dsa:
             cfg.update(index_topk=64, index_n_heads=2, index_head_dim=16, q_lora_rank=32)
         return cfg
-    from benchmarks.engine import (
-        bench_config,  # benchmarks/engine.py: the same config as the engine benchmark
+    from benchmarks.engine_setup import (
+        bench_config,  # the same config as the engine benchmark
     )
 
     cfg = bench_config()
@@ -105,16 +106,6 @@ def sized(n: int, extra: int = 1024, block: int = 64, copies: int = 1) -> dict[s
     return dict(max_model_len=n + extra, num_blocks=copies * ((n + extra) // block + 2) + 16)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def free(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def rand(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(256) for _ in range(n)]
@@ -124,7 +115,7 @@ def first_token(
     eng: Engine, prompt: list[int], sp: SamplingParams, device, steps: list[int] | None = None
 ) -> tuple[float, list[int], int]:
     """(TTFT s, output ids, cached tokens): benchmarks/engine.py's measurement, one definition."""
-    from benchmarks.engine import first_token as measure
+    from benchmarks.engine_setup import first_token as measure
 
     return measure(eng, prompt, sp, device, steps)
 
@@ -166,7 +157,7 @@ def prefill_decode(model, spec, dtype, device, n: int, steps: int, kv: str = "au
 def hf_prefill(cfg, model, dtype, device, n: int) -> dict[str, Any]:
     """transformers' KimiLinear on the same weights: one forward of n tokens (its prefill), after
     a warm-up forward of the same shape (its decode at that context is not measured)."""
-    from benchmarks.engine import hf_model
+    from benchmarks.engine_setup import hf_model
 
     hf = hf_model(model, cfg, dtype, device)
     ids = torch.tensor([rand(n, n)], device=device)
@@ -244,7 +235,7 @@ def returning(
     _, reply, _ = first_token(eng, first, sp, device)
     first_token(eng, rand(context, 22), SamplingParams(temperature=0, max_tokens=1), device)  # evicts it
     back = first + reply + rand(64, 23)
-    from benchmarks.engine import cprofile_text
+    from benchmarks.engine_setup import cprofile_text
 
     got: dict[str, Any] = {}
     text = (
@@ -272,243 +263,12 @@ def returning(
     return row
 
 
-def pinned_h2d(device, nbytes: int) -> float:
-    """Best-of-5 GB/s of one pinned host -> device copy of `nbytes`."""
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    best = float("inf")
-    for _ in range(5):
-        sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
-
-
-def promotion(spec, dtype, device, context: int) -> dict[str, Any]:
-    """The tier store promoting a whole `context`-token conversation (its KV blocks) from the host
-    tier into the benchmark config's cache tensors, timed from `start` to its event (the loads
-    are built before: the scheduler builds them), vs one pinned copy of the same bytes (no model
-    needed: the copies are the same). Two layouts of the GPU targets: `consecutive` (a free run
-    of the pool: straight copies into it) and `scattered` (a shuffled order: the staging buffer
-    and one scatter per tensor group)."""
-    n = context // 64
-    cache = HybridCacheTensors.allocate(
-        HybridCacheSpec.from_model_spec(spec, dtype), n + 1, 64, 2, device, dtype
-    )
-    store = TierStore(cache, TierCapacity(host_blocks=n, host_states=0, disk_bytes=0))
-    store.apply([Store(BLOCK, b, HOST, b) for b in range(n)])
-    sync(device)
-    nbytes = n * store.unit_bytes[BLOCK]
-    res: dict[str, Any] = {"context": context, "blocks": n, "bytes": nbytes}
-    shuffled = list(range(n))
-    random.Random(0).shuffle(shuffled)
-    for name, targets in (("consecutive", list(range(n))), ("scattered", shuffled)):
-        loads = tuple(Load(BLOCK, HOST, b, g) for b, g in enumerate(targets))
-        best = float("inf")
-        for i in range(4):  # the first one warms the allocator up
-            sync(device)
-            t0 = time.perf_counter()
-            store.start([Transfer(i, loads)])
-            while not store.poll(wait=True):
-                pass
-            sync(device)
-            if i:
-                best = min(best, time.perf_counter() - t0)
-        res[f"promotion_gb_per_s_{name}"] = round(nbytes / best / 1e9, 2)
-    res["promotion_gb_per_s"] = res["promotion_gb_per_s_consecutive"]
-    if device.type == "cuda":
-        res["pinned_h2d_gb_per_s"] = round(pinned_h2d(device, nbytes), 2)
-        for name in ("consecutive", "scattered"):
-            res[f"fraction_of_h2d_{name}"] = round(
-                res[f"promotion_gb_per_s_{name}"] / res["pinned_h2d_gb_per_s"], 3
-            )
-        res["fraction_of_h2d"] = res["fraction_of_h2d_consecutive"]
-    store.close()
-    del cache, store
-    free(device)
-    return res
-
-
 def fp8_memory(spec, dtype, context: int) -> dict[str, Any]:
     bf = HybridCacheSpec.from_model_spec(spec, dtype).kv_bytes_per_token
     f8 = HybridCacheSpec.from_model_spec(spec, dtype, latent_fp8=True).kv_bytes_per_token
     return {"kv_bytes_per_token_bf16": bf, "kv_bytes_per_token_fp8": f8, "saved_fraction": round(1 - f8 / bf, 4),
             f"kv_gib_at_{context}_bf16": round(bf * context / GiB, 3),
             f"kv_gib_at_{context}_fp8": round(f8 * context / GiB, 3)}  # fmt: skip
-
-
-class _LogitRecorder:
-    """Wraps the runner's sampler and keeps every sampled row's logits (fp32, CPU) per request."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.rows = inner, {}
-
-    def __call__(self, logits, params, req_ids, allowed=None):
-        for rid, row in zip(req_ids, logits.float().cpu(), strict=True):
-            self.rows.setdefault(rid, []).append(row)
-        return self.inner(logits, params, req_ids, allowed)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-ACCURACY_PROMPTS = (
-    "What is 17 times 23?", "List the files in the workspace.", "Search the documents for the 2023 budget.",
-    "What is the square root of 1764?", "Crop the image to its left half.", "Summarise the report in one line.",
-    "Fetch https://example.com/status and tell me if it is up.", "How many days are there in a leap year?",
-    "Write a Python function that reverses a list.", "Which tool would you use to add 2 and 2?",
-    "Describe the attached image.", "Compute 2 to the power of 20.", "Find mentions of 'latency' in the docs.",
-    "Create a file notes.txt with the word hello.", "What is 1000 divided by 8?", "Translate 'good morning' to French.",
-)  # fmt: skip
-
-
-def fp8_accuracy(device, max_tokens: int) -> dict[str, Any]:
-    """The trained demo model, bf16 weights: greedy generation of a fixed prompt set with the MLA
-    latent cache in bf16 vs FP8 (e4m3, one scale per row); logit errors over the steps before the
-    first divergence (same context on both sides) and greedy agreement. A bf16-vs-fp32 KV row
-    (same weights) gives the noise floor."""
-    from inference.chat import engine_frontend
-    from inference.demo_model.spec import DEMO_DIR
-    from inference.engine.factory import build_engine
-
-    runs = {}
-    for name, dtype, kv in (
-        ("fp32", "float32", "auto"),
-        ("bf16", "bfloat16", "auto"),
-        ("fp8", "bfloat16", "fp8"),
-    ):
-        cfg = EngineConfig.of(num_blocks=512, max_model_len=4096, kv_cache_dtype=kv, enable_cuda_graphs=False)
-        eng = build_engine(model_dir=DEMO_DIR, engine_config=cfg, device=device, dtype=dtype)
-        tmpl = engine_frontend(eng).renderer
-        prompts = [tmpl.render([{"role": "user", "content": p}]).token_ids for p in ACCURACY_PROMPTS]
-        rec = _LogitRecorder(eng.runner.sampler)
-        eng.runner.sampler = rec
-        reqs = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-        runs[name] = [(r.output_token_ids, rec.rows[r.request_id]) for r in reqs]
-
-    def compare(ref, got):
-        same, prefix, max_err, mean_err, rel = 0, [], 0.0, [], []
-        for (rt, rl), (gt, gl) in zip(ref, got, strict=True):
-            d = next((i for i, (a, b) in enumerate(zip(rt, gt, strict=True)) if a != b), len(rt))
-            same += d == len(rt)
-            prefix.append(d / len(rt))
-            for i in range(min(d + 1, len(rl))):  # step d still has the same context
-                e = (gl[i] - rl[i]).abs()
-                max_err = max(max_err, e.max().item())
-                mean_err.append(e.mean().item())
-                rel.append((e.norm() / rl[i].norm()).item())
-        return {
-            "sequences_identical": f"{same}/{len(ref)}",
-            "mean_common_prefix_fraction": round(sum(prefix) / len(prefix), 4),
-            "logit_max_abs_err": round(max_err, 4),
-            "logit_mean_abs_err": round(sum(mean_err) / len(mean_err), 5),
-            "logit_rel_err": round(sum(rel) / len(rel), 5),
-        }
-
-    return {
-        "model": "inference/demo_model/weights", "device": str(device), "prompts": len(ACCURACY_PROMPTS),
-        "max_tokens": max_tokens, "fp8_vs_bf16": compare(runs["bf16"], runs["fp8"]),
-        "bf16_vs_fp32_noise_floor": compare(runs["fp32"], runs["bf16"]),
-    }  # fmt: skip
-
-
-# -- the plot ---------------------------------------------------------------------------------
-ROW_SECTIONS = ("prefill_decode", "returning", "turn10", "fp8")  # dicts of rows; the rest are rows
-META = ("device", "torch", "quick", "config", "section_wall_s", "measured_by", "not_measured")
-
-
-def merge(old: dict[str, Any], new: dict[str, Any], session: str, old_session: str) -> dict[str, Any]:
-    """`new`'s rows into `old` (a figures file), each row tagged with who measured it: untagged
-    rows of `old` get `old_session`, `new`'s get `session`; a new row replaces the old one of the
-    same name. Rows that failed go to `not_measured` (the error, not the trace)."""
-
-    def tag(row: Any, who: str) -> Any:
-        if isinstance(row, dict) and "error" not in row:
-            row.setdefault("measured_by", who)
-        return row
-
-    out = json.loads(json.dumps(old))
-    for sec in ROW_SECTIONS:
-        for row in out.get(sec, {}).values():
-            tag(row, old_session)
-    for sec in set(out) - set(META) - set(ROW_SECTIONS):
-        tag(out[sec], old_session)
-    failed = out.setdefault("not_measured", {})
-    for sec, val in new.items():
-        if sec in META:
-            continue
-        rows = val.items() if sec in ROW_SECTIONS and isinstance(val, dict) else [(None, val)]
-        for name, row in rows:
-            where = f"{sec}.{name}" if name else sec
-            if isinstance(row, dict) and "error" in row:
-                failed[where] = f"{session}: {row['error']}"
-                continue
-            failed.pop(where, None)
-            if name is None:
-                out[sec] = tag(row, session)
-            else:
-                out.setdefault(sec, {})[name] = tag(row, session)
-    walls = out.setdefault("section_wall_s", {})
-    for k, v in new.get("section_wall_s", {}).items():
-        walls[k] = v
-    return out
-
-
-def plot(results: dict[str, Any], path: str) -> str | None:
-    """Four panels of horizontal bars (Pillow; skipped where it is not installed); a bar's label
-    names the session that measured it where the row says."""
-    try:
-        from PIL import Image, ImageDraw
-    except ImportError:
-        return None
-
-    def label(name: str, row: Any) -> str:
-        who = row.get("measured_by", "") if isinstance(row, dict) else ""
-        return f"{name} [{who.split(' (')[0]}]" if who else name
-
-    def rows(sec: str):
-        return [(k, v) for k, v in results.get(sec, {}).items() if isinstance(v, dict)]
-
-    pd = rows("prefill_decode") + [(f"fp8 {k}", v) for k, v in rows("fp8") if "ttft_s" in v]
-    panels: list[tuple[str, list[tuple[str, float]]]] = [
-        ("prefill TTFT (s)", [(label(k, v), v["ttft_s"]) for k, v in pd if "ttft_s" in v]),
-        ("decode batch 1 (tok/s)", [(label(k, v), v["decode_tok_per_s"]) for k, v in pd if "decode_tok_per_s" in v]),
-    ]  # fmt: skip
-    bars = [(label(f"return {k}", v), v["ttft_ms"]) for k, v in rows("returning") if "ttft_ms" in v]
-    bars += [(label(f"turn10 {k} {w}", v), v[f"ttft_ms_{w}_cache"]) for k, v in rows("turn10")
-             if "ratio" in v for w in ("with", "without")]  # fmt: skip
-    panels.append(("returning conversation / turn-10 TTFT (ms)", bars))
-    pr = results.get("promotion", {})
-    names = ("promotion_gb_per_s_consecutive", "promotion_gb_per_s_scattered", "pinned_h2d_gb_per_s")
-    bw = [(label(k, pr), pr[k]) for k in names if k in pr]
-    if not bw and "promotion_gb_per_s" in pr:  # a run from before the two layouts were measured
-        bw = [(label("promotion_gb_per_s", pr), pr["promotion_gb_per_s"])]
-    bw += [
-        (label(f"in engine from {k}", v), v["promotion_gb_per_s"])
-        for k, v in rows("returning")
-        if "promotion_gb_per_s" in v
-    ]
-    panels.append(("bandwidth (GB/s)", bw))
-    row_h, w, label_w = 18, 900, 330
-    h = sum(30 + row_h * max(len(b), 1) for _, b in panels) + 20
-    img = Image.new("RGB", (w, h), "white")
-    d = ImageDraw.Draw(img)
-    y = 10
-    for title, bars in panels:
-        d.text((10, y), title, fill="black")
-        y += 20
-        top = max((v for _, v in bars), default=1) or 1
-        for label, v in bars:
-            d.text((10, y + 3), label[:52], fill="black")
-            x1 = label_w + (w - label_w - 90) * v / top
-            d.rectangle([label_w, y + 2, max(x1, label_w + 1), y + row_h - 3], fill=(70, 110, 180))
-            d.text((x1 + 5, y + 3), f"{v:g}", fill="black")
-            y += row_h
-        y += 10
-    img.save(path)
-    return path
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -556,9 +316,7 @@ def main() -> None:
     ap.add_argument(
         "--merge-into", default=None, help="with --plot-from: merge that run into this figures JSON"
     )
-    ap.add_argument(
-        "--session", default="new", help="what the merged run measured, e.g. 'H200, <commit>'"
-    )
+    ap.add_argument("--session", default="new", help="what the merged run measured, e.g. 'H200, <commit>'")
     ap.add_argument("--old-session", default="earlier", help="who measured the untagged rows already there")
     args = ap.parse_args()
     if args.plot_from:

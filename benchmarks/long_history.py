@@ -27,7 +27,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from benchmarks.agent_traces import document
+from benchmarks.trace_script import document
 
 
 class Crash(BaseException):

@@ -101,7 +101,7 @@ def stack(db_url: str, work: Path, o: StackOptions) -> Iterator[tuple[str, Any]]
         s.start("worker", "worker", "--queues", "tools", "--pool", "solo", "--metrics-port", str(wport),
                 "--hostname", f"traces-{uuid.uuid4().hex[:8]}@%h")  # fmt: skip
         s.wait_http("inference", infer + "/health", timeout_s=600)
-        from benchmarks.agent_traces import ScriptedProxy
+        from benchmarks.trace_script import ScriptedProxy
 
         with ScriptedProxy(infer, hide_conversation=o.wire == "full") as proxy:
             for i in range(o.runners):

@@ -13,7 +13,8 @@ import threading
 import httpx
 import pytest
 
-from benchmarks.agent_traces import ScriptedProxy, TraceSpec, document, turn_rows
+from benchmarks.agent_traces import turn_rows
+from benchmarks.trace_script import ScriptedProxy, TraceSpec, document
 from orchestrator.api.views import task_detail
 from orchestrator.config import Budgets
 from orchestrator.dispatch import InProcessDispatcher
