@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.kernels_setup import bench, bench_graph
+
 H, R, P, DN, DV = 128, 512, 64, 128, 128
 HI, DI, TOPK, PAGE = 64, 128, 2048, 64
 CHUNK = 8192
@@ -47,41 +49,6 @@ PIECE = 65536
 SCALE = (DN + P) ** -0.5
 CONTEXTS = (32768, 131072, 524288, 1048576)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: Triton's interpreter, tiny shapes
-
-
-def _bench(fn, reps: int) -> float:
-    """Median seconds of `fn()` (CUDA events) after one warm-up call."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1000)
-    return sorted(times)[len(times) // 2]
-
-
-def _graph(fn, reps: int = 20) -> float:
-    """Median seconds of `fn` replayed from a CUDA graph, L2 flushed by a 256 MiB read before each."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    buf = torch.empty(1 << 26, dtype=torch.int32, device=DEV)
-    pairs = []
-    for _ in range(reps):
-        buf.sum()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        pairs.append((a, b))
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) / 1000 for a, b in pairs)[reps // 2]
 
 
 def _randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -186,8 +153,8 @@ def prefill(ctx: int) -> dict[str, Any]:
     iq = _randn((CHUNK, HI, DI), torch.bfloat16, 8)
     iw = _randn((CHUNK, HI), torch.float32, 9) * HI**-0.5
     reps = 3 if ctx <= 131072 else 2
-    t_dense = _bench(lambda: dense_prefill(layer, q), reps)
-    t_dsa = _bench(lambda: dsa_prefill(layer, q, iq, iw), reps)
+    t_dense = bench(lambda: dense_prefill(layer, q), reps)
+    t_dsa = bench(lambda: dsa_prefill(layer, q, iq, iw), reps)
     torch.cuda.reset_peak_memory_stats()
     dsa_prefill(layer, q, iq, iw)
     peak = torch.cuda.max_memory_allocated() / 2**30
@@ -227,13 +194,13 @@ def decode(batch: int, ctx: int) -> dict[str, Any]:
         sel = select()
         return mla_decode_paged_fast(q_lat, q_rope, layer.pool, layer.tables, lens, indices=sel, **kw)
 
-    t_dense, t_step = _graph(dense), _graph(step)
+    t_dense, t_step = bench_graph(dense, flush="read"), bench_graph(step, flush="read")
     latent_bytes = batch * ctx * (R + P) * 2
     return {
         "batch": batch, "ctx": ctx, "dense_us": round(1e6 * t_dense, 1),
         "dense_latent_GBps": round(latent_bytes / t_dense / 1e9, 1),
-        "dsa_step_us": round(1e6 * t_step, 1), "indexer_topk_us": round(1e6 * _graph(select), 1),
-        "sparse_attention_us": round(1e6 * _graph(sparse), 1),
+        "dsa_step_us": round(1e6 * t_step, 1), "indexer_topk_us": round(1e6 * bench_graph(select, flush="read"), 1),
+        "sparse_attention_us": round(1e6 * bench_graph(sparse, flush="read"), 1),
         "dsa_over_dense": round(t_step / t_dense, 3),
     }  # fmt: skip
 
@@ -264,7 +231,7 @@ def scorer_rows(
                                         table_rows=trows, rows_per_program=r)  # fmt: skip
 
             try:
-                t = _bench(run, 3)
+                t = bench(run, 3)
             except Exception as exc:  # e.g. a row count this build does not have
                 out.append({"keys": name, "rows": r, "error": repr(exc)[:160]})
                 continue
