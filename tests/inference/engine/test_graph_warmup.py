@@ -116,7 +116,11 @@ def test_gpu_a_warmed_engine_serves_a_conversation_without_capturing():
         block_size=16, num_blocks=256, num_state_slots=40, max_num_seqs=16, max_num_batched_tokens=2048,
         max_model_len=1024, enable_prefix_caching=True,
     )  # fmt: skip
-    warm = GraphWarmup(time_budget_s=120, contexts=(100,), decode_rows=(1,), short_tokens=(16, 32, 64, 128))
+    # the conversation grows from 100 to 144 tokens: block tables of 7 to 9 blocks, which fall in
+    # the width buckets 8 and 10, so both are warmed (100 -> 7 blocks -> 8; 140 -> 9 -> 10)
+    warm = GraphWarmup(
+        time_budget_s=120, contexts=(100, 140), decode_rows=(1,), short_tokens=(16, 32, 64, 128)
+    )
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
 
     def conversation(eng):
