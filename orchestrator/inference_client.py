@@ -49,6 +49,14 @@ class InferenceUnavailable(InferenceError, DependencyUnavailable):
         super().__init__(message, retryable=True)
 
 
+class ModelContextExceeded(InferenceError):
+    """The server refused the prompt as longer than the model's context (`context_length_exceeded`):
+    the same transcript can never fit, so the task fails with the typed `context_exceeded`."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retryable=False)
+
+
 class InferenceCancelled(InferenceError):
     """The call was aborted because its task was cancelled (`abort()`): nothing to record."""
 
@@ -421,6 +429,8 @@ class OpenAIChatClient:
             )
         if resp.status_code == 409 and _error_code(resp) == UNKNOWN_TO_SERVER:
             raise _ConversationUnknown()
+        if resp.status_code == 400 and _error_code(resp) == "context_length_exceeded":
+            raise ModelContextExceeded(f"the model's context is too small for this prompt: {resp.text[:300]}")
         if resp.status_code >= 400:
             raise InferenceError(
                 f"inference request rejected {resp.status_code}: {resp.text[:300]}", retryable=False

@@ -15,6 +15,7 @@ from orchestrator.inference_client import (
     AssistantTurn,
     InferenceCancelled,
     InferenceError,
+    ModelContextExceeded,
     Sampling,
     Usage,
     output_problem,
@@ -88,6 +89,10 @@ def run_model_step(r: StepContext, task: TaskView, step: StepView) -> None:
     except (OutageOutlasted, InferenceCancelled):
         # The model server was away until the deadline, or the task was cancelled: nothing to
         # record, the next loop turn ends the task.
+        return
+    except ModelContextExceeded as exc:  # the server's context, as the task's own cap: typed, no retry
+        trace_error(trace.get_current_span(), "context_exceeded", str(exc))
+        _fail_attempt(r, task, step, {"kind": "context_exceeded", "message": str(exc), "retryable": False})
         return
     except InferenceError as exc:
         turn, error = None, exc

@@ -172,3 +172,19 @@ def test_permanent_model_failure_fails_the_task(db, flaky):
         and task.error["kind"] == "inference"
         and "context too long" in task.error["message"]
     )
+
+
+def test_a_prompt_over_the_models_context_fails_the_task_typed(db, flaky):
+    """The server's 400 `context_length_exceeded` is the task's `context_exceeded`, not retried."""
+    body = b'{"error": {"message": "prompt of 9000 tokens, context 8192", "code": "context_length_exceeded"}}'
+    server = flaky([(400, body)])
+    task_id = submit(db, {"cycles": 1})
+    runner, client, dispatcher = _runner(db, server.url)
+    runner.run_until_idle(timeout_s=30)
+    client.close()
+    dispatcher.close()
+    with db.connect() as conn:
+        task = get_task(conn, task_id)
+        attempts = [a.status for a in list_attempts(conn, task_id) if a.step_index == 0]
+    assert task.status == "FAILED" and task.error["kind"] == "context_exceeded", task.error
+    assert "9000 tokens" in task.error["message"] and attempts == ["FAILED"]
