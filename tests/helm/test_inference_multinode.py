@@ -17,6 +17,7 @@ import pytest
 
 from inference.parallel.cluster import ClusterSpec, cluster_from_args
 from orchestrator.cli import build_parser
+from testing.ports import free_port_pair
 from tests.helm.chart import GPU_INFERENCE, PREFIX, container, env_of, merged, pod_spec, render
 from tests.helm.test_kubernetes_schemas import validate
 
@@ -158,9 +159,7 @@ def test_the_rendered_pods_run_one_engine_over_two_nodes(tmp_path):
     the commands and environment the chart gives them: pod 0 serves completions from an engine
     whose second pipeline stage runs in pod 1; both probes answer; when pod 1 goes, the engine
     stops and pod 0's liveness probe says so."""
-    http, rdzv = _free_port(), _free_port()
-    while rdzv + 1 == http:
-        rdzv = _free_port()
+    http, rdzv = _free_port(), free_port_pair()  # the driver listens on rdzv and rdzv + 1
     values = merged(
         {
             "inference": {

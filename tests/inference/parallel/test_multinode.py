@@ -19,27 +19,11 @@ import pytest
 from inference.engine.factory import build_engine
 from inference.parallel import ParallelConfigError, WorkerFailedError
 from inference.parallel.cluster import ClusterSpec
+from testing.ports import free_port_pair
 
 from .test_parallel_engine import CONFIG, GREEDY, ROUND1, _run
 
 KEY = "test-cluster-secret"
-
-
-def _two_free_ports() -> int:
-    """A port whose next one is free too (rendezvous, control channel)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65534:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def _free_port() -> int:
@@ -80,7 +64,7 @@ def reference() -> tuple:
 def test_two_nodes_match_single_process_and_a_killed_remote_rank_stops_the_engine(
     reference, cluster_key, tp: int
 ) -> None:
-    port, health = _two_free_ports(), _free_port()
+    port, health = free_port_pair(), _free_port()
     node1 = _launch_node(port, 1, health)
     try:
         engine = build_engine(
