@@ -1,6 +1,6 @@
 """Compile our Triton kernels for sm_90 on a machine without a GPU, with the GPU box's Triton
 version, and report what the compiler did: shared memory, registers and spills (ptxas -v), and
-whether the big tile loads were software-pipelined (cp.async) — at no device time.
+whether the big tile loads were software-pipelined (cp.async)
 
 The device has triton 3.6; the CPU venv another version, so run this under a venv holding
 triton 3.6 with the project's venv (torch) appended to its path:
