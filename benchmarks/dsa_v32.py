@@ -14,6 +14,8 @@ nope 128, v 128; indexer 64 heads x 128 with FP8 (e4m3, per-key scale) keys, top
   (`mla_decode_paged_fast` with indices) and the value projection.
 - decode: batch 1 and 32, every row at the full context, CUDA-graph replay with L2 flushed by
   reads. Dense: absorbed paged decode over all keys; DSA: indexer + top-k + sparse decode.
+- prefill_split: the DSA prefill chunk's parts timed alone (scorer, top-k selection, query
+  absorption, sparse attention, value projection).
 - scorer: the prefill scorer alone (8K queries over 128K keys, FP8 and bf16 keys) by rows per
   program, for the scorer module given (`scorer_rows(module)`: compare two builds of
   `inference.kernels.dsa.fast` in one process).
@@ -166,6 +168,63 @@ def prefill(ctx: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def prefill_split(ctx: int) -> dict[str, Any]:
+    """The DSA prefill chunk's parts timed alone (8K queries at the end of `ctx` keys): the
+    indexer's scorer, the top-k selection over its scores, the query absorption, the sparse
+    attention over the selected keys and the value projection (where a missed target goes)."""
+    from inference.kernels.dsa import PREFILL_ROWS
+    from inference.kernels.dsa.fast import dsa_scores_fast, dsa_topk_paged_fast
+    from inference.kernels.dsa.reference import SCORE_BUDGET
+    from inference.kernels.mla_decode.fast import mla_decode_paged_fast
+    from inference.kernels.topk.fast import select_rows
+
+    layer = Layer(1, ctx)
+    q = _randn((CHUNK, H, DN + P), torch.bfloat16, 7)
+    iq = _randn((CHUNK, HI, DI), torch.bfloat16, 8)
+    iw = _randn((CHUNK, HI), torch.float32, 9) * HI**-0.5
+    lens = torch.arange(ctx - CHUNK, ctx, device=DEV, dtype=torch.int32) + 1
+    trows = torch.zeros(CHUNK, dtype=torch.long, device=DEV)
+    max_keys = layer.tables.shape[1] * PAGE
+    step = max(1, min(CHUNK, SCORE_BUDGET // max_keys))
+    scores = torch.empty(step, max_keys, device=DEV)
+
+    def score() -> None:
+        for r0 in range(0, CHUNK, step):
+            dsa_scores_fast(iq, iw, layer.ikeys, layer.tables, lens, scores[: min(step, CHUNK - r0)], r0,
+                            index_scales=layer.iscales, table_rows=trows,
+                            rows_per_program=PREFILL_ROWS["fp8"])  # fmt: skip
+
+    def select() -> None:  # the same blocks of rows; the scores of the last block stand for all
+        for r0 in range(0, CHUNK, step):
+            select_rows(scores[: min(step, CHUNK - r0)], lens, idx, r0)
+
+    idx = dsa_topk_paged_fast(iq, iw, layer.ikeys, layer.tables, lens, topk=TOPK, table_rows=trows,
+                              index_scales=layer.iscales, rows_per_program=PREFILL_ROWS["fp8"])  # fmt: skip
+    q_lat = torch.einsum("nhd,hdr->nhr", q[..., :DN], layer.w_uk)
+
+    def absorb():
+        return torch.einsum("nhd,hdr->nhr", q[..., :DN], layer.w_uk)
+
+    def sparse():
+        return mla_decode_paged_fast(q_lat, q[..., DN:], layer.pool, layer.tables, lens, kv_lora_rank=R,
+                                     scale=SCALE, indices=idx, table_rows=trows)  # fmt: skip
+
+    o = sparse().to(torch.bfloat16)
+
+    def value():
+        return torch.einsum("nhr,hvr->nhv", o, layer.w_uv)
+
+    parts = {"score": score, "select": select, "absorb": absorb, "sparse_attention": sparse, "value": value}
+    row: dict[str, Any] = {"ctx": ctx, "queries": CHUNK, "score_rows_per_block": step}
+    for name, fn in parts.items():
+        row[f"{name}_ms"] = round(1e3 * bench(fn, 3), 2)
+    sparse_flops = 2 * CHUNK * H * min(TOPK, ctx) * (R + P + R)
+    row["sparse_attention_TFLOPs"] = round(sparse_flops / (row["sparse_attention_ms"] / 1e3) / 1e12, 1)
+    score_flops = 2 * CHUNK * (ctx - CHUNK / 2) * HI * DI
+    row["score_TFLOPs"] = round(score_flops / (row["score_ms"] / 1e3) / 1e12, 1)
+    return row
+
+
 def decode(batch: int, ctx: int) -> dict[str, Any]:
     from inference.kernels.dsa.fast import dsa_topk_paged_fast
     from inference.kernels.mla_decode.fast import mla_decode_paged_fast
@@ -248,6 +307,7 @@ def run(parts: list[str], contexts: list[int], results: dict[str, Any], save) ->
         cases = {
             "decode": [(decode, (b, c)) for c in contexts for b in (1, 32)],
             "prefill": [(prefill, (c,)) for c in contexts],
+            "prefill_split": [(prefill_split, (c,)) for c in contexts],
             "agreement": [(agreement, ())],
         }.get(part, [])
         for fn, args in cases:

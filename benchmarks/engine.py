@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine_profiles import profile_cached_turn, profile_decode
+from benchmarks.engine_profiles import profile_cached_turn, profile_decode, profile_prefill
 from benchmarks.engine_setup import (
     _timed_steps,
     _warm,
@@ -315,6 +315,9 @@ def main() -> None:
     ap.add_argument("--profile-decode", action="store_true", help="GPU kernels of eager decode steps")
     ap.add_argument("--profile-batch", type=int, default=32, help="batch of --profile-decode")
     ap.add_argument(
+        "--profile-prefill", type=int, default=0, help="TTFT by chunk size and kernels of an N-token prefill"
+    )
+    ap.add_argument(
         "--profile-host", action="store_true", help="cProfile of graph decode steps (decode, decode_long)"
     )
     args = ap.parse_args()
@@ -374,6 +377,10 @@ def main() -> None:
         section(f"decode_profile_b{args.profile_batch}", out_dir)(profile_decode)(
             model, spec, dtype, device, args.profile_batch
         )
+    if args.profile_prefill:
+        n = min(args.profile_prefill, 2048) if quick else args.profile_prefill
+        chunks = (512, 1024) if quick else (8192, 16384, 32768)
+        section(f"prefill_profile_{n}", out_dir)(profile_prefill)(model, spec, dtype, device, n, chunks)
     if "hf" in want:
         holder: dict[str, Any] = {}
         section("hf_build", out_dir)(

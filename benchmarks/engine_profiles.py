@@ -1,8 +1,10 @@
-"""`benchmarks.engine`'s profiles (`--profile-ttft`, `--profile-decode`): where the time of a cached
-agent turn and of an eager decode step goes, by torch.profiler."""
+"""`benchmarks.engine`'s profiles (`--profile-ttft`, `--profile-decode`, `--profile-prefill`): where
+the time of a cached agent turn, of an eager decode step and of one long prefill goes, by
+torch.profiler."""
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -71,3 +73,55 @@ def profile_decode(model, spec, dtype, device, batch: int = 32) -> dict[str, Any
     print(table, flush=True)
     return {"batch": batch, "kernels_per_step": launches, "gpu_busy_ms_per_step": round(busy_us / 1000, 3),
             "table": table}  # fmt: skip
+
+
+def profile_prefill(
+    model, spec, dtype, device, n: int, chunks: tuple[int, ...] = (8192, 16384, 32768)
+) -> dict[str, Any]:
+    """Where one `n`-token prefill goes: its TTFT at each prefill chunk size (prefix cache off,
+    after a warm-up prompt of the same shape), then the default chunk's run under torch.profiler:
+    GPU busy time, kernels, the top kernels, and the gap between TTFT and kernel time (host work
+    and launch latency between the chunks' kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = random.Random(21)
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    blocks = (n + 512) // 64 + 1
+
+    def engine(chunk: int):
+        return make_engine(
+            model, spec, dtype, device, max_model_len=n + 512, num_blocks=blocks + 64, num_state_slots=16,
+            max_num_batched_tokens=chunk, checkpoint_interval=32768, max_num_seqs=8,
+            enable_prefix_caching=False,
+        )  # fmt: skip
+
+    res: dict[str, Any] = {"tokens": n, "ttft_s_by_chunk": {}}
+    for chunk in chunks:
+        eng = engine(chunk)
+        first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)  # compile + autotune
+        ttft, _, _ = first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)
+        res["ttft_s_by_chunk"][str(chunk)] = round(ttft, 4)
+        print(f"[profile_prefill] {n} tokens, chunk {chunk}: {ttft:.4f} s", flush=True)
+        del eng
+    chunk = 16384
+    eng = engine(chunk)
+    first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        ttft, _, _ = first_token(eng, [rng.randrange(256) for _ in range(n)], sp, device)
+    ka = prof.key_averages()
+    kernels = [e for e in ka if getattr(e, "device_time_total", 0) > 0 and e.device_type.name == "CUDA"]
+    busy_ms = sum(e.device_time_total for e in kernels) / 1000
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:25]
+    res["profiled"] = {
+        "chunk": chunk, "ttft_s": round(ttft, 4), "gpu_busy_ms": round(busy_ms, 2),
+        "kernels": int(sum(e.count for e in kernels)),
+        "top": [{"name": e.key[:110], "calls": e.count, "ms": round(e.device_time_total / 1000, 3)} for e in top],
+    }  # fmt: skip
+    ops = sorted((e for e in ka if e.device_type.name == "CPU"), key=lambda e: -e.device_time_total)[:25]
+    res["profiled"]["top_ops"] = [
+        {"op": e.key[:80], "calls": e.count, "gpu_ms": round(e.device_time_total / 1000, 3),
+         "cpu_ms": round(e.cpu_time_total / 1000, 3)} for e in ops
+    ]  # fmt: skip
+    print(json.dumps(res["profiled"], indent=1), flush=True)
+    return res
