@@ -74,7 +74,7 @@ def instrumented(eng: Engine, ph: Phases) -> Iterator[None]:
         (stops.TextStops, "step", stops.TextStops.step),
     ]
     saved_inst = [(obj, name, getattr(obj, name), name in vars(obj)) for obj, name in (
-        (sched, "schedule"), (sched, "update"), (runner, "_decode_batch"), (runner, "sampler"),
+        (sched, "schedule"), (sched, "update"), (runner, "_graph_batch"), (runner, "sampler"),
         (eng, "step"), (runner, "execute"),
     )]  # fmt: skip
     sampler = runner.sampler  # not called on all-greedy graph steps (the graph's argmax is read)
@@ -103,7 +103,7 @@ def instrumented(eng: Engine, ph: Phases) -> Iterator[None]:
         stops.TextStops.step = ph.wrap("detokenise_stops", saved_cls[2][2])
         sched.schedule = ph.wrap("scheduler_schedule", saved_inst[0][2])
         sched.update = ph.wrap("scheduler_update", saved_inst[1][2])
-        runner._decode_batch = ph.wrap("runner_decode_batch", saved_inst[2][2])
+        runner._graph_batch = ph.wrap("runner_graph_batch", saved_inst[2][2])
         runner.sampler = ph.wrap("sampler", sampler)
         eng.step = ph.wrap("step_total", saved_inst[4][2])
         runner.execute = ph.wrap("runner_execute", saved_inst[5][2])
@@ -131,7 +131,7 @@ def host_phases(eng: Engine, device: torch.device, steps: int) -> dict[str, Any]
         wall = time.perf_counter() - t0
         ph.on = False
     sec = dict(ph.seconds)
-    inside = ("runner_decode_batch", "graph_inputs_h2d", "graph_replay_launch",
+    inside = ("runner_graph_batch", "graph_inputs_h2d", "graph_replay_launch",
               "wait_gpu_after_replay", "sampler")  # fmt: skip
     top = ("scheduler_schedule", "runner_execute", "scheduler_update", "detokenise_stops")
     sec["runner_execute_other"] = sec.get("runner_execute", 0.0) - sum(sec.get(k, 0.0) for k in inside)
@@ -141,7 +141,7 @@ def host_phases(eng: Engine, device: torch.device, steps: int) -> dict[str, Any]
         "steps": steps, "tokens": tokens, "wall_ms_per_step": round(1000 * wall / steps, 4),
         "tok_per_s": round(tokens / wall, 1), "host_ms_per_step": per,
         "nesting": "step_total = scheduler_schedule + runner_execute + scheduler_update + "
-        "detokenise_stops + step_other; runner_execute = runner_decode_batch + graph_inputs_h2d + "
+        "detokenise_stops + step_other; runner_execute = runner_graph_batch + graph_inputs_h2d + "
         "graph_replay_launch + wait_gpu_after_replay + sampler + runner_execute_other",
     }  # fmt: skip
     if ph.replay_events:
