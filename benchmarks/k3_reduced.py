@@ -8,7 +8,7 @@ top-2048), 4 layers and 32 experts (top-8) so that one GPU holds it with a 1M-to
 same weights, with its indexers detached (`indexers_off`): the MLA layer then attends every key.
 
 Measured, for each length of `--lengths` (shortest first, dense then DSA at each), with
-`benchmarks.long_context.prefill_decode`: TTFT of one prompt (prefix cache off, 16K-token chunks)
+`benchmarks.long_context.prefill_decode`: TTFT of one prompt (prefix cache off, `--chunk` tokens a step, 16K)
 and batch-1 decode tok/s after it (`--decode-steps` timed steps after 4 untimed). Each variant
 first runs a 16K prompt untimed (kernel compilation and autotuning). Then the greedy-equivalence
 check: a prompt of `index_topk - tokens` tokens, so the top-k covers every key through the last
@@ -39,7 +39,15 @@ from typing import Any
 import torch
 
 from benchmarks.engine_setup import free
-from benchmarks.long_context import build, first_token, make_engine, prefill_decode, rand, sized
+from benchmarks.long_context import (
+    ENGINE_OVERRIDES,
+    build,
+    first_token,
+    make_engine,
+    prefill_decode,
+    rand,
+    sized,
+)
 from benchmarks.long_context_figures import bar_panels
 from inference.config import parse_config
 from inference.config.common import DSA_KEYS
@@ -98,7 +106,8 @@ def greedy(model, spec, dtype, device, prompt: list[int], tokens: int) -> tuple[
     first: list[torch.Tensor] = []
 
     def keep(_mod, _inp, out: torch.Tensor) -> None:
-        if not first:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not first and not capturing:  # the prefill step runs eagerly; a graph capture may follow
             first.append(out[-1].float().cpu())
 
     hook = model.lm_head.register_forward_hook(keep)
@@ -152,6 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny dims, short lengths")
     ap.add_argument("--lengths", default=None, help="comma list of prompt lengths (default 128K,512K,1M)")
     ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=16384, help="prefill tokens per engine step (default 16K)")
     ap.add_argument("--greedy-tokens", type=int, default=32, help="tokens of the equivalence check (0: none)")
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/k3_reduced.json)")
     ap.add_argument("--plot", default=None, help="PNG path (default beside the JSON)")
@@ -171,9 +181,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = 4 if quick else args.decode_steps
     tokens = min(args.greedy_tokens, 8) if quick else args.greedy_tokens
     cfg = model_config(quick)
+    ENGINE_OVERRIDES["max_num_batched_tokens"] = args.chunk
     res: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-        "quick": quick, "config": str(CONFIG.name), "runs": {}, "wall_s": {},
+        "quick": quick, "config": CONFIG.name, "chunk": args.chunk, "decode_steps": steps, "runs": {}, "wall_s": {},
     }  # fmt: skip
 
     def save() -> None:
