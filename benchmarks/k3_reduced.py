@@ -8,12 +8,19 @@ top-2048), 4 layers and 32 experts (top-8) so that one GPU holds it with a 1M-to
 same weights, with its indexers detached (`indexers_off`): the MLA layer then attends every key.
 
 Measured, for each length of `--lengths` (shortest first, dense then DSA at each), with
-`benchmarks.long_context.prefill_decode`: TTFT of one prompt (prefix cache off, `--chunk` tokens a step, 16K)
-and batch-1 decode tok/s after it (`--decode-steps` timed steps after 4 untimed). Each variant
-first runs a 16K prompt untimed (kernel compilation and autotuning). Before them (the shortest
-run first) the greedy-equivalence check: a prompt of `index_topk - tokens` tokens, so the top-k covers every key through the last
-generated token, decoded greedily with DSA and dense; token agreement, the first divergence and
-the first step's logits max abs difference (random bf16 weights can diverge late from near-ties).
+`benchmarks.long_context.prefill_decode`: TTFT of one prompt (prefix cache off, `--chunk` tokens
+a step, 16K) and batch-1 decode tok/s after it (`--decode-steps` timed steps after 4 untimed).
+Each variant first runs a 16K prompt untimed (kernel compilation and autotuning). Before them
+(the shortest run first) the greedy-equivalence check: a prompt of `index_topk - tokens` tokens,
+so the top-k covers every key through the last generated token, decoded greedily with DSA and
+dense; token agreement, the first divergence and the first step's logits max abs difference
+(random bf16 weights can diverge late from near-ties).
+
+Expected on one H100, from `docs/results/dsa_v32_h100.json` (not measured end to end): the 1M
+prompt's MLA layer ~82 s dense / ~63 s DSA plus ~15 s of KDA, MoE and projections; with the
+build (~1 min: the random weights are drawn on the host), warm-ups, 128K and 512K, ~6 minutes.
+Memory: weights ~15 GiB, the 1M prompt's KV 1.4 GiB, a dense chunk over 1M keys one 64K-key
+piece expanded at a time (`mla_prefill.EXPAND_LIMIT_BYTES`); the peak of each row is in its JSON.
 
 The JSON is written after every row (`$OUT/k3_reduced.json` or `--out`): a time limit keeps what
 ran.
