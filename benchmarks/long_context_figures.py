@@ -53,10 +53,6 @@ def merge(old: dict[str, Any], new: dict[str, Any], session: str, old_session: s
 def plot(results: dict[str, Any], path: str) -> str | None:
     """Four panels of horizontal bars (Pillow; skipped where it is not installed); a bar's label
     names the session that measured it where the row says."""
-    try:
-        from PIL import Image, ImageDraw
-    except ImportError:
-        return None
 
     def label(name: str, row: Any) -> str:
         who = row.get("measured_by", "") if isinstance(row, dict) else ""
@@ -85,6 +81,16 @@ def plot(results: dict[str, Any], path: str) -> str | None:
         if "promotion_gb_per_s" in v
     ]
     panels.append(("bandwidth (GB/s)", bw))
+    return bar_panels(panels, path)
+
+
+def bar_panels(panels: list[tuple[str, list[tuple[str, float]]]], path: str) -> str | None:
+    """Panels of labelled horizontal bars, one under the other, as a PNG (Pillow; None where it
+    is not installed)."""
+    try:
+        from PIL import Image, ImageDraw
+    except ImportError:
+        return None
     row_h, w, label_w = 18, 900, 330
     h = sum(30 + row_h * max(len(b), 1) for _, b in panels) + 20
     img = Image.new("RGB", (w, h), "white")

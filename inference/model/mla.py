@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from inference.config import ModelSpec
 from inference.kernels.dsa import dsa_topk_paged
 from inference.kernels.mla_decode import mla_decode_paged
-from inference.kernels.mla_prefill import mla_prefill_varlen
+from inference.kernels.mla_prefill import expand_in_pieces, mla_prefill_pieces, mla_prefill_varlen
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.layers import RMSNorm, rope_half_split, rope_interleaved
@@ -237,12 +237,22 @@ class MLAttention(nn.Module):
         page = cache.block_size
         rows = tables.long()[seg, pos // page] * page + pos % page
         lat = cache.read_latents(self.layer_idx, rows, q.dtype)  # [S_total, R + P]
-        kv = self.kv_b_proj(lat[:, : m.kv_lora_rank]).view(total, m.num_heads, -1)
+        r = m.kv_lora_rank
+        if expand_in_pieces(
+            len(seqs), total, m.num_heads, m.qk_nope_head_dim + m.v_head_dim, q.element_size()
+        ):
+            own = torch.arange(starts[seqs[0]], starts[seqs[0] + 1], device=dev)
+            out[own] = mla_prefill_pieces(
+                q[own], lambda a, b: self.kv_b_proj(lat[a:b, :r]).view(b - a, m.num_heads, -1), lat[:, r:],
+                scale=self.scale, nope_dim=m.qk_nope_head_dim,
+            )  # fmt: skip
+            return
+        kv = self.kv_b_proj(lat[:, :r]).view(total, m.num_heads, -1)
         if len(seqs) == meta.num_seqs:
             q_rows: Tensor | slice = slice(None)
         else:
             q_rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(dev)
         out[q_rows] = mla_prefill_varlen(
-            q[q_rows], kv, lat[:, m.kv_lora_rank :], cu_q, cu_k,
+            q[q_rows], kv, lat[:, r:], cu_q, cu_k,
             max_q=max(q_lens), scale=self.scale, nope_dim=m.qk_nope_head_dim,
         )  # fmt: skip

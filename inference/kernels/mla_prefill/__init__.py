@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from inference.kernels import use_fast
+from inference.kernels.mla_prefill.pieces import attention_lse_reference, prefill_by_pieces
 from inference.kernels.mla_prefill.reference import mla_prefill_varlen_reference
 
-__all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_reference", "pick_backend"]
+__all__ = [
+    "EXPAND_LIMIT_BYTES", "PREFILL_BACKEND", "expand_in_pieces", "mla_prefill_pieces", "mla_prefill_varlen",
+    "mla_prefill_varlen_reference", "pick_backend",
+]  # fmt: skip
 
 # Which fast path runs on CUDA for bf16/fp16 (fp32 has no cuDNN kernel: always Triton). Measured
 # on the H200 (benchmarks/kernels.py, H=16, Dqk=192, Dv=128): with its execution plan cached, the
@@ -26,6 +31,10 @@ __all__ = ["PREFILL_BACKEND", "mla_prefill_varlen", "mla_prefill_varlen_referenc
 PREFILL_BACKEND: Literal["auto", "triton", "cudnn"] = "auto"
 CUDNN_MIN_KEYS = 131072
 CUDNN_MIN_QUERIES = 8192
+# A step's expanded keys (`[S, H, Dnope + Dv]`) above this are expanded a piece at a time
+# (`mla_prefill_pieces`): 1M keys of a 128-head layer are 64 GiB, of a 16-head layer 8 GiB.
+EXPAND_LIMIT_BYTES = 8 << 30
+PIECE_KEYS = 65536  # prefix keys expanded per piece (the cuDNN path's piece)
 
 
 def pick_backend(q: Tensor, kv: Tensor, cu_q: Tensor) -> Literal["triton", "cudnn"]:
@@ -67,3 +76,48 @@ def mla_prefill_varlen(
             return fast.mla_prefill_varlen_cudnn(q, kv, k_rope, cu_q, cu_k, **kw)
         return fast.mla_prefill_varlen_triton(q, kv, k_rope, cu_q, cu_k, **kw)
     return mla_prefill_varlen_reference(q, kv, k_rope, cu_q, cu_k, **kw)
+
+
+def expand_in_pieces(num_seqs: int, num_keys: int, heads: int, width: int, itemsize: int) -> bool:
+    """Whether a dense prefill step expands its keys a piece at a time: one sequence (the long
+    prompt case) whose `[num_keys, heads, width]` expansion exceeds `EXPAND_LIMIT_BYTES`."""
+    return num_seqs == 1 and num_keys * heads * width * itemsize > EXPAND_LIMIT_BYTES
+
+
+def mla_prefill_pieces(
+    q: Tensor,
+    expand: Callable[[int, int], Tensor],
+    k_rope: Tensor,
+    *,
+    scale: float,
+    nope_dim: int,
+    piece: int = PIECE_KEYS,
+) -> Tensor:
+    """Causal attention of one sequence's `L` new tokens over its `S` keys, expanded a piece at a
+    time: peak memory one piece's `[piece, H, Dqk]` keys, not `[S, H, ...]`.
+
+    Args:
+        q: `[L, H, nope_dim + P]`, the last `L` of the `S` positions.
+        expand: `expand(a, b)` -> `[b - a, H, nope_dim + Dv]` nope keys and values of positions
+            `[a, b)` (`kv_b_proj` of their latents).
+        k_rope: `[S, P]` rope key shared by every head (`P = 0` allowed).
+    Returns:
+        `[L, H, Dv]` in `q.dtype`; cuDNN on CUDA in 16 bits, the fp32 reference elsewhere.
+    """
+    if q.dim() != 3 or k_rope.dim() != 2:
+        raise ValueError(f"need q [L,H,D] and k_rope [S,P]; got {tuple(q.shape)}, {tuple(k_rope.shape)}")
+    h = q.shape[1]
+    part = attention_lse_reference
+    if use_fast(q) and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        from inference.kernels.mla_prefill.fast import _cudnn as part
+
+    def keys(a: int, b: int) -> tuple[Tensor, Tensor]:
+        kv = expand(a, b)
+        kr = k_rope[a:b, None, :].expand(b - a, h, k_rope.shape[-1])
+        k = torch.cat([kv[..., :nope_dim], kr.to(kv.dtype)], dim=-1)
+        return k.transpose(0, 1)[None], kv[..., nope_dim:].transpose(0, 1)[None]
+
+    out = prefill_by_pieces(
+        q.transpose(0, 1)[None], keys, k_rope.shape[0], scale=scale, piece=piece, part=part
+    )
+    return out[0].transpose(0, 1).to(q.dtype)

@@ -18,11 +18,14 @@ and runs one sequence per call.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from inference.kernels.mla_prefill.pieces import merge_by_lse, prefill_by_pieces, prefix_pieces
 
 __all__ = [
     "CUDNN_PIECE", "merge_by_lse", "mla_prefill_varlen_cudnn", "mla_prefill_varlen_triton", "prefix_pieces",
@@ -217,21 +220,6 @@ def _cudnn(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple
     return res[0], res[1].reshape(q.shape[0], q.shape[1], q.shape[2])
 
 
-def prefix_pieces(ctx: int, piece: int) -> list[tuple[int, int]]:
-    """Key ranges `[a, b)` covering the cached prefix `[0, ctx)`, cut at multiples of `piece`."""
-    return [(a, min(a + piece, ctx)) for a in range(0, ctx, piece)]
-
-
-def merge_by_lse(parts: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """Attention outputs over disjoint key sets, each with its natural-log LSE (`[..., L, Dv]`,
-    `[..., L]`), merged into the attention over their union (fp32)."""
-    total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
-    out = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=parts[0][0].device)
-    for o, lse in parts:
-        out.addcmul_(o, torch.exp(lse - total)[..., None])
-    return out
-
-
 def mla_prefill_varlen_cudnn(
     q: Tensor,
     kv: Tensor,
@@ -251,18 +239,20 @@ def mla_prefill_varlen_cudnn(
     out = torch.empty(t, h, dv, dtype=q.dtype, device=q.device)
     cq, ck = cu_q.tolist(), cu_k.tolist()
 
-    def keys(a: int, b: int) -> tuple[Tensor, Tensor]:
-        """Keys `[a, b)` of the sequence as cuDNN's `[1, H, S, D]` (rope part broadcast to heads)."""
-        kn = kv[a:b, :, :nope_dim]
-        kr = k_rope[a:b, None, :].expand(b - a, h, k_rope.shape[-1])
-        return torch.cat([kn, kr], dim=-1).transpose(0, 1)[None], kv[a:b, :, nope_dim:].transpose(0, 1)[None]
+    def keys(k0: int) -> Callable[[int, int], tuple[Tensor, Tensor]]:
+        def at(a: int, b: int) -> tuple[Tensor, Tensor]:
+            """Keys `[a, b)` of the sequence as cuDNN's `[1, H, S, D]` (rope part broadcast to heads)."""
+            a, b = k0 + a, k0 + b
+            kn = kv[a:b, :, :nope_dim]
+            kr = k_rope[a:b, None, :].expand(b - a, h, k_rope.shape[-1])
+            k = torch.cat([kn, kr], dim=-1).transpose(0, 1)[None]
+            return k, kv[a:b, :, nope_dim:].transpose(0, 1)[None]
+
+        return at
 
     for i in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
-        ctx = (k1 - k0) - (q1 - q0)
         qq = q[q0:q1].transpose(0, 1)[None]
-        parts = [_cudnn(qq, *keys(k0 + ctx, k1), True, scale)]
-        parts += [_cudnn(qq, *keys(k0 + a, k0 + b), False, scale) for a, b in prefix_pieces(ctx, piece)]
-        o = parts[0][0] if len(parts) == 1 else merge_by_lse(parts)
+        o = prefill_by_pieces(qq, keys(k0), k1 - k0, scale=scale, piece=piece, part=_cudnn)
         out[q0:q1] = o[0].transpose(0, 1).to(q.dtype)
     return out

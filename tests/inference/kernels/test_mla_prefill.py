@@ -139,3 +139,35 @@ def test_gpu_prefill_fp32_exact_dots(fast):
     got = fast.mla_prefill.mla_prefill_varlen_triton(q, kv, kr, cu_q, cu_k, **kw)
     want = mla_prefill_varlen_reference(q, kv, kr, cu_q, cu_k, **kw)
     assert_rel(got, want, TOL[torch.float32], "gpu prefill fp32")
+
+
+@pytest.mark.parametrize("dr", [8, 0], ids=["rope8", "norope"])
+@pytest.mark.parametrize(
+    "pair", [(5, 5), (16, 70), (1, 30)], ids=["no-prefix", "chunk-over-prefix", "one-query"]
+)
+def test_prefill_in_pieces_matches_the_whole_expansion(dr, pair):
+    """The piecewise path (keys expanded `piece` at a time, merged by LSE) equals the reference
+    over all keys expanded at once; `expand` is asked only for ranges of at most `piece` keys
+    besides the causal diagonal."""
+    from inference.kernels.mla_prefill import mla_prefill_pieces
+
+    q, kv, kr, cu_q, cu_k, max_q = _batch([pair], 3, 16, dr, 16, torch.float32, "cpu", seed=dr)
+    asked: list[tuple[int, int]] = []
+
+    def expand(a: int, b: int) -> torch.Tensor:
+        asked.append((a, b))
+        return kv[a:b]
+
+    got = mla_prefill_pieces(q, expand, kr, scale=0.2, nope_dim=16, piece=8)
+    want = mla_prefill_varlen_reference(q, kv, kr, cu_q, cu_k, max_q=max_q, scale=0.2, nope_dim=16)
+    assert_rel(got, want, 1e-5, f"prefill in pieces {pair} dr={dr}")
+    ctx = pair[1] - pair[0]
+    assert asked == [(ctx, pair[1]), *prefix_pieces(ctx, 8)]
+
+
+def test_prefill_in_pieces_rejects_more_queries_than_keys():
+    from inference.kernels.mla_prefill import mla_prefill_pieces
+
+    q, kv, kr, *_ = _batch([(6, 6)], 2, 16, 8, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="at least as many keys"):
+        mla_prefill_pieces(q, lambda a, b: kv[a:b], kr[:4], scale=0.2, nope_dim=16)
