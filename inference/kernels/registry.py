@@ -76,7 +76,7 @@ FAMILIES: dict[str, Family] = {
         Family("dsa", "DSA lightning-indexer scores and top-k selection over the paged index keys"),
         Family("topk", "radix top-k of score rows"),
         Family("rmsnorm", "RMSNorm, RMSNorm with the residual add, KDA's gated output norm"),
-        Family("short_conv", "decode step of the KDA short causal conv"),
+        Family("short_conv", "the KDA short causal conv: decode step and varlen prefill"),
         Family("moe_router", "sigmoid top-k MoE routing"),
         Family("moe_dispatch", "sort of (token, expert) pairs, SwiGLU and combine of the grouped MoE"),
         Family("moe_gemm", "grouped expert GEMMs at decode sizes"),

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
-from inference.kernels.kda import causal_conv_varlen, kda_decode, kda_gate, kda_varlen
-from inference.kernels.short_conv import short_conv_decode
+from inference.kernels.kda import kda_decode, kda_varlen_gated
+from inference.kernels.short_conv import short_conv_decode, short_conv_prefill
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.fused_params import concat_params
@@ -100,17 +100,26 @@ class KimiDeltaAttention(nn.Module):
             q, k, v = (z.view(t, h, d) for z in (q, k, v))
             o = kda_decode(q, k, v, f, b, self.A_log, self.dt_bias, cache.state[self.layer_idx], slots)
             return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))
-        mixed, window = causal_conv_varlen(
+        mixed, window = short_conv_prefill(
             mixed, conv_pool.index_select(0, slots), self._conv.view(3 * h * d, -1),
             meta.cu_seqlens,
         )  # fmt: skip
         conv_pool.index_copy_(0, slots, window)
         q, k, v = (z.reshape(t, h, d) for z in mixed.split(h * d, dim=-1))
-        g = kda_gate(f, self.A_log, self.dt_bias)
-        beta = torch.sigmoid(b).float()
         state_pool = cache.state[self.layer_idx]
         # a captured short step knows its lengths on the device only (`ForwardMeta.row_seq`)
         q_lens = None if meta.row_seq is not None else meta.query_lens_cpu
-        o, final = kda_varlen(q, k, v, g, beta, state_pool.index_select(0, slots), meta.cu_seqlens, q_lens)
+        o, final = kda_varlen_gated(
+            q,
+            k,
+            v,
+            f,
+            b,
+            self.A_log,
+            self.dt_bias,
+            state_pool.index_select(0, slots),
+            meta.cu_seqlens,
+            q_lens,
+        )
         state_pool.index_copy_(0, slots, final)
         return self.o_proj(self.o_norm(o, gate).reshape(t, h * d))

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from inference.config import GDN, GQA, MOE, ModelSpec, MoESpec
 from inference.kernels.gqa import gqa_paged_attention, gqa_write_kv
-from inference.kernels.kda import causal_conv_varlen
 from inference.kernels.kda.gdn import gdn_gate, gdn_varlen
 from inference.kernels.moe_experts import moe_experts_reference
+from inference.kernels.short_conv import short_conv_prefill
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
 from inference.model.kda import ShortConv
@@ -118,7 +118,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z, b, a = self._split(x)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v], dim=-1)  # conv channels q | k | v
         conv_pool = cache.conv[self.layer_idx]
-        mixed, window = causal_conv_varlen(
+        mixed, window = short_conv_prefill(
             mixed, conv_pool.index_select(0, slots), self._conv_weight(),
             meta.cu_seqlens,
         )  # fmt: skip

@@ -8,10 +8,16 @@ gate, the short conv and the references are exported for the model and the tests
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from inference.kernels import registry
-from inference.kernels.kda.fast import RECURRENT_MAX_TOKENS, kda_decode_fla, kda_varlen_fla
+from inference.kernels.kda.fast import (
+    RECURRENT_MAX_TOKENS,
+    kda_decode_fla,
+    kda_varlen_fla,
+    kda_varlen_gated_fla,
+)
 from inference.kernels.kda.reference import (
     causal_conv_varlen,
     kda_chunk_ref,
@@ -31,6 +37,7 @@ __all__ = [
     "kda_gate",
     "kda_recurrent_ref",
     "kda_varlen",
+    "kda_varlen_gated",
     "kda_varlen_reference",
     "l2norm",
 ]
@@ -66,6 +73,21 @@ def kda_varlen(
     fast = registry.use_fla(q, "kda") if use_fla is None else use_fla
     run = kda_varlen_fla if fast else kda_varlen_reference
     return run(q, k, v, g, beta, states, cu_seqlens, query_lens_cpu)
+
+
+def kda_varlen_gated(
+    q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor,
+    states: Tensor, cu_seqlens: Tensor, query_lens_cpu: tuple[int, ...] | None,
+    *, use_fla: bool | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`kda_varlen` from KDA's raw gate inputs: the decay `kda_gate(f, a_log, dt_bias)` and
+    `beta = sigmoid(b)` (`f` `[T, H, K]`, `b` `[T, H]`). By the registry's rule (family `kda`)
+    fla computes both inside its kernels; the reference computes them first."""
+    fast = registry.use_fla(q, "kda") if use_fla is None else use_fla
+    if fast:
+        return kda_varlen_gated_fla(q, k, v, f, b, a_log, dt_bias, states, cu_seqlens, query_lens_cpu)
+    g, beta = kda_gate(f, a_log, dt_bias), torch.sigmoid(b).float()
+    return kda_varlen_reference(q, k, v, g, beta, states, cu_seqlens, query_lens_cpu)
 
 
 def kda_decode(

@@ -301,3 +301,43 @@ def test_gpu_moe_dispatch_at_model_shapes(rows):
     got = moe_experts_grouped(x, w, ids, w13, w2)
     want = moe_experts_reference(x, w, ids, list(w13[:, :inter]), list(w2), list(w13[:, inter:]))
     assert_rel(got, want, TOL[torch.bfloat16], f"gpu grouped MoE with the kernels {rows} tokens")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize(
+    "lens", [(37, 1, 2, 70), (1, 1, 1), (5,), (3, 0, 9)], ids=lambda x: "-".join(map(str, x))
+)
+def test_short_conv_prefill_matches_reference(lens, dtype):
+    """The varlen prefill conv (each sequence continuing its window; sequences shorter than the
+    window, one-token sequences and an empty one) vs the reference, output and new windows."""
+    from inference.kernels.kda.reference import causal_conv_varlen
+    from inference.kernels.short_conv.fast import causal_conv_varlen_fast
+
+    dev, g = _dev(), torch.Generator().manual_seed(sum(lens))
+    c, w = 96, 3
+    x = torch.randn(sum(lens), c, generator=g).to(dev, dtype)
+    window = torch.randn(len(lens), c, w, generator=g).to(dev, dtype)
+    wt = torch.randn(c, w + 1, generator=g).to(dev, dtype)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=dev)
+    y, new = causal_conv_varlen_fast(x, window, wt, cu)
+    y_ref, new_ref = causal_conv_varlen(x, window, wt, cu)
+    assert_rel(y.float(), y_ref.float(), TOL[dtype], f"conv prefill output {lens}")
+    assert torch.equal(new, new_ref), "the new windows are the last inputs, copied exactly"
+
+
+@pytest.mark.gpu
+def test_gpu_short_conv_prefill_at_model_shapes():
+    """A 16K-token chunk of three sequences at the benchmark model's conv width (3 x 16 x 128)."""
+    from inference.kernels.kda.reference import causal_conv_varlen
+    from inference.kernels.short_conv.fast import causal_conv_varlen_fast
+
+    g = torch.Generator().manual_seed(0)
+    lens, c, w = (16000, 300, 84), 3 * 16 * 128, 3
+    x = torch.randn(sum(lens), c, generator=g).to("cuda", torch.bfloat16)
+    window = torch.randn(len(lens), c, w, generator=g).to("cuda", torch.bfloat16)
+    wt = (torch.randn(c, w + 1, generator=g) * 0.5).to("cuda", torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
+    y, new = causal_conv_varlen_fast(x, window, wt, cu)
+    y_ref, new_ref = causal_conv_varlen(x, window, wt, cu)
+    assert_rel(y.float(), y_ref.float(), TOL[torch.bfloat16], "conv prefill output at model shapes")
+    assert torch.equal(new, new_ref)
