@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.trace_script import TraceSpec, document, scripted_reply
+from benchmarks.trace_script import TraceSpec, document, scripted_reply, tool_result
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
@@ -152,10 +152,17 @@ def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
         "host_ms_p50": pct([r["host_ms"] for r in later], 0.5),
         "host_ms_p90": pct([r["host_ms"] for r in later], 0.9),
         "host_ms_p50_last_quarter": pct([r["host_ms"] for r in big], 0.5),
+        "host_ms_per_new_kb_p50_last_quarter": pct([per_new_kb(r) for r in big], 0.5),
         "request_bytes_p50_last_quarter": pct([r["request_bytes"] for r in big], 0.5),
         "server_render_ms_p50_last_quarter": pct([r["server_render_ms"] for r in big], 0.5),
         "ttft_ms_p50_last_quarter": pct([r["ttft_ms"] for r in big], 0.5),
     }
+
+
+def per_new_kb(row: dict[str, Any]) -> float:
+    """A turn's host ms per KB of request (what is new on the wire): flat across transcript sizes
+    where the host path is O(new messages), whatever the new text's own tokenizing costs."""
+    return round(row["host_ms"] / max(1.0, (row["request_bytes"] or 0) / 1024), 4)
 
 
 def _bytes_per_token(model: str | None) -> float:
@@ -259,16 +266,8 @@ def host_only(
             msgs = [*msgs, msg]
             if msg.get("tool_calls"):
                 call = msg["tool_calls"][0]
-                args = json.loads(call["function"]["arguments"])
-                content = args.get("content") or document(key, turn // 2, spec.docs_kb[turn // 2])
-                result = {
-                    "content": content,
-                    "size": len(content),
-                    "offset": 0,
-                    "eof": True,
-                    "encoding": "utf-8",
-                }
-                msgs = [*msgs, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
+                result = json.dumps(tool_result(key, spec, turn))
+                msgs = [*msgs, {"role": "tool", "tool_call_id": call["id"], "content": result}]
         print(
             f"host-only task {k + 1}/{len(specs)}: {rows[-1]['prompt_tokens']} tokens",
             file=sys.stderr,
@@ -308,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     for size in sizes:
+        base_tokens = round(len(system_prompt.encode()) / bytes_per_token) + 64  # + the goal
         specs = [
-            TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns) for seed in range(args.tasks)
+            TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns, base_tokens)
+            for seed in range(args.tasks)
         ]
         if args.host_only:
             t0 = time.perf_counter()
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mode": "host_only", "wire": args.wire, "target_tokens": size, "tasks_run": len(tasks),
                 "max_prompt_tokens": max(r["prompt_tokens"] for r in rows),
                 "host_ms_p50_last_quarter": _median([r["host_ms"] for r in big]),
+                "host_ms_per_new_kb_p50_last_quarter": _median([per_new_kb(r) for r in big]),
                 "host_ms_max_last_quarter": max(r["host_ms"] for r in big),
                 "server_render_ms_p50_last_quarter": _median([r["server_render_ms"] for r in big]),
                 "request_bytes_p50_last_quarter": _median([r["request_bytes"] for r in big]),
