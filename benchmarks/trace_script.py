@@ -25,6 +25,7 @@ WORDS = [
 
 TURN_OVERHEAD_BYTES = 160  # template tokens, call id, path and JSON of one tool-call turn
 
+
 # -- the trace ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TraceSpec:
