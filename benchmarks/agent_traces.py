@@ -277,6 +277,31 @@ def host_only(
     return out
 
 
+def trace_sets(
+    args: argparse.Namespace, sizes: list[int], system_prompt: str, bytes_per_token: float
+) -> list[tuple[int, list[TraceSpec]]]:
+    """(target tokens, the tasks' scripts) per run: per size, tasks growing to it; with `--mixed`,
+    one run of a long task (the first) beside shorter ones, its size what its documents make."""
+    base_tokens = round(len(system_prompt.encode()) / bytes_per_token) + 64  # + the goal
+    if args.mixed:
+        long_turns, other_turns, doc_kb = args.mixed.split(",")
+        specs = [TraceSpec.of_turns(int(long_turns), float(doc_kb))]
+        specs += [TraceSpec.of_turns(int(other_turns), float(doc_kb)) for _ in range(args.tasks - 1)]
+        # each document twice (write, read) and the turns' own bytes
+        size = base_tokens + round(2 * sum(specs[0].docs_kb) * 1024 / bytes_per_token) + 160 * specs[0].turns
+        return [(size, specs)]
+    return [
+        (
+            size,
+            [
+                TraceSpec.growing_to(size, s, bytes_per_token, args.max_turns, base_tokens)
+                for s in range(args.tasks)
+            ],
+        )
+        for size in sizes
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.ingest_kafka import scratch_database
     from benchmarks.trace_stack import StackOptions, stack
@@ -288,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="32768,131072", help="target transcript tokens, comma-separated")
     p.add_argument("--tasks", type=int, default=9, help="tasks at once (each with its runner)")
     p.add_argument("--max-turns", type=int, default=101)
+    p.add_argument(
+        "--mixed",
+        default=None,
+        metavar="LONG,OTHERS,DOC_KB",
+        help="instead of --sizes: one task of LONG model turns beside --tasks - 1 of OTHERS turns, "
+        "documents of DOC_KB (e.g. 101,41,0.25: a 100-turn trace with 8 others on a CPU)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="checkpoint folder (default: --dummy)")
     src.add_argument("--dummy", action="store_true")
@@ -306,12 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "system", 0, args.system_kb
     )
     results = []
-    for size in sizes:
-        base_tokens = round(len(system_prompt.encode()) / bytes_per_token) + 64  # + the goal
-        specs = [
-            TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns, base_tokens)
-            for seed in range(args.tasks)
-        ]
+    for size, specs in trace_sets(args, sizes, system_prompt, bytes_per_token):
         if args.host_only:
             t0 = time.perf_counter()
             tasks = host_only(specs, system_prompt, args.model, args.wire)
@@ -350,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 tasks = run_trace(api, key, specs, system_prompt, args.timeout)
         res = {
             "wire": args.wire,
+            **({"mixed": args.mixed, "long_task": summarise(tasks[:1], size)} if args.mixed else {}),
             **summarise(tasks, size),
             "wall_s": round(time.perf_counter() - t0, 1),
             "tasks": tasks,

@@ -31,11 +31,17 @@ TURN_OVERHEAD_BYTES = 160  # template tokens, call id, path and JSON of one tool
 class TraceSpec:
     """One task's script: the sizes (KB) of the documents it writes and reads back, in order."""
 
-    docs_kb: tuple[int, ...]
+    docs_kb: tuple[float, ...]  # (a fraction of a KB: a short document, for small CPU runs)
 
     @property
     def turns(self) -> int:
         return 2 * len(self.docs_kb) + 1  # write, read per document, then the answer
+
+    @staticmethod
+    def of_turns(turns: int, doc_kb: float) -> TraceSpec:
+        """A task of `turns` model turns (odd: write and read per document, then the answer) over
+        documents of `doc_kb` each."""
+        return TraceSpec((doc_kb,) * max(0, (turns - 1) // 2))
 
     @staticmethod
     def growing_to(
@@ -61,15 +67,16 @@ class TraceSpec:
         return TraceSpec(tuple(docs))
 
 
-def document(key: str, i: int, kb: int) -> str:
+def document(key: str, i: int, kb: float) -> str:
     rng = random.Random(f"{key}:{i}")
     words: list[str] = []
     size = 0
-    while size < kb * 1024:
+    nbytes = int(kb * 1024)
+    while size < nbytes:
         w = rng.choice(WORDS) + (str(rng.randint(0, 999)) if rng.random() < 0.2 else "")
         words.append(w)
         size += len(w) + 1
-    return " ".join(words)[: kb * 1024]
+    return " ".join(words)[:nbytes]
 
 
 def scripted_reply(key: str, spec: TraceSpec, turn: int) -> tuple[dict[str, Any], str]:
