@@ -187,7 +187,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     for res in results:
         label = f"{res['target_tokens'] // 1024}K {res['wire']}{' host-only' if res.get('mode') else ''}"
         rows = [r for t in res["tasks"] for r in t["turns"] if r["turn"] > 0]
@@ -195,8 +195,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         x = [r["prompt_tokens"] for r in rows]
         axes[0].plot(x, [r["host_ms"] for r in rows], ".", ms=3, label=label)
         axes[1].plot(x, [r["request_bytes"] or 0 for r in rows], ".", ms=3, label=label)
+        axes[2].plot(x, [per_new_kb(r) for r in rows], ".", ms=3, label=label)
         if res.get("mode") != "host_only":
-            axes[2].plot(
+            axes[3].plot(
                 x,
                 [r["cached_tokens"] / max(1, r["ideal_cached_tokens"]) for r in rows],
                 ".",
@@ -209,9 +210,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         yscale="log",
     )
     axes[1].set(xlabel="prompt tokens", ylabel="request bytes", yscale="log")
-    axes[2].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
+    axes[2].set(xlabel="prompt tokens", ylabel="host ms per KB of request (what is new)", yscale="log")
+    axes[3].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
     for ax in axes:
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
