@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.trace_script import TraceSpec, document, scripted_reply
+from benchmarks.trace_script import TraceSpec, document, scripted_reply, tool_result
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
@@ -152,10 +152,17 @@ def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
         "host_ms_p50": pct([r["host_ms"] for r in later], 0.5),
         "host_ms_p90": pct([r["host_ms"] for r in later], 0.9),
         "host_ms_p50_last_quarter": pct([r["host_ms"] for r in big], 0.5),
+        "host_ms_per_new_kb_p50_last_quarter": pct([per_new_kb(r) for r in big], 0.5),
         "request_bytes_p50_last_quarter": pct([r["request_bytes"] for r in big], 0.5),
         "server_render_ms_p50_last_quarter": pct([r["server_render_ms"] for r in big], 0.5),
         "ttft_ms_p50_last_quarter": pct([r["ttft_ms"] for r in big], 0.5),
     }
+
+
+def per_new_kb(row: dict[str, Any]) -> float:
+    """A turn's host ms per KB of request (what is new on the wire): flat across transcript sizes
+    where the host path is O(new messages), whatever the new text's own tokenizing costs."""
+    return round(row["host_ms"] / max(1.0, (row["request_bytes"] or 0) / 1024), 4)
 
 
 def _bytes_per_token(model: str | None) -> float:
@@ -180,7 +187,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     for res in results:
         label = f"{res['target_tokens'] // 1024}K {res['wire']}{' host-only' if res.get('mode') else ''}"
         rows = [r for t in res["tasks"] for r in t["turns"] if r["turn"] > 0]
@@ -188,8 +195,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         x = [r["prompt_tokens"] for r in rows]
         axes[0].plot(x, [r["host_ms"] for r in rows], ".", ms=3, label=label)
         axes[1].plot(x, [r["request_bytes"] or 0 for r in rows], ".", ms=3, label=label)
+        axes[2].plot(x, [per_new_kb(r) for r in rows], ".", ms=3, label=label)
         if res.get("mode") != "host_only":
-            axes[2].plot(
+            axes[3].plot(
                 x,
                 [r["cached_tokens"] / max(1, r["ideal_cached_tokens"]) for r in rows],
                 ".",
@@ -202,9 +210,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         yscale="log",
     )
     axes[1].set(xlabel="prompt tokens", ylabel="request bytes", yscale="log")
-    axes[2].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
+    axes[2].set(xlabel="prompt tokens", ylabel="host ms per KB of request (what is new)", yscale="log")
+    axes[3].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
     for ax in axes:
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -259,16 +269,8 @@ def host_only(
             msgs = [*msgs, msg]
             if msg.get("tool_calls"):
                 call = msg["tool_calls"][0]
-                args = json.loads(call["function"]["arguments"])
-                content = args.get("content") or document(key, turn // 2, spec.docs_kb[turn // 2])
-                result = {
-                    "content": content,
-                    "size": len(content),
-                    "offset": 0,
-                    "eof": True,
-                    "encoding": "utf-8",
-                }
-                msgs = [*msgs, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}]
+                result = json.dumps(tool_result(key, spec, turn))
+                msgs = [*msgs, {"role": "tool", "tool_call_id": call["id"], "content": result}]
         print(
             f"host-only task {k + 1}/{len(specs)}: {rows[-1]['prompt_tokens']} tokens",
             file=sys.stderr,
@@ -276,6 +278,31 @@ def host_only(
         )
         out.append({"task": key, "turns": rows})
     return out
+
+
+def trace_sets(
+    args: argparse.Namespace, sizes: list[int], system_prompt: str, bytes_per_token: float
+) -> list[tuple[int, list[TraceSpec]]]:
+    """(target tokens, the tasks' scripts) per run: per size, tasks growing to it; with `--mixed`,
+    one run of a long task (the first) beside shorter ones, its size what its documents make."""
+    base_tokens = round(len(system_prompt.encode()) / bytes_per_token) + 64  # + the goal
+    if args.mixed:
+        long_turns, other_turns, doc_kb = args.mixed.split(",")
+        specs = [TraceSpec.of_turns(int(long_turns), float(doc_kb))]
+        specs += [TraceSpec.of_turns(int(other_turns), float(doc_kb)) for _ in range(args.tasks - 1)]
+        # each document twice (write, read) and the turns' own bytes
+        size = base_tokens + round(2 * sum(specs[0].docs_kb) * 1024 / bytes_per_token) + 160 * specs[0].turns
+        return [(size, specs)]
+    return [
+        (
+            size,
+            [
+                TraceSpec.growing_to(size, s, bytes_per_token, args.max_turns, base_tokens)
+                for s in range(args.tasks)
+            ],
+        )
+        for size in sizes
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="32768,131072", help="target transcript tokens, comma-separated")
     p.add_argument("--tasks", type=int, default=9, help="tasks at once (each with its runner)")
     p.add_argument("--max-turns", type=int, default=101)
+    p.add_argument(
+        "--mixed",
+        default=None,
+        metavar="LONG,OTHERS,DOC_KB",
+        help="instead of --sizes: one task of LONG model turns beside --tasks - 1 of OTHERS turns, "
+        "documents of DOC_KB (e.g. 101,41,0.25: a 100-turn trace with 8 others on a CPU)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="checkpoint folder (default: --dummy)")
     src.add_argument("--dummy", action="store_true")
@@ -307,10 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "system", 0, args.system_kb
     )
     results = []
-    for size in sizes:
-        specs = [
-            TraceSpec.growing_to(size, seed, bytes_per_token, args.max_turns) for seed in range(args.tasks)
-        ]
+    for size, specs in trace_sets(args, sizes, system_prompt, bytes_per_token):
         if args.host_only:
             t0 = time.perf_counter()
             tasks = host_only(specs, system_prompt, args.model, args.wire)
@@ -320,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mode": "host_only", "wire": args.wire, "target_tokens": size, "tasks_run": len(tasks),
                 "max_prompt_tokens": max(r["prompt_tokens"] for r in rows),
                 "host_ms_p50_last_quarter": _median([r["host_ms"] for r in big]),
+                "host_ms_per_new_kb_p50_last_quarter": _median([per_new_kb(r) for r in big]),
                 "host_ms_max_last_quarter": max(r["host_ms"] for r in big),
                 "server_render_ms_p50_last_quarter": _median([r["server_render_ms"] for r in big]),
                 "request_bytes_p50_last_quarter": _median([r["request_bytes"] for r in big]),
@@ -348,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 tasks = run_trace(api, key, specs, system_prompt, args.timeout)
         res = {
             "wire": args.wire,
+            **({"mixed": args.mixed, "long_task": summarise(tasks[:1], size)} if args.mixed else {}),
             **summarise(tasks, size),
             "wall_s": round(time.perf_counter() - t0, 1),
             "tasks": tasks,

@@ -5,6 +5,7 @@ run for real) and answers with the script."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import threading
@@ -22,37 +23,60 @@ WORDS = [
 ]  # fmt: skip
 
 
+TURN_OVERHEAD_BYTES = 160  # template tokens, call id, path and JSON of one tool-call turn
+
+
 # -- the trace ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TraceSpec:
     """One task's script: the sizes (KB) of the documents it writes and reads back, in order."""
 
-    docs_kb: tuple[int, ...]
+    docs_kb: tuple[float, ...]  # (a fraction of a KB: a short document, for small CPU runs)
 
     @property
     def turns(self) -> int:
         return 2 * len(self.docs_kb) + 1  # write, read per document, then the answer
 
     @staticmethod
-    def growing_to(target_tokens: int, seed: int, bytes_per_token: float, max_turns: int) -> TraceSpec:
-        """Documents of 1-50 KB whose write + read add up to about `target_tokens`."""
+    def of_turns(turns: int, doc_kb: float) -> TraceSpec:
+        """A task of `turns` model turns (odd: write and read per document, then the answer) over
+        documents of `doc_kb` each."""
+        return TraceSpec((doc_kb,) * max(0, (turns - 1) // 2))
+
+    @staticmethod
+    def growing_to(
+        target_tokens: int, seed: int, bytes_per_token: float, max_turns: int, base_tokens: int = 0
+    ) -> TraceSpec:
+        """Documents of 1-50 KB whose write + read bring a transcript that starts at `base_tokens`
+        (system prompt, goal) to about `target_tokens`: their sizes are drawn at random, then
+        evened out so that they add up to the budget (rounding up each draw overshot it)."""
         rng = random.Random(seed)
-        budget = target_tokens * bytes_per_token / 2  # each document is in the transcript twice
-        n = max(1, min((max_turns - 1) // 2, int(budget // 1024)))
-        mean_kb = max(1.0, budget / 1024 / n)
+        # each document is in the transcript twice (write arguments, read result), each turn adds
+        # about TURN_OVERHEAD_BYTES of template, call ids and JSON around it
+        free = max(0.0, (target_tokens - base_tokens) * bytes_per_token)
+        n = max(1, min((max_turns - 1) // 2, int(free // (2048 + 2 * TURN_OVERHEAD_BYTES))))
+        total_kb = max(n, min(50 * n, round((free - 2 * n * TURN_OVERHEAD_BYTES) / 2 / 1024)))
+        mean_kb = total_kb / n
         docs = [max(1, min(50, round(rng.uniform(0.5, 1.5) * mean_kb))) for _ in range(n)]
+        i = 0
+        while sum(docs) != total_kb:  # even out the rounding: one KB at a time, round robin
+            step = 1 if sum(docs) < total_kb else -1
+            if 1 <= docs[i % n] + step <= 50:
+                docs[i % n] += step
+            i += 1
         return TraceSpec(tuple(docs))
 
 
-def document(key: str, i: int, kb: int) -> str:
+def document(key: str, i: int, kb: float) -> str:
     rng = random.Random(f"{key}:{i}")
     words: list[str] = []
     size = 0
-    while size < kb * 1024:
+    nbytes = int(kb * 1024)
+    while size < nbytes:
         w = rng.choice(WORDS) + (str(rng.randint(0, 999)) if rng.random() < 0.2 else "")
         words.append(w)
         size += len(w) + 1
-    return " ".join(words)[: kb * 1024]
+    return " ".join(words)[:nbytes]
 
 
 def scripted_reply(key: str, spec: TraceSpec, turn: int) -> tuple[dict[str, Any], str]:
@@ -70,6 +94,17 @@ def scripted_reply(key: str, spec: TraceSpec, turn: int) -> tuple[dict[str, Any]
         "function": {"name": name, "arguments": json.dumps(args)},
     }
     return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+
+
+def tool_result(key: str, spec: TraceSpec, turn: int) -> dict[str, Any]:
+    """What the trace's tool call at `turn` returns, as the workspace tools return it: the write's
+    path, size and digest; the read's document."""
+    i = turn // 2
+    text = document(key, i, spec.docs_kb[i])
+    if turn % 2 == 0:
+        data = text.encode()
+        return {"path": f"doc{i}.txt", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"content": text, "size": len(text.encode()), "offset": 0, "eof": True, "encoding": "utf-8"}
 
 
 # -- the scripted proxy ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import base64
 import json
 import mimetypes
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +98,17 @@ def resolve_images(
     blob_url: str,
     *,
     by_reference: bool = False,
+    texts: Callable[[str], str] | None = None,
 ) -> list[dict[str, Any]]:
     """Replace `dayzero://attachments/<id>` image parts by what the model server takes (see the
-    module docstring). Messages without such parts are passed through. Raises `AttachmentError`."""
+    module docstring). Messages without such parts are passed through. Raises `AttachmentError`.
+    `texts`: the reader of a text blob by sha256 (a text file, a PDF's parsed pages); the runner's
+    is its per-process cache (`runner.payloads.PayloadCache.text`), so that a document's text is
+    read from the store once per runner process, however often its task is claimed."""
     by_id = {a["id"]: a for a in attachments}
     out: list[dict[str, Any]] = []
     store = None
+    read_text = texts or (lambda sha: blob_store(blob_url).get(sha).decode("utf-8", errors="replace"))
     for m in messages:
         content = m.get("content")
         if not isinstance(content, list):
@@ -120,9 +125,9 @@ def resolve_images(
                 raise AttachmentError(f"message refers to attachment {url} that the task does not own")
             store = store or blob_store(blob_url)
             if att["media_type"] == PDF_MEDIA_TYPE:
-                parts.extend(_document_parts(att, store, by_reference))
+                parts.extend(_document_parts(att, store, by_reference, read_text))
             elif att["media_type"].startswith("text/"):  # text files are read as they are
-                text = store.get(att["sha256"]).decode("utf-8", errors="replace")
+                text = read_text(att["sha256"])
                 parts.append({"type": "text", "text": f"[file {att.get('filename') or att['id']}]\n{text}"})
             else:
                 parts.append(_image_part(att, store, by_reference))
@@ -136,13 +141,15 @@ def image_label(att: Mapping[str, Any]) -> str:
     return f"\n[image {att.get('filename') or att['id']}, attachment_id {att['id']}]\n"
 
 
-def _document_parts(att: Mapping[str, Any], store: Any, by_reference: bool) -> list[dict[str, Any]]:
+def _document_parts(
+    att: Mapping[str, Any], store: Any, by_reference: bool, read_text: Callable[[str], str]
+) -> list[dict[str, Any]]:
     """A parsed PDF as content parts: its pages' text, each page's image right after its text."""
     if not att.get("processed_sha256"):
         raise AttachmentError(
             f"attachment {att['id']} has not been preprocessed (status {att.get('status')})"
         )
-    manifest = json.loads(store.get(att["processed_sha256"]))
+    manifest = json.loads(read_text(att["processed_sha256"]))
     images = {img["page"]: img for img in manifest["page_images"]}
     name = att.get("filename") or att["id"]
     parts: list[dict[str, Any]] = []

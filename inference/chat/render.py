@@ -37,6 +37,11 @@ from inference.wire import chain_digest
 ImageHandler = Callable[[Mapping[str, Any]], tuple[int, str, Any]]
 RECENT_ENDS = 6
 VERIFY_EVERY = 16  # windowed turns between checks against a full render
+# the largest conversation (rendered characters) such a check renders in full: a check falls due
+# every VERIFY_EVERY windowed turns and is made on the next windowed turn of a conversation this
+# small, so that no turn of a long conversation pays for rendering all of it (the template's
+# behaviour, not the text's length, is what the check tests)
+VERIFY_MAX_CHARS = 1 << 18
 _SWAP = "\ufdd0"  # a Unicode noncharacter: never meaningful in text a request sends
 IMAGE_PART_TYPES = ("image_url", "image")
 
@@ -51,10 +56,11 @@ class RenderedPrompt:
     incremental: bool = False  # a keyed conversation's turn that tokenized only its new messages
 
 
-def _check_messages(messages: Any) -> list[Mapping[str, Any]]:
+def _check_messages(messages: Any, start: int = 0) -> list[Mapping[str, Any]]:
+    """`messages` as a list, each from `start` on checked (those before it were, when received)."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise ValueError("'messages' must be a non-empty list")
-    for i, m in enumerate(messages):
+    for i, m in enumerate(messages[start:], start):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         content = m.get("content")
@@ -123,6 +129,8 @@ class PromptRenderer:
         self._window_state: bool | None = None  # window rendering of extensions (`_window`)
         self._ints = list(range(tokenizer.vocab_size))
         self._windowed = 0
+        self._verify_due = False
+        self.verified = 0  # windowed turns checked against a full render
         self._ends_special = tuple(tokenizer.special_tokens)
         names = sorted(tokenizer.special_tokens, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, names))) if names else None
@@ -184,12 +192,14 @@ class PromptRenderer:
         that extends what this key last rendered tokenizes only its new messages.
         `base`: that key's conversation when `messages` is known to start with its messages (a
         request that sent only the new ones: `ConversationCache.resolve`); their digest is not
-        computed again. `every_message_end`: mark the end of every message, not a bounded set
-        (training masks)."""
-        msgs = _check_messages(messages)
+        computed again (nor are they checked again, or searched for images: a conversation with
+        images is never kept). `every_message_end`: mark the end of every message, not a bounded
+        set (training masks)."""
+        start = base.num_messages if base is not None else 0
+        msgs = _check_messages(messages, start)
         has_images = any(
             isinstance(m.get("content"), list) and any(p["type"] in IMAGE_PART_TYPES for p in m["content"])
-            for m in msgs
+            for m in msgs[start:]
         )
         keyed = conversation is not None and not has_images
         if conversation is not None and has_images:
@@ -369,8 +379,9 @@ class PromptRenderer:
         ones; what the new messages add to the window's render is what they add to the whole.
         That holds for templates that render each message from its neighbours and the start of
         the conversation (the layouts we serve); it is checked for this template once on a
-        probe conversation (`window_ok`), and every `VERIFY_EVERY`-th windowed turn against a
-        full render, which turns window mode off for good on any difference. None: render in
+        probe conversation (`window_ok`), and every `VERIFY_EVERY`-th windowed turn (of a
+        conversation up to `VERIFY_MAX_CHARS`) against a full render, which turns window mode off
+        for good on any difference. None: render in
         full (window mode off, or the window's render does not extend)."""
         if not self.window_ok():
             return None
@@ -394,7 +405,10 @@ class PromptRenderer:
         body = conv.text + w_body[len(w_old) :]
         text = body + w_text[len(w_body) :]
         self._windowed += 1
-        if self._windowed % VERIFY_EVERY == 0:
+        self._verify_due = self._verify_due or self._windowed % VERIFY_EVERY == 0
+        if self._verify_due and len(text) <= VERIFY_MAX_CHARS:
+            self._verify_due = False
+            self.verified += 1
             full = self.render_text(msgs, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
             if full != text:
                 self._window_state = False

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.inference_client import InferenceClient
     from orchestrator.probes import Health
     from orchestrator.runner.cancel import CancelSignal
+    from orchestrator.runner.payloads import PayloadCache
     from orchestrator.runner.txn import StepTxn, TaskView
     from tools.registry import ToolRegistry
 
@@ -71,6 +72,11 @@ class StepContext(Protocol):
 
     def txn(self, task: TaskView) -> StepTxn:
         """A transaction for the task's next write, fenced on its lease."""
+        ...
+
+    @property
+    def payloads(self) -> PayloadCache:
+        """Blob texts (big tool results, attachment texts), read once per process."""
         ...
 
     def offload_payload(self, text: str) -> Any:

@@ -187,6 +187,7 @@ class Runner:
                 goal_messages=task.goal_messages,
                 messages=task.transcript,
                 steps=task.message_steps,
+                resolved=task.resolved_messages or None,
             ),
         )
 
@@ -264,6 +265,7 @@ class Runner:
             goal_messages=state.goal_messages,
             event_seq=t.event_seq,
             created_at=getattr(t, "created_at", None),
+            resolved_messages=self.transcripts.take_resolved(t.id, transcript),
             max_context_tokens=getattr(t, "max_context_tokens", None),
             context_policy=getattr(t, "context_policy", None),
         )

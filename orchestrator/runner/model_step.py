@@ -65,7 +65,11 @@ def run_model_step(r: StepContext, task: TaskView, step: StepView) -> None:
             by_reference = bool(getattr(r.inference, "images_by_reference", False))
             done = task.resolved_messages
             done += resolve_images(
-                messages[len(done) :], task.attachments, r.config.blob_url, by_reference=by_reference
+                messages[len(done) :],
+                task.attachments,
+                r.config.blob_url,
+                by_reference=by_reference,
+                texts=r.payloads.text,
             )
             messages = list(done)
         messages, task.context_trimmed = apply_context_policy(

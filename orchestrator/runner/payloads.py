@@ -5,7 +5,10 @@ store (`preprocess.store.BlobStore`, content-addressed) and its history row carr
 instead of the text: the content `[{"type": "dayzero_blob", "sha256": ..., "bytes": n}]`. The
 runner that wrote it keeps the text in memory; a runner that reads the transcript back resolves
 each reference once per process (`PayloadCache`, an LRU bounded in bytes), so the model always
-sees the whole text. History rows, and the WAL of each step, stay small.
+sees the whole text. History rows, and the WAL of each step, stay small. Attachments are by
+reference from the start (the goal's `dayzero://attachments/<id>` parts); the text of a text file
+or a parsed PDF is read through the same cache when the model step resolves them
+(`orchestrator.attachments.resolve_images`), so once per runner process too.
 
 **Context policy** (the task's budget: `max_context_tokens`, `context_policy`). Before each model
 call the runner bounds the prompt it is about to send from above: the previous turn's prompt
@@ -69,7 +72,8 @@ class PayloadCache:
             if sha in self._items:
                 self._items.move_to_end(sha)
                 return self._items[sha]
-        text = self.store.get(sha).decode()
+        # (a text this cache put is UTF-8; an uploaded text file may not be: as a reader shows it)
+        text = self.store.get(sha).decode("utf-8", errors="replace")
         self.loads += 1
         self._remember(sha, text)
         return text

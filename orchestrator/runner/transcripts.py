@@ -34,6 +34,9 @@ class CachedTranscript:
     goal_messages: int  # how many of `messages` are the goal (rows of `messages`, no step)
     messages: list[dict[str, Any]]
     steps: list[int | None]  # the step index of each message (None: the goal's)
+    # the model step's messages with the attachments resolved (`attachments.resolve_images`): a
+    # prefix of `messages`, whose objects the next claim sends again (None: no attachments)
+    resolved: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,8 @@ class TranscriptCache:
         self._items: OrderedDict[str, CachedTranscript] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = {"hit": 0, "miss": 0, "mismatch": 0}
+        # task id -> (its transcript list, the resolved messages) between `extend` and the view
+        self._resolved: OrderedDict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = OrderedDict()
 
     def known(self) -> dict[str, int]:
         """Task id -> position, for the claim's read of new rows."""
@@ -97,9 +102,22 @@ class TranscriptCache:
             self.stats["mismatch"] += 1
             return None
         self.stats["hit"] += 1
+        if entry.resolved is not None:
+            with self._lock:
+                self._resolved[task.id] = (entry.messages, entry.resolved)
+                while len(self._resolved) > self.max_tasks:
+                    self._resolved.popitem(last=False)
         entry.messages.extend(message_dict(r) for r in rows)
         entry.steps.extend(r.step_index for r in rows)
         return entry
+
+    def take_resolved(self, task_id: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The resolved messages kept with the transcript `messages` (that very list, extended
+        by `extend`), for the model step to extend; [] when there are none or the transcript was
+        read anew."""
+        with self._lock:
+            kept = self._resolved.pop(task_id, None)
+        return kept[1] if kept is not None and kept[0] is messages else []
 
 
 def history_rows(messages: Sequence[dict[str, Any]], steps: Sequence[int | None]) -> list[HistoryRow]:

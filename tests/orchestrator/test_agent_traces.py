@@ -105,3 +105,17 @@ def test_incremental_turns_are_exact_and_reuse_the_cache(db, dummy_server, tmp_p
         r.stop()
         r.inference.close()
         r.dispatcher.close()
+
+
+@pytest.mark.parametrize("target", [16384, 65536])
+def test_host_only_traces_end_near_their_target_size(target):
+    """A trace sized for `target` tokens ends within 10% of it (the system prompt counted, the
+    write results as the workspace tool returns them), and every turn after the first goes on the
+    wire incrementally."""
+    from benchmarks.agent_traces import host_only
+
+    system = "Shared reference.\n" + document("system", 0, 4)
+    spec = TraceSpec.growing_to(target, 0, 1.0, 101, len(system.encode()) + 64)  # byte tokenizer
+    rows = host_only([spec], system, None, "incremental")[0]["turns"]
+    assert 0.9 * target <= rows[-1]["prompt_tokens"] <= 1.1 * target, rows[-1]["prompt_tokens"]
+    assert [r["wire"] for r in rows[1:]] == ["incremental"] * (len(rows) - 1)

@@ -3,6 +3,7 @@ the per-task context policy (`fail` with a typed `context_exceeded`, or `trim_to
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -109,3 +110,38 @@ def test_trim_tool_results_trims_the_oldest_first_and_keeps_the_trimmed_objects(
             _transcript(1, 9000), cap=2000, policy="trim_tool_results", known=None, trimmed=0, notices={}
         )
     assert apply_context_policy(msgs, cap=None, policy=None, known=None, trimmed=0, notices={})[0] == msgs
+
+
+def test_attachment_text_is_read_once_per_runner_process_and_history_rows_stay_small(
+    db, make_runner, model_server, tmp_path
+):
+    """A big text attachment: the history holds its reference (the goal's attachment part), the
+    model its text, and the runner reads it from the store once, however many claims the task
+    takes (each tool attempt fails once and parks the task); the wire stays incremental across
+    claims."""
+    from orchestrator.attachments import add_attachment
+    from orchestrator.db.tables import messages_t
+
+    blob_url = str(tmp_path / "blobs")
+    text = "clause " * 8000  # 56 KB, over the reference threshold
+    with db.begin() as conn:
+        att = add_attachment(conn, blob_url, "t1", text.encode(), "text/plain", "contract.txt")
+    task_id = submit(db, {"cycles": 3, "tool": "flaky", "args": {"fail_times": 1}}, attachment_ids=[att])
+    runner = make_runner(local_wait_max_s=0.0, blob_url=blob_url)
+    calls: list[list] = []  # the messages of each model call, as the inference client gets them
+    chat = runner.inference.chat
+    runner.inference.chat = lambda messages, *a, **k: (calls.append(list(messages)), chat(messages, *a, **k))[
+        1
+    ]
+    runner.run_until_idle(timeout_s=60)
+    with db.connect() as conn:
+        assert get_task(conn, task_id).status == "SUCCEEDED"
+        rows = conn.execute(select(messages_t.c.content).where(messages_t.c.task_id == task_id)).all()
+    assert rows and max(len(json.dumps(r.content)) for r in rows) < 2048  # no row holds the text
+    assert len(calls) >= 4 and runner.transcripts.stats["hit"] >= 2  # claimed again, from its cache
+    assert any(text in json.dumps(m["content"]) for m in calls[0] if m["role"] == "user")
+    # each call sends the previous call's very message objects again, across claims too: the
+    # incremental wire form sends only what is new (`orchestrator.inference_wire`)
+    for prev, cur in itertools.pairwise(calls):
+        assert len(cur) > len(prev) and all(a is b for a, b in zip(prev, cur, strict=False))
+    assert runner.payloads.loads == 1

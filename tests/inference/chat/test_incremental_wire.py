@@ -186,3 +186,45 @@ def test_the_memo_sends_only_what_follows_the_very_messages_it_sent():
     assert memo.plan("k", copy).reason == HISTORY_CHANGED
     assert memo.plan("k", a).reason == HISTORY_CHANGED  # nothing new
     assert memo.plan(None, b).extends is None
+
+
+def test_long_conversations_are_never_rendered_whole_to_check_the_window(monkeypatch):
+    """The check of windowed turns against a full render falls due every VERIFY_EVERY windowed
+    turns and is made on a conversation under VERIFY_MAX_CHARS: a long conversation's turns render
+    only their window (O(new messages)), a short one's turn makes the check, ids stay exact."""
+    from inference.chat import render
+    from inference.tokenizer import ByteTokenizer
+
+    monkeypatch.setattr(render, "VERIFY_MAX_CHARS", 4000)
+    f = load_frontend(ByteTokenizer(), None)
+    r = PromptRenderer(f.template, f.tokenizer)
+    ref = PromptRenderer(f.template, f.tokenizer)
+    widest: list[int] = []
+    plain = r.render_text
+    monkeypatch.setattr(r, "render_text", lambda m, *a, **k: (widest.append(len(m)), plain(m, *a, **k))[1])
+
+    def grow(msgs: list, i: int, size: int) -> list:
+        call = {
+            "id": f"functions.read:{i}",
+            "type": "function",
+            "function": {"name": "read", "arguments": "{}"},
+        }
+        return [
+            *msgs,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": f"page {i} " + "x" * size},
+        ]
+
+    long = [{"role": "system", "content": "s"}, {"role": "user", "content": "read it all"}]
+    for i in range(2 * render.VERIFY_EVERY):
+        long = grow(long, i, 400)
+        widest.clear()
+        assert r.render(long, TOOLS, conversation="long").token_ids == ref.render(long, TOOLS).token_ids
+        if i >= 10:  # past the bound: the window (head, WINDOW kept, 2 new) and no more
+            assert max(widest) <= 2 + render.WINDOW + 2, (i, widest)
+    assert r._windowed >= render.VERIFY_EVERY and r.verified == 0
+    short = [{"role": "system", "content": "s"}, {"role": "user", "content": "a short one"}]
+    for i in range(4):
+        short = grow(short, i, 10)
+        assert r.render(short, TOOLS, conversation="short").token_ids == ref.render(short, TOOLS).token_ids
+    assert r.verified == 1  # the check that fell due, made on the short conversation
