@@ -98,7 +98,13 @@ def warmup_shapes(
         rows = pick_bucket(2, graphs.batch_buckets)  # the sequence and the padding tokens' own
         for t in cfg.short_tokens:
             tokens = pick_bucket(t, graphs.token_buckets)
-            if rows is not None and tokens is not None and tokens * (ctx + tokens) <= graphs.short_row_keys:
+            if rows is None or tokens is None:
+                continue
+            # serving replays this shape for any step of `lo..tokens` new tokens whose rows x keys
+            # fit `short_row_keys`: warm it if the smallest such step fits (a 65-token turn at 16K
+            # takes the 96-token graph although 96 x 16.5K would not fit)
+            lo = max((b for b in graphs.token_buckets if b < tokens), default=0) + 1
+            if lo * (ctx + lo) <= graphs.short_row_keys:
                 shapes.append((rows, width, tokens))
     return list(dict.fromkeys(shapes))
 
