@@ -41,7 +41,10 @@ class GraphWarmup:
     memory_budget_mib: int = 2048
     contexts: tuple[int, ...] = (4096, 16384, 65536)
     decode_rows: tuple[int, ...] = (1, 2, 4, 8)
-    short_tokens: tuple[int, ...] = (32, 64, 96, 128)
+    # every token bucket from 17 to 128 new tokens: an agent's turn is a message of any length (a
+    # 64-token message is a 65-token step, the 80-token bucket: left out, it was captured at turn
+    # 3); 3 contexts x (4 decode + 6 short) = 30 shapes, within half the default graph capacity
+    short_tokens: tuple[int, ...] = (32, 48, 64, 80, 96, 128)
 
     @property
     def enabled(self) -> bool:

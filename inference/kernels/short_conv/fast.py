@@ -68,7 +68,10 @@ def short_conv_decode_fast(x: Tensor, pool: Tensor, slots: Tensor, weight: Tenso
     return y
 
 
-@triton.jit
+# `T` (the step's token count) is not specialised on: a compiled kernel serves every length (an
+# agent turn of 65 new tokens would otherwise compile a variant of its own on first use; measured
+# in an H100 start-up benchmark: a 1 s second turn)
+@triton.jit(do_not_specialize=["T"])
 def _conv_varlen_kernel(
     X, WIN, WT, Y, SEQ, CU, T, C, stride_x, stride_wn, stride_wc, stride_wt, stride_y,
     W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
