@@ -20,22 +20,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOW, HIGH = 0, 1  # eviction priority of a released cached block
 
 
 @dataclass(frozen=True, slots=True)
 class BlockKey:
-    """Identity of a full block's contents: the parent's hash, its tokens and extra keys."""
+    """Identity of a full block's contents: the parent's hash, its tokens and extra keys. The hash
+    is computed once, at construction (a key is looked up every turn that re-sends its block)."""
 
     parent: int | None
     tokens: tuple[int, ...]
     extra: tuple[Hashable, ...] = ()
+    hash: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def hash(self) -> int:
-        return hash((self.parent, self.tokens, self.extra))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hash", hash((self.parent, self.tokens, self.extra)))
 
 
 class BlockPool:
@@ -71,9 +72,18 @@ class BlockPool:
     def lookup(self, key: BlockKey) -> int | None:
         """The cached block holding exactly `key`'s contents, or None (tokens compared)."""
         block = self._hash_to_block.get(key.hash)
-        if block is None or self._key[block] != key:
+        if block is None:
             return None
-        return block
+        held = self._key[block]
+        return block if held is key or held == key else None
+
+    def lookup_all(self, keys: list[BlockKey]) -> list[int] | None:
+        """The cached blocks holding every one of `keys`, or None if any is missing (tokens
+        compared). One pass at C speed: a long conversation's reused keys are checked per turn."""
+        blocks = list(map(self._hash_to_block.get, [k.hash for k in keys]))
+        if None in blocks or list(map(self._key.__getitem__, blocks)) != keys:
+            return None
+        return blocks
 
     # -- mutation --------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:

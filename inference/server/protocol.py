@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from inference.cache.records import PrefixLink
 from inference.chat import ChatFrontend, RenderedPrompt
 from inference.chat.conversations import Conversation, ConversationUnknown
 from inference.chat.render import strings_of
@@ -113,6 +114,7 @@ class PreparedChat:
     message_ends: list[int] = field(default_factory=list)
     prompt_render: str | None = None  # keyed conversations: "incremental" or "full"
     kept_messages: int | None = None  # messages of the conversation kept under its key
+    prefix_link: PrefixLink | None = None  # for the engine (keyed conversations)
     # host time of this request before the engine: body parse (set by the server), the whole
     # preparation, and of it the template render + tokenize
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -302,7 +304,8 @@ class OpenAIServing:
             rendered.message_ends,
             ("incremental" if rendered.incremental else "full") if body.get("prompt_cache_key") else None,
             self.kept_messages(body),
-            {"render_ms": render_ms},
+            prefix_link=rendered.prefix_link,
+            timings_ms={"render_ms": render_ms},
         )
 
     def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:
