@@ -80,10 +80,11 @@ class BlockPool:
     def lookup_all(self, keys: list[BlockKey]) -> list[int] | None:
         """The cached blocks holding every one of `keys`, or None if any is missing (tokens
         compared). One pass at C speed: a long conversation's reused keys are checked per turn."""
-        blocks = list(map(self._hash_to_block.get, [k.hash for k in keys]))
-        if None in blocks or list(map(self._key.__getitem__, blocks)) != keys:
+        try:
+            blocks = list(map(self._hash_to_block.__getitem__, [k.hash for k in keys]))
+        except KeyError:
             return None
-        return blocks
+        return blocks if list(map(self._key.__getitem__, blocks)) == keys else None
 
     # -- mutation --------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
@@ -105,27 +106,45 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on cached blocks (a prefix hit); removes them from the LRU."""
+        # one tight loop: a long conversation's turn touches every block of its transcript
+        ref, key = self.ref_cnt, self._key
+        low, high = self._lru
         for b in blocks:
-            if self.ref_cnt[b] == 0:
-                if self._key[b] is None:
+            c = ref[b]
+            if not c:
+                if key[b] is None:
                     raise ValueError(f"block {b} is free and uncached; it cannot be shared")
-                self._lru[LOW].pop(b, None)
-                self._lru[HIGH].pop(b, None)
-            self.ref_cnt[b] += 1
-
-    def free(self, blocks: Iterable[int], priorities: Iterable[int] | None = None) -> None:
-        """Drop one reference from each block. Pass blocks tail-first: they are evicted first."""
-        blocks = list(blocks)
-        prios = list(priorities) if priorities is not None else [LOW] * len(blocks)
-        for b, prio in zip(blocks, prios, strict=True):
-            if self.ref_cnt[b] <= 0:
-                raise ValueError(f"block {b} freed more often than taken")
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] == 0:
-                if self._key[b] is None:
-                    self._free.append(b)
+                if b in high:
+                    del high[b]
                 else:
-                    self._lru[prio][b] = None
+                    low.pop(b, None)
+            ref[b] = c + 1
+
+    def free(self, blocks: Iterable[int], priorities: Iterable[int] | int | None = None) -> None:
+        """Drop one reference from each block. Pass blocks tail-first: they are evicted first.
+        `priorities`: one per block, or one for all (None: LOW)."""
+        if priorities is None or isinstance(priorities, int):
+            self._free_all(blocks, LOW if priorities is None else priorities)
+            return
+        blocks = list(blocks)
+        prios = list(priorities)
+        for b, prio in zip(blocks, prios, strict=True):
+            self._free_all((b,), prio)
+
+    def _free_all(self, blocks: Iterable[int], prio: int) -> None:
+        ref, key, lru, free = self.ref_cnt, self._key, self._lru[prio], self._free
+        for b in blocks:
+            c = ref[b]
+            if c == 1:
+                ref[b] = 0
+                if key[b] is None:
+                    free.append(b)
+                else:
+                    lru[b] = None
+            elif c > 1:
+                ref[b] = c - 1
+            else:
+                raise ValueError(f"block {b} freed more often than taken")
 
     def cache(self, block_id: int, key: BlockKey) -> int:
         """Register a full, computed block under `key`. Returns the block now holding the key

@@ -140,17 +140,11 @@ class HybridCacheCoordinator(TierAccess):
         B, limit = self.B, len(token_ids) - 1
         rc = self._rc(req_id, token_ids)
         keys = self._keys(rc, token_ids, mm)
-        # a linked request's copied keys are checked at once, and the deepest checkpoint among
-        # them searched from their end: O(new tokens) in Python, not O(prompt)
+        # a linked request's copied keys are checked in one pass, and the checkpoints among them
+        # searched from their end, only when none lies past them: O(new tokens) in Python
         blocks = self.blocks.lookup_all(keys[: min(rc.num_linked, limit // B)]) or []
+        j0 = j = len(blocks)
         best = PrefixHit()
-        for j in range(len(blocks), -1, -1) if blocks else ():
-            best = self._tail_hit(j, keys, blocks, token_ids, mm, limit, best)
-            if j and not best.num_tokens:
-                best = self._boundary_hit(j, keys, blocks, best)
-            if best.num_tokens:
-                break
-        j = len(blocks)
         while True:
             best = self._tail_hit(j, keys, blocks, token_ids, mm, limit, best)
             if j == len(keys) or (j + 1) * B > limit:
@@ -161,6 +155,12 @@ class HybridCacheCoordinator(TierAccess):
             blocks.append(block)
             j += 1
             best = self._boundary_hit(j, keys, blocks, best)
+        for j in range(j0, 0, -1) if not best.num_tokens else ():
+            best = self._boundary_hit(j, keys, blocks, best)
+            if not best.num_tokens:
+                best = self._tail_hit(j - 1, keys, blocks, token_ids, mm, limit, best)
+            if best.num_tokens:
+                break
         return best
 
     def _tail_hit(self, j: int, keys, blocks, token_ids, mm, limit: int, best: PrefixHit) -> PrefixHit:
@@ -245,7 +245,7 @@ class HybridCacheCoordinator(TierAccess):
         return Allocation(tuple(new), rc.slot, copy_from, fresh and copy_from is None, block_copy)
 
     def _undo_hit(self, hit: PrefixHit) -> None:
-        self.blocks.free(reversed(hit.block_ids), [HIGH] * len(hit.block_ids))
+        self.blocks.free(reversed(hit.block_ids), HIGH)
         if hit.checkpoint_key is not None:
             self.states.unpin(hit.checkpoint_key)
 
@@ -408,7 +408,7 @@ class HybridCacheCoordinator(TierAccess):
             self.states.commit(key)
             self.states.drop_checkpoint(key)
         prio = LOW if reason == "aborted" else HIGH
-        self.blocks.free(reversed(rc.block_ids), [prio] * len(rc.block_ids))
+        self.blocks.free(reversed(rc.block_ids), prio)
         if rc.slot is not None:
             self.states.free_live(rc.slot)
 
