@@ -10,7 +10,8 @@ scheduler, the cache coordinator and the request intake are the real ones). The 
 list is built outside the timing (the server's render, measured by `agent_traces --host-only`).
 Per turn: `add_ms` (`Engine.add_request`), `hit_step_ms` (the first step), `last_step_ms` (the
 step that finishes it), `turn_ms` (their sum: what grows with the transcript) and `decode_ms`
-(the other steps). Medians over the turns after the first. Prints JSON; `--out` merges it into a
+(the other steps), and the prefix hit against what the previous turn left reusable (all of its
+tokens but the last sampled one). Medians over the turns after the first. Prints JSON; `--out` merges it into a
 file under the label `--label`.
 
     python -m benchmarks.engine_turns [--sizes 131072 1048576] [--turns 8] [--new 2000]
@@ -98,12 +99,12 @@ def run_size(size: int, turns: int, new: int, block: int, linked: bool, seed: in
         t0 = time.perf_counter()
         rid = eng.add_request(prompt, sp, request_id=name, **kw)
         t1 = time.perf_counter()
-        steps = []
+        steps, cached = [], 0
         while eng.has_unfinished:
             s0 = time.perf_counter()
-            eng.step()
+            outs = eng.step()
             steps.append(time.perf_counter() - s0)
-        req_cached = eng.scheduler.cached_tokens_admitted
+            cached = max([cached, *(o.num_cached_tokens for o in outs)])
         prev = name
         if turn == 0:  # the prefill of the whole transcript: setup
             continue
@@ -111,7 +112,8 @@ def run_size(size: int, turns: int, new: int, block: int, linked: bool, seed: in
             "turn": turn, "prompt_tokens": len(kept) + GEN_PROMPT, "steps": len(steps),
             "add_ms": (t1 - t0) * 1e3, "hit_step_ms": steps[0] * 1e3, "last_step_ms": steps[-1] * 1e3,
             "decode_ms": sum(steps[1:-1]) * 1e3,
-            "turn_ms": (t1 - t0 + steps[0] + steps[-1]) * 1e3, "rid": rid, "cached_total": req_cached,
+            "turn_ms": (t1 - t0 + steps[0] + steps[-1]) * 1e3, "rid": rid,
+            "cached_tokens": cached, "reusable_tokens": shared + GEN_PROMPT + sp.max_tokens - 1,
         })  # fmt: skip
     timed = rows[1:] if len(rows) > 1 else rows
     med = {k: round(statistics.median(r[k] for r in timed), 3) for k in ("add_ms", "hit_step_ms", "last_step_ms", "decode_ms", "turn_ms")}  # fmt: skip
@@ -121,8 +123,8 @@ def run_size(size: int, turns: int, new: int, block: int, linked: bool, seed: in
         "median": med,
         "max_turn_ms": round(max(r["turn_ms"] for r in timed), 3),
         "turns": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
-        "cached_share": round(
-            eng.scheduler.cached_tokens_admitted / max(eng.scheduler.prompt_tokens_admitted, 1), 4
+        "cached_share_of_reusable": round(
+            sum(r["cached_tokens"] for r in timed) / sum(r["reusable_tokens"] for r in timed), 4
         ),
         "linked": bool(link_kw),
         "keys_reused": getattr(eng.scheduler.cache, "kept", SimpleNamespace(reused=0)).reused,

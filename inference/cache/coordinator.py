@@ -111,7 +111,7 @@ class HybridCacheCoordinator(TierAccess):
         with images has none (its keys carry the images' content keys)."""
         self._links[req_id] = link
 
-    def _rc(self, req_id: str, token_ids: Sequence[int] = ()) -> ReqCache:
+    def _rc(self, req_id: str, token_ids: Sequence[int]) -> ReqCache:
         rc = self._reqs.get(req_id)
         if rc is None:
             rc = self._reqs[req_id] = ReqCache()
@@ -403,7 +403,7 @@ class HybridCacheCoordinator(TierAccess):
         if rc is None:
             return
         if link is not None:
-            self.kept.put(link.name, rc.keys)  # the next turn's request copies them (keys.py)
+            self.kept.put(link.name, rc.keys, link.extends)  # the next turn copies them (keys.py)
         for key in rc.pending:  # cannot normally happen between steps; stay consistent anyway
             self.states.commit(key)
             self.states.drop_checkpoint(key)

@@ -61,11 +61,14 @@ class KeptKeys:
     def num_blocks(self) -> int:
         return self._blocks
 
-    def put(self, name: str, keys: list[BlockKey]) -> None:
-        """Keep `keys` (the caller hands the list over: it is not copied) under `name`."""
-        old = self._sets.pop(name, None)
-        if old is not None:
-            self._blocks -= len(old)
+    def put(self, name: str, keys: list[BlockKey], replaces: str | None = None) -> None:
+        """Keep `keys` (the caller hands the list over: it is not copied) under `name`, in place
+        of the keys kept as `replaces` (the turn they extend: the next turn extends this one; a
+        second request extending it, e.g. a retry, builds its keys again)."""
+        for old_name in (name, replaces):
+            old = self._sets.pop(old_name, None) if old_name is not None else None
+            if old is not None:
+                self._blocks -= len(old)
         if not keys or len(keys) > self.max_blocks or not self.max_sets:
             return
         self._sets[name] = keys

@@ -24,9 +24,10 @@ class CacheConfig:
         default_factory=TierConfig
     )  # host and disk tiers below the GPU pools (off by default)
     # block keys of ended requests kept for the requests that extend them (`PrefixLink`): at most
-    # this many requests' keys, and this many keys in all (least recently used dropped first)
+    # this many requests' keys, and this many keys in all (least recently used dropped first;
+    # 1 << 19 blocks of 16: the 8M tokens of the server's conversation store)
     kept_key_sets: int = 256
-    kept_key_blocks: int = 1 << 18
+    kept_key_blocks: int = 1 << 19
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0 or self.num_state_slots <= 0:

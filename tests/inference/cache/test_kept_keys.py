@@ -130,6 +130,8 @@ def test_a_request_that_does_not_extend_the_kept_one_gets_fresh_keys():
         num_linked, keys, token_ids = seen[rid]
         assert num_linked == 0, rid
         assert keys == fresh_keys(token_ids)
+    assert "a" not in sched.cache.kept  # replaced by the keys of the request that claimed to extend it
+    finish(ex, "a-again", first, PrefixLink("a"))
     finish(ex, "right", [*first, 7, 8, 9], PrefixLink("r", "a", 40))
     assert seen["right"][0] == 40 // B
     assert seen["right"][1] == fresh_keys(seen["right"][2])
@@ -148,6 +150,8 @@ def test_kept_keys_are_bounded_in_requests_and_keys():
     kept.put("e", keys + keys)  # more than the whole budget: not kept
     assert "e" not in kept
     assert KeptKeys(max_sets=0, max_blocks=100).seed("x", 3, [], B) == []
+    kept.put("f", keys[:3], replaces="d")  # the next turn's keys take the place of those it extends
+    assert "d" not in kept and kept.num_blocks == 5 + 3
 
 
 def test_a_preempted_linked_request_links_again_when_readmitted():
