@@ -86,6 +86,19 @@ class BlockPool:
             return None
         return blocks if list(map(self._key.__getitem__, blocks)) == keys else None
 
+    def key_of(self, block: int) -> BlockKey | None:
+        return self._key[block]
+
+    def registered_run(self, blocks: list[int], keys: list[BlockKey]) -> int:
+        """How many leading `blocks` are cached under exactly the matching `keys` (one pass)."""
+        n = min(len(blocks), len(keys))
+        if list(map(self._key.__getitem__, blocks[:n])) == keys[:n]:
+            return n
+        i = 0
+        while self._key[blocks[i]] == keys[i]:
+            i += 1
+        return i
+
     # -- mutation --------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
         """Hand out `n` blocks with ref_cnt 1, evicting cached ones if needed; None if short."""

@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inference.cache.block_pool import HIGH, LOW, BlockKey, BlockPool
-from inference.cache.keys import KeptKeys, extend_keys
+from inference.cache.keys import KeptKeys, common_len, extend_keys
 from inference.cache.promotion import Promoter
 from inference.cache.records import (
     Allocation,
@@ -83,7 +83,10 @@ class HybridCacheCoordinator(TierAccess):
         self._deferred_pins: list[int] = []  # pinned for the next step (deferred snapshots)
         self._tails: dict[int | None, dict[int, TailKey]] = {}  # parent hash -> in-block checkpoints
         self._ckpt_block: dict[int, int] = {}  # checkpoint key -> its private partial block
-        self.kept = KeptKeys(config.kept_key_sets, config.kept_key_blocks)  # see keys.py
+        # keys (and block references) of ended requests, for the turns that extend them: keys.py
+        self.kept = KeptKeys(
+            config.kept_key_sets, config.kept_key_blocks, lambda held: self.blocks.free(reversed(held), HIGH)
+        )
         self._links: dict[str, PrefixLink] = {}  # requests in the engine that have one
         # Tiers below the GPU (see tiers.py / promotion.py): evicted entries worth keeping go
         # there instead of being forgotten; a deeper hit found there is promoted before admission.
@@ -118,7 +121,7 @@ class HybridCacheCoordinator(TierAccess):
             link = self._links.get(req_id)
             if link is not None and link.extends is not None:  # the shared start's keys, copied
                 rc.keys = self.kept.seed(link.extends, link.num_shared // self.B, token_ids, self.B)
-                rc.num_linked = len(rc.keys)
+                rc.num_linked, rc.linked_from = len(rc.keys), link.extends
         return rc
 
     def _ident(self, rc: ReqCache, token_ids: Sequence[int], p: int, mm: Sequence[MMSpan]):
@@ -142,7 +145,9 @@ class HybridCacheCoordinator(TierAccess):
         keys = self._keys(rc, token_ids, mm)
         # a linked request's copied keys are checked in one pass, and the checkpoints among them
         # searched from their end, only when none lies past them: O(new tokens) in Python
-        blocks = self.blocks.lookup_all(keys[: min(rc.num_linked, limit // B)]) or []
+        k = min(rc.num_linked, limit // B)
+        held = self.kept.held(rc.linked_from)  # held since it ended: cached under these very keys
+        blocks = held[:k] if len(held) >= k else self.blocks.lookup_all(keys[:k]) or []
         j0 = j = len(blocks)
         best = PrefixHit()
         while True:
@@ -186,7 +191,10 @@ class HybridCacheCoordinator(TierAccess):
 
     # -- allocation ------------------------------------------------------------------------
     def _allocate_blocks(self, n: int) -> list[int] | None:
-        """n blocks, giving back checkpoints' private blocks (LRU first) if the pool is short."""
+        """n blocks, giving back held blocks of ended requests, then checkpoints' private blocks
+        (LRU first) if the pool is short."""
+        while n > self.blocks.num_free and self.kept.release_oldest():
+            pass
         if n > self.blocks.num_free:
             for ck in self.states.evictable():
                 if n <= self.blocks.num_free:
@@ -214,10 +222,13 @@ class HybridCacheCoordinator(TierAccess):
                 raise ValueError("a new sequence must start at its prefix hit")
             if hit.checkpoint_key is not None:
                 self.states.pin(hit.checkpoint_key)  # before any slot or block is taken
-            self.blocks.touch(hit.block_ids)
+            # the blocks the turn it extends held since it ended: their references are taken over
+            adopt = common_len(hit.block_ids, self.kept.held(rc.linked_from))
+            self.kept.pinned = rc.linked_from
+            self.blocks.touch(hit.block_ids[adopt:])
             slot = self.states.allocate_live(req_id)
             if slot is None:
-                self._undo_hit(hit)
+                self._undo_hit(hit, adopt)
                 return None
             if hit.checkpoint_key is not None:
                 copy_from = self.states.get_checkpoint(hit.checkpoint_key).slot
@@ -227,10 +238,13 @@ class HybridCacheCoordinator(TierAccess):
         if new is None:
             if fresh:
                 self.states.free_live(slot)
-                self._undo_hit(hit)
+                self._undo_hit(hit, adopt)
             return None
         block_copy = None
         if fresh:
+            if adopt:
+                self.kept.adopt(rc.linked_from, adopt)
+            self.kept.pinned = None
             rc.slot = slot
             rc.no_new = Allocation((), slot)
             rc.block_ids = list(hit.block_ids)
@@ -244,8 +258,9 @@ class HybridCacheCoordinator(TierAccess):
             self.promoter.release(req_id)  # the hit holds the promoted prefix from now on
         return Allocation(tuple(new), rc.slot, copy_from, fresh and copy_from is None, block_copy)
 
-    def _undo_hit(self, hit: PrefixHit) -> None:
-        self.blocks.free(reversed(hit.block_ids), HIGH)
+    def _undo_hit(self, hit: PrefixHit, adopted: int) -> None:
+        self.kept.pinned = None
+        self.blocks.free(reversed(hit.block_ids[adopted:]), HIGH)
         if hit.checkpoint_key is not None:
             self.states.unpin(hit.checkpoint_key)
 
@@ -314,20 +329,6 @@ class HybridCacheCoordinator(TierAccess):
             copy = (rc.block_ids[p // self.B], block)
         rc.pending.append(key)
         return Snapshot(rc.slot, ck.slot, copy)
-
-    def _flag_worth(self, rc: ReqCache, key: int, p: int) -> None:
-        """A checkpoint at p >= offload_min_tokens makes it and the blocks before it worth
-        offloading (a short prefix is cheaper to recompute than to keep below the GPU)."""
-        if self.tiers is None or not self.config.tiers.offload_min_tokens:
-            return
-        if p >= self.config.tiers.offload_min_tokens:
-            self._worth_ckpts.add(key)
-            n = p // self.B
-            self._worth_blocks.update(k.hash for k in rc.keys[rc.num_flagged : n])
-            rc.num_flagged = max(rc.num_flagged, n)
-
-    def _is_worth(self, key: int, worth: set[int]) -> bool:
-        return not self.config.tiers.offload_min_tokens or key in worth
 
     def plan_checkpoint(
         self,
@@ -403,7 +404,11 @@ class HybridCacheCoordinator(TierAccess):
         if rc is None:
             return
         if link is not None:
-            self.kept.put(link.name, rc.keys, link.extends)  # the next turn copies them (keys.py)
+            # the next turn copies the keys and takes over the references on the cached blocks
+            n = self.blocks.registered_run(rc.block_ids, rc.keys[: rc.num_cached])
+            held = rc.block_ids[:n] if reason == "finished" else []
+            self.kept.put(link.name, rc.keys, link.extends, held)
+            rc.block_ids = rc.block_ids[len(held) :]
         for key in rc.pending:  # cannot normally happen between steps; stay consistent anyway
             self.states.commit(key)
             self.states.drop_checkpoint(key)
@@ -464,10 +469,11 @@ class HybridCacheCoordinator(TierAccess):
     @property
     def num_request_blocks(self) -> int:
         """Blocks held by requests (in use, minus the checkpoints' private partial blocks)."""
-        return self.blocks.num_used - len(self._ckpt_block)
+        return self.blocks.num_used - len(self._ckpt_block) - self.kept.num_held
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block and checkpoint, on the GPU and in the tiers (a cold cache)."""
+        self.kept.release_all()
         self._offloading = False
         try:
             self.states.reset_cache()
@@ -479,6 +485,7 @@ class HybridCacheCoordinator(TierAccess):
 
     def check_invariants(self) -> None:
         self.blocks.check_invariants()
+        self.kept.check_invariants(self.blocks)
         self.states.check_invariants()
         for req_id, rc in self._reqs.items():
             if rc.slot is not None and self.states.live_owner(rc.slot) != req_id:

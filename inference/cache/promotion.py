@@ -156,7 +156,7 @@ class Promoter:
         touched first, are among them; `_start` still checks)."""
         c = self.c
         private = sum(1 for ck in c.states.evictable() if ck.key in c._ckpt_block)
-        return c.blocks.num_free + private
+        return c.blocks.num_free + private + c.kept.num_held
 
     def _need(self, req_id: str, plan: _Plan, token_ids: Sequence[int], mm) -> int:
         """GPU blocks promoting `plan` takes: its chain's blocks not on the GPU, its checkpoint's

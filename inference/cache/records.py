@@ -119,6 +119,7 @@ class ReqCache:
     pending: list[int] = field(default_factory=list)  # checkpoint keys reserved in this step
     num_flagged: int = 0  # leading block keys marked worth offloading (offload_min_tokens)
     num_linked: int = 0  # leading keys copied from the request this one extends (`PrefixLink`)
+    linked_from: str | None = None  # that request's name
     # what `allocate` returns for a step its blocks already cover (set with `slot`): built once,
     # not per decode step (it is frozen, so sharing it is safe)
     no_new: Allocation | None = None

@@ -7,13 +7,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inference.cache.promotion import Promoter
-from inference.cache.records import MMSpan
+from inference.cache.records import CacheConfig, MMSpan, ReqCache
 from inference.cache.tiers import TierIndex, TierOps
 
 
 class TierAccess:
+    config: CacheConfig
+    B: int
     tiers: TierIndex | None
     promoter: Promoter | None
+    _worth_blocks: set[int]
+    _worth_ckpts: set[int]
+
+    def _flag_worth(self, rc: ReqCache, key: int, p: int) -> None:
+        """A checkpoint at p >= offload_min_tokens makes it and the blocks before it worth
+        offloading (a short prefix is cheaper to recompute than to keep below the GPU)."""
+        if self.tiers is None or not self.config.tiers.offload_min_tokens:
+            return
+        if p >= self.config.tiers.offload_min_tokens:
+            self._worth_ckpts.add(key)
+            n = p // self.B
+            self._worth_blocks.update(k.hash for k in rc.keys[rc.num_flagged : n])
+            rc.num_flagged = max(rc.num_flagged, n)
+
+    def _is_worth(self, key: int, worth: set[int]) -> bool:
+        return not self.config.tiers.offload_min_tokens or key in worth
 
     def prepare(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan] = ()) -> bool:
         """Before admitting a waiting request: False while part of its prefix is on its way back
