@@ -222,13 +222,15 @@ class HybridCacheCoordinator(TierAccess):
                 raise ValueError("a new sequence must start at its prefix hit")
             if hit.checkpoint_key is not None:
                 self.states.pin(hit.checkpoint_key)  # before any slot or block is taken
-            # the blocks the turn it extends held since it ended: their references are taken over
+            # the references the turn it extends held on these blocks since it ended are taken
+            # over (and given back with the hit's if this fails: the blocks stay cached)
             adopt = common_len(hit.block_ids, self.kept.held(rc.linked_from))
-            self.kept.pinned = rc.linked_from
+            if rc.linked_from is not None:
+                self.kept.adopt(rc.linked_from, adopt)
             self.blocks.touch(hit.block_ids[adopt:])
             slot = self.states.allocate_live(req_id)
             if slot is None:
-                self._undo_hit(hit, adopt)
+                self._undo_hit(hit)
                 return None
             if hit.checkpoint_key is not None:
                 copy_from = self.states.get_checkpoint(hit.checkpoint_key).slot
@@ -238,13 +240,10 @@ class HybridCacheCoordinator(TierAccess):
         if new is None:
             if fresh:
                 self.states.free_live(slot)
-                self._undo_hit(hit, adopt)
+                self._undo_hit(hit)
             return None
         block_copy = None
         if fresh:
-            if adopt:
-                self.kept.adopt(rc.linked_from, adopt)
-            self.kept.pinned = None
             rc.slot = slot
             rc.no_new = Allocation((), slot)
             rc.block_ids = list(hit.block_ids)
@@ -258,9 +257,8 @@ class HybridCacheCoordinator(TierAccess):
             self.promoter.release(req_id)  # the hit holds the promoted prefix from now on
         return Allocation(tuple(new), rc.slot, copy_from, fresh and copy_from is None, block_copy)
 
-    def _undo_hit(self, hit: PrefixHit, adopted: int) -> None:
-        self.kept.pinned = None
-        self.blocks.free(reversed(hit.block_ids[adopted:]), HIGH)
+    def _undo_hit(self, hit: PrefixHit) -> None:
+        self.blocks.free(reversed(hit.block_ids), HIGH)
         if hit.checkpoint_key is not None:
             self.states.unpin(hit.checkpoint_key)
 

@@ -59,7 +59,6 @@ class KeptKeys:
         self._blocks = 0
         self._held: dict[str, list[int]] = {}  # name -> blocks whose references the entry holds
         self.num_held = 0
-        self.pinned: str | None = None  # an entry being adopted: never released meanwhile
         self.release = release
         self.reused = 0  # keys copied into new requests instead of built
         self.refused = 0  # links whose prompt did not match the kept keys (a caller's bug)
@@ -114,15 +113,14 @@ class KeptKeys:
         return self._held.get(name, []) if name is not None else []
 
     def adopt(self, name: str, n: int) -> None:
-        """A request took over the references on the first `n` held blocks of `name`; the
+        """A request takes over the references on the first `n` held blocks of `name`; the
         entry gives back the others."""
         self._unhold(name, keep=n)
 
     def release_oldest(self) -> bool:
-        """Give back the held blocks of the least recently used entry holding any (not the pinned
-        one); False if none."""
+        """Give back the held blocks of the least recently used entry holding any; False if none."""
         for name in self._sets:
-            if name in self._held and name != self.pinned:
+            if name in self._held:
                 self._unhold(name)
                 return True
         return False

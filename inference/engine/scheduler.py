@@ -363,7 +363,10 @@ class Scheduler:
         return {
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),
-            "kv_usage": c.blocks.usage(),
+            # blocks held for the next turn of a conversation are given back on demand: not in use
+            "kv_usage": (c.blocks.num_used - c.kept.num_held) / c.blocks.num_blocks,
+            "prefix_blocks_held": c.kept.num_held,
+            "prefix_keys_reused": c.kept.reused,
             "state_usage": c.states.usage(),
             "num_checkpoints": c.states.num_checkpoints,
             "num_preemptions": self.num_preemptions,

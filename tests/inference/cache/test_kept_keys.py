@@ -72,17 +72,23 @@ def conversations(seed: int, n_conv: int, n_turns: int):
 
 
 def run(sched: Scheduler, workload, linked: bool) -> dict[str, int]:
-    """Runs every turn to completion in order; returns each request's prefix hit."""
+    """Runs each turn of every conversation at once (so they compete for blocks), turn after turn;
+    returns each request's prefix hit."""
     ex = SymbolicExecutor(sched)
-    hits = {}
-    for c, t, prompt, shared, max_tokens in workload:
-        link = PrefixLink(f"c{c}t{t}", f"c{c}t{t - 1}" if t else None, shared) if linked else None
-        rid = f"c{c}t{t}"
-        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        sched.add(make_request(rid, prompt, sp, prefix_link=link))
-        (req,) = ex.run()
-        assert req.output_token_ids == reference_output(prompt, max_tokens)
-        hits[rid] = req.num_cached_tokens
+    hits, expected = {}, {}
+    for turn in sorted({t for _, t, *_ in workload}):
+        for c, t, prompt, shared, max_tokens in workload:
+            if t != turn:
+                continue
+            rid = f"c{c}t{t}"
+            link = PrefixLink(rid, f"c{c}t{t - 1}" if t else None, shared) if linked else None
+            sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+            sched.add(make_request(rid, prompt, sp, prefix_link=link))
+            expected[rid] = reference_output(prompt, max_tokens)
+        for req in ex.run():
+            assert req.output_token_ids == expected[req.request_id]
+            hits[req.request_id] = req.num_cached_tokens
+    assert hits.keys() == expected.keys()
     return hits
 
 
