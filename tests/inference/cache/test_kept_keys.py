@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from inference.cache.block_pool import BlockKey
 from inference.cache.keys import KeptKeys, extend_keys
 from inference.cache.records import CacheConfig, PrefixLink
+from inference.cache.tiers import TierConfig
 from inference.engine.request import SamplingParams, make_request
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 from tests.inference.engine.engine_fakes import SymbolicExecutor, reference_output
@@ -22,7 +23,7 @@ from tests.inference.engine.engine_fakes import SymbolicExecutor, reference_outp
 B = 4
 
 
-def make(num_blocks: int = 512, kept_sets: int = 256) -> Scheduler:
+def make(num_blocks: int = 512, kept_sets: int = 256, tiers: TierConfig | None = None) -> Scheduler:
     return Scheduler(
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=4096),
         CacheConfig(
@@ -31,6 +32,7 @@ def make(num_blocks: int = 512, kept_sets: int = 256) -> Scheduler:
             num_state_slots=48,
             checkpoint_interval=16,
             kept_key_sets=kept_sets,
+            tiers=tiers or TierConfig(),
         ),
     )
 
@@ -92,15 +94,17 @@ def run(sched: Scheduler, workload, linked: bool) -> dict[str, int]:
     return hits
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
     n_conv=st.integers(1, 3),
     num_blocks=st.sampled_from([512, 72]),  # 72: blocks are evicted between turns
+    host_blocks=st.sampled_from([0, 24]),  # a host tier below the GPU: evicted blocks come back
 )
-def test_copied_keys_equal_fresh_ones_and_hits_are_unchanged(seed, n_conv, num_blocks):
+def test_copied_keys_equal_fresh_ones_and_hits_are_unchanged(seed, n_conv, num_blocks, host_blocks):
     workload = list(conversations(seed, n_conv, 5))
-    linked, plain = make(num_blocks), make(num_blocks)
+    tiers = TierConfig(host_bytes=host_blocks)
+    linked, plain = make(num_blocks, tiers=tiers), make(num_blocks, tiers=tiers)
     seen: dict[str, tuple[int, list[BlockKey], list[int]]] = {}
     record_keys(linked, seen)
     hits, plain_hits = run(linked, workload, linked=True), run(plain, workload, linked=False)
