@@ -90,7 +90,8 @@ def run_size(size: int, turns: int, new: int, block: int, linked: bool, seed: in
         shared = len(kept)  # what the previous turn's prompt started with (the server vouches)
         if turn:  # the previous turn's generation prompt and reply, as rendered, and a tool result
             kept += [1] * GEN_PROMPT + [TOKEN] * sp.max_tokens + [rng.randrange(256) for _ in range(new)]
-        prompt = kept[:] + [1] * GEN_PROMPT  # the server's copy, handed to the engine
+        prompt = kept[:]  # the server's copy, handed to the engine, built as `chat/render.py` does:
+        prompt += [1] * GEN_PROMPT  # (`+=` leaves room for the output the request appends to it)
         name = f"t{turn}"
         kw: dict[str, Any] = {}
         if link_kw:
