@@ -142,6 +142,8 @@ class EmbeddedEngineClient:
             mm_spans=p.mm_spans,
             mm_inputs=mm_inputs(p),
             message_ends=p.message_ends,
+            prefix_link=p.prefix_link,
+            handover=True,  # the prompt list is the engine's from here on (`Request`)
         )
         # the engine's phases as spans below the caller's current (GenAI client) span
         record_request({}, "embedded", started_ns, outs[-1], self.serving.model_name)

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOW, HIGH = 0, 1  # eviction priority of a released cached block
 
 
 @dataclass(frozen=True, slots=True)
 class BlockKey:
-    """Identity of a full block's contents: the parent's hash, its tokens and extra keys."""
+    """Identity of a full block's contents: the parent's hash, its tokens and extra keys. The hash
+    is computed once, at construction (a key is looked up every turn that re-sends its block)."""
 
     parent: int | None
     tokens: tuple[int, ...]
     extra: tuple[Hashable, ...] = ()
+    hash: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def hash(self) -> int:
-        return hash((self.parent, self.tokens, self.extra))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hash", hash((self.parent, self.tokens, self.extra)))
 
 
 class BlockPool:
@@ -71,9 +72,32 @@ class BlockPool:
     def lookup(self, key: BlockKey) -> int | None:
         """The cached block holding exactly `key`'s contents, or None (tokens compared)."""
         block = self._hash_to_block.get(key.hash)
-        if block is None or self._key[block] != key:
+        if block is None:
             return None
-        return block
+        held = self._key[block]
+        return block if held is key or held == key else None
+
+    def lookup_all(self, keys: list[BlockKey]) -> list[int] | None:
+        """The cached blocks holding every one of `keys`, or None if any is missing (tokens
+        compared). One pass at C speed: a long conversation's reused keys are checked per turn."""
+        try:
+            blocks = list(map(self._hash_to_block.__getitem__, [k.hash for k in keys]))
+        except KeyError:
+            return None
+        return blocks if list(map(self._key.__getitem__, blocks)) == keys else None
+
+    def key_of(self, block: int) -> BlockKey | None:
+        return self._key[block]
+
+    def registered_run(self, blocks: list[int], keys: list[BlockKey]) -> int:
+        """How many leading `blocks` are cached under exactly the matching `keys` (one pass)."""
+        n = min(len(blocks), len(keys))
+        if list(map(self._key.__getitem__, blocks[:n])) == keys[:n]:
+            return n
+        i = 0
+        while self._key[blocks[i]] == keys[i]:
+            i += 1
+        return i
 
     # -- mutation --------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
@@ -95,27 +119,45 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on cached blocks (a prefix hit); removes them from the LRU."""
+        # one tight loop: a long conversation's turn touches every block of its transcript
+        ref, key = self.ref_cnt, self._key
+        low, high = self._lru
         for b in blocks:
-            if self.ref_cnt[b] == 0:
-                if self._key[b] is None:
+            c = ref[b]
+            if not c:
+                if key[b] is None:
                     raise ValueError(f"block {b} is free and uncached; it cannot be shared")
-                self._lru[LOW].pop(b, None)
-                self._lru[HIGH].pop(b, None)
-            self.ref_cnt[b] += 1
-
-    def free(self, blocks: Iterable[int], priorities: Iterable[int] | None = None) -> None:
-        """Drop one reference from each block. Pass blocks tail-first: they are evicted first."""
-        blocks = list(blocks)
-        prios = list(priorities) if priorities is not None else [LOW] * len(blocks)
-        for b, prio in zip(blocks, prios, strict=True):
-            if self.ref_cnt[b] <= 0:
-                raise ValueError(f"block {b} freed more often than taken")
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] == 0:
-                if self._key[b] is None:
-                    self._free.append(b)
+                if b in high:
+                    del high[b]
                 else:
-                    self._lru[prio][b] = None
+                    low.pop(b, None)
+            ref[b] = c + 1
+
+    def free(self, blocks: Iterable[int], priorities: Iterable[int] | int | None = None) -> None:
+        """Drop one reference from each block. Pass blocks tail-first: they are evicted first.
+        `priorities`: one per block, or one for all (None: LOW)."""
+        if priorities is None or isinstance(priorities, int):
+            self._free_all(blocks, LOW if priorities is None else priorities)
+            return
+        blocks = list(blocks)
+        prios = list(priorities)
+        for b, prio in zip(blocks, prios, strict=True):
+            self._free_all((b,), prio)
+
+    def _free_all(self, blocks: Iterable[int], prio: int) -> None:
+        ref, key, lru, free = self.ref_cnt, self._key, self._lru[prio], self._free
+        for b in blocks:
+            c = ref[b]
+            if c == 1:
+                ref[b] = 0
+                if key[b] is None:
+                    free.append(b)
+                else:
+                    lru[b] = None
+            elif c > 1:
+                ref[b] = c - 1
+            else:
+                raise ValueError(f"block {b} freed more often than taken")
 
     def cache(self, block_id: int, key: BlockKey) -> int:
         """Register a full, computed block under `key`. Returns the block now holding the key

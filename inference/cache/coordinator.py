@@ -49,22 +49,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inference.cache.block_pool import HIGH, LOW, BlockKey, BlockPool
+from inference.cache.keys import KeptKeys, common_len, extend_keys
 from inference.cache.promotion import Promoter
 from inference.cache.records import (
     Allocation,
     CacheConfig,
     MMSpan,
     PrefixHit,
+    PrefixLink,
     ReqCache,
     Snapshot,
     TailKey,
     extra_keys,
 )
 from inference.cache.state_pool import Checkpoint, StatePool
-from inference.cache.tiers import TierIndex, TierOps, tier_capacity
+from inference.cache.tier_access import TierAccess
+from inference.cache.tiers import TierIndex, tier_capacity
 
 
-class HybridCacheCoordinator:
+class HybridCacheCoordinator(TierAccess):
     """Reconciles prefix hits across KV blocks and state checkpoints; owns block tables."""
 
     def __init__(self, config: CacheConfig, *, block_bytes: int = 1, state_bytes: int = 1) -> None:
@@ -80,6 +83,11 @@ class HybridCacheCoordinator:
         self._deferred_pins: list[int] = []  # pinned for the next step (deferred snapshots)
         self._tails: dict[int | None, dict[int, TailKey]] = {}  # parent hash -> in-block checkpoints
         self._ckpt_block: dict[int, int] = {}  # checkpoint key -> its private partial block
+        # keys (and block references) of ended requests, for the turns that extend them: keys.py
+        self.kept = KeptKeys(
+            config.kept_key_sets, config.kept_key_blocks, lambda held: self.blocks.free(reversed(held), HIGH)
+        )
+        self._links: dict[str, PrefixLink] = {}  # requests in the engine that have one
         # Tiers below the GPU (see tiers.py / promotion.py): evicted entries worth keeping go
         # there instead of being forgotten; a deeper hit found there is promoted before admission.
         self.tiers: TierIndex | None = None
@@ -97,18 +105,23 @@ class HybridCacheCoordinator:
 
     # -- keys ------------------------------------------------------------------------------
     def _keys(self, rc: ReqCache, token_ids: Sequence[int], mm: Sequence[MMSpan]) -> list[BlockKey]:
-        B = self.B
-        while (len(rc.keys) + 1) * B <= len(token_ids):
-            j = len(rc.keys)
-            lo, hi = j * B, (j + 1) * B
-            parent = rc.keys[-1].hash if rc.keys else None
-            rc.keys.append(BlockKey(parent, tuple(token_ids[lo:hi]), extra_keys(mm, lo, hi)))
+        if (len(rc.keys) + 1) * self.B <= len(token_ids):
+            extend_keys(rc.keys, token_ids, mm, self.B)
         return rc.keys
 
-    def _rc(self, req_id: str) -> ReqCache:
+    def link(self, req_id: str, link: PrefixLink) -> None:
+        """State where a request's prompt comes from (before it is first scheduled); a request
+        with images has none (its keys carry the images' content keys)."""
+        self._links[req_id] = link
+
+    def _rc(self, req_id: str, token_ids: Sequence[int]) -> ReqCache:
         rc = self._reqs.get(req_id)
         if rc is None:
             rc = self._reqs[req_id] = ReqCache()
+            link = self._links.get(req_id)
+            if link is not None and link.extends is not None:  # the shared start's keys, copied
+                rc.keys = self.kept.seed(link.extends, link.num_shared // self.B, token_ids, self.B)
+                rc.num_linked, rc.linked_from = len(rc.keys), link.extends
         return rc
 
     def _ident(self, rc: ReqCache, token_ids: Sequence[int], p: int, mm: Sequence[MMSpan]):
@@ -128,34 +141,60 @@ class HybridCacheCoordinator:
         if not self.config.enable_prefix_caching:
             return PrefixHit()
         B, limit = self.B, len(token_ids) - 1
-        keys = self._keys(self._rc(req_id), token_ids, mm)
+        rc = self._rc(req_id, token_ids)
+        keys = self._keys(rc, token_ids, mm)
+        # a linked request's copied keys are checked in one pass, and the checkpoints among them
+        # searched from their end, only when none lies past them: O(new tokens) in Python
+        k = min(rc.num_linked, limit // B)
+        held = self.kept.held(rc.linked_from)  # held since it ended: cached under these very keys
+        blocks = held[:k] if len(held) >= k else self.blocks.lookup_all(keys[:k]) or []
+        j0 = j = len(blocks)
         best = PrefixHit()
-        blocks: list[int] = []
-        parent: int | None = None
-        for j in range(len(keys) + 1):
-            # checkpoints inside block j (after j full shared blocks)
-            for key, tail in self._tails.get(parent, {}).items():
-                p = j * B + len(tail.tokens)
-                if p <= best.num_tokens or p > limit or tuple(token_ids[j * B : p]) != tail.tokens:
-                    continue
-                ck = self.states.get_checkpoint(key)
-                if ck is not None and ck.ident == tail and tail.extra == extra_keys(mm, j * B, p):
-                    best = PrefixHit(p, tuple(blocks), key, self._ckpt_block[key])
+        while True:
+            best = self._tail_hit(j, keys, blocks, token_ids, mm, limit, best)
             if j == len(keys) or (j + 1) * B > limit:
                 break
             block = self.blocks.lookup(keys[j])
             if block is None:
                 break
             blocks.append(block)
-            parent = keys[j].hash
-            ck = self.states.get_checkpoint(parent)
-            if ck is not None and ck.ident == keys[j] and (j + 1) * B > best.num_tokens:
-                best = PrefixHit((j + 1) * B, tuple(blocks), parent)
+            j += 1
+            best = self._boundary_hit(j, keys, blocks, best)
+        for j in range(j0, 0, -1) if not best.num_tokens else ():
+            best = self._boundary_hit(j, keys, blocks, best)
+            if not best.num_tokens:
+                best = self._tail_hit(j - 1, keys, blocks, token_ids, mm, limit, best)
+            if best.num_tokens:
+                break
+        return best
+
+    def _tail_hit(self, j: int, keys, blocks, token_ids, mm, limit: int, best: PrefixHit) -> PrefixHit:
+        """The deepest checkpoint inside block j (after the j full blocks `blocks[:j]`) deeper
+        than `best`, else `best`."""
+        B = self.B
+        for key, tail in self._tails.get(keys[j - 1].hash if j else None, {}).items():
+            p = j * B + len(tail.tokens)
+            if p <= best.num_tokens or p > limit or tuple(token_ids[j * B : p]) != tail.tokens:
+                continue
+            ck = self.states.get_checkpoint(key)
+            if ck is not None and ck.ident == tail and tail.extra == extra_keys(mm, j * B, p):
+                best = PrefixHit(p, tuple(blocks[:j]), key, self._ckpt_block[key])
+        return best
+
+    def _boundary_hit(self, j: int, keys, blocks, best: PrefixHit) -> PrefixHit:
+        """The checkpoint at the end of full block j-1 if deeper than `best` (a hit refreshes
+        every checkpoint on its path in the LRU), else `best`."""
+        ck = self.states.get_checkpoint(keys[j - 1].hash)
+        if ck is not None and ck.ident == keys[j - 1] and j * self.B > best.num_tokens:
+            return PrefixHit(j * self.B, tuple(blocks[:j]), keys[j - 1].hash)
         return best
 
     # -- allocation ------------------------------------------------------------------------
     def _allocate_blocks(self, n: int) -> list[int] | None:
-        """n blocks, giving back checkpoints' private blocks (LRU first) if the pool is short."""
+        """n blocks, giving back held blocks of ended requests, then checkpoints' private blocks
+        (LRU first) if the pool is short."""
+        while n > self.blocks.num_free and self.kept.release_oldest():
+            pass
         if n > self.blocks.num_free:
             for ck in self.states.evictable():
                 if n <= self.blocks.num_free:
@@ -183,7 +222,12 @@ class HybridCacheCoordinator:
                 raise ValueError("a new sequence must start at its prefix hit")
             if hit.checkpoint_key is not None:
                 self.states.pin(hit.checkpoint_key)  # before any slot or block is taken
-            self.blocks.touch(hit.block_ids)
+            # the references the turn it extends held on these blocks since it ended are taken
+            # over (and given back with the hit's if this fails: the blocks stay cached)
+            adopt = common_len(hit.block_ids, self.kept.held(rc.linked_from))
+            if rc.linked_from is not None:
+                self.kept.adopt(rc.linked_from, adopt)
+            self.blocks.touch(hit.block_ids[adopt:])
             slot = self.states.allocate_live(req_id)
             if slot is None:
                 self._undo_hit(hit)
@@ -214,7 +258,7 @@ class HybridCacheCoordinator:
         return Allocation(tuple(new), rc.slot, copy_from, fresh and copy_from is None, block_copy)
 
     def _undo_hit(self, hit: PrefixHit) -> None:
-        self.blocks.free(reversed(hit.block_ids), [HIGH] * len(hit.block_ids))
+        self.blocks.free(reversed(hit.block_ids), HIGH)
         if hit.checkpoint_key is not None:
             self.states.unpin(hit.checkpoint_key)
 
@@ -283,20 +327,6 @@ class HybridCacheCoordinator:
             copy = (rc.block_ids[p // self.B], block)
         rc.pending.append(key)
         return Snapshot(rc.slot, ck.slot, copy)
-
-    def _flag_worth(self, rc: ReqCache, key: int, p: int) -> None:
-        """A checkpoint at p >= offload_min_tokens makes it and the blocks before it worth
-        offloading (a short prefix is cheaper to recompute than to keep below the GPU)."""
-        if self.tiers is None or not self.config.tiers.offload_min_tokens:
-            return
-        if p >= self.config.tiers.offload_min_tokens:
-            self._worth_ckpts.add(key)
-            n = p // self.B
-            self._worth_blocks.update(k.hash for k in rc.keys[rc.num_flagged : n])
-            rc.num_flagged = max(rc.num_flagged, n)
-
-    def _is_worth(self, key: int, worth: set[int]) -> bool:
-        return not self.config.tiers.offload_min_tokens or key in worth
 
     def plan_checkpoint(
         self,
@@ -368,13 +398,20 @@ class HybridCacheCoordinator:
         if self.promoter is not None:
             self.promoter.release(req_id)
         rc = self._reqs.pop(req_id, None)
+        link = self._links.get(req_id) if reason == "preempted" else self._links.pop(req_id, None)
         if rc is None:
             return
+        if link is not None:
+            # the next turn copies the keys and takes over the references on the cached blocks
+            n = self.blocks.registered_run(rc.block_ids, rc.keys[: rc.num_cached])
+            held = rc.block_ids[:n] if reason == "finished" else []
+            self.kept.put(link.name, rc.keys, link.extends, held)
+            rc.block_ids = rc.block_ids[len(held) :]
         for key in rc.pending:  # cannot normally happen between steps; stay consistent anyway
             self.states.commit(key)
             self.states.drop_checkpoint(key)
         prio = LOW if reason == "aborted" else HIGH
-        self.blocks.free(reversed(rc.block_ids), [prio] * len(rc.block_ids))
+        self.blocks.free(reversed(rc.block_ids), prio)
         if rc.slot is not None:
             self.states.free_live(rc.slot)
 
@@ -382,6 +419,7 @@ class HybridCacheCoordinator:
         """Drop lazily computed keys of a request that never got blocks (e.g. rejected)."""
         if self.promoter is not None:
             self.promoter.release(req_id)
+        self._links.pop(req_id, None)
         rc = self._reqs.get(req_id)
         if rc is not None and rc.slot is None and not rc.block_ids:
             del self._reqs[req_id]
@@ -429,10 +467,11 @@ class HybridCacheCoordinator:
     @property
     def num_request_blocks(self) -> int:
         """Blocks held by requests (in use, minus the checkpoints' private partial blocks)."""
-        return self.blocks.num_used - len(self._ckpt_block)
+        return self.blocks.num_used - len(self._ckpt_block) - self.kept.num_held
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block and checkpoint, on the GPU and in the tiers (a cold cache)."""
+        self.kept.release_all()
         self._offloading = False
         try:
             self.states.reset_cache()
@@ -442,46 +481,9 @@ class HybridCacheCoordinator:
         if self.tiers is not None:
             self.tiers.clear()
 
-    # -- tiers -----------------------------------------------------------------------------
-    def prepare(self, req_id: str, token_ids: Sequence[int], mm: Sequence[MMSpan] = ()) -> bool:
-        """Before admitting a waiting request: False while part of its prefix is on its way back
-        from a tier (a promotion is started here when the tiers hold a deeper hit than the GPU)."""
-        if self.promoter is None:
-            return True
-        return self.promoter.prepare(req_id, token_ids, mm)
-
-    def abandon_transfers(self, transfer_ids: Sequence[int]) -> None:
-        """Promotions whose step failed before the runner started them: undo them."""
-        for t in transfer_ids:
-            self.promoter.abandon(t)
-
-    def release_other_promotions(self, keep: str) -> bool:
-        """Give back the promotion holds of waiting requests other than `keep` (see promotion.py)."""
-        return self.promoter is not None and self.promoter.release_others(keep)
-
-    def transfers_done(self, transfer_ids: Sequence[int]) -> None:
-        """The runner finished these promotions: their blocks and checkpoints are usable now."""
-        for t in transfer_ids:
-            self.promoter.complete(t)
-
-    def take_tier_ops(self) -> TierOps | None:
-        """The copies the runner must make at the start of the next step (None: nothing)."""
-        if self.tiers is None:
-            return None
-        ops = TierOps(self.tiers.take_ops(), self.promoter.take_transfers())
-        return ops if ops else None
-
-    @property
-    def num_transfers_in_flight(self) -> int:
-        return 0 if self.promoter is None else self.promoter.num_in_flight
-
-    def tier_stats(self) -> dict[str, int]:
-        if self.tiers is None:
-            return {}
-        return {**self.tiers.stats(), **self.promoter.stats()}
-
     def check_invariants(self) -> None:
         self.blocks.check_invariants()
+        self.kept.check_invariants(self.blocks)
         self.states.check_invariants()
         for req_id, rc in self._reqs.items():
             if rc.slot is not None and self.states.live_owner(rc.slot) != req_id:

@@ -76,7 +76,7 @@ class Promoter:
         Each ends at a checkpoint matching its tokens exactly, with the full KV chain before it."""
         c, tiers = self.c, self.c.tiers
         B, limit = c.B, len(token_ids) - 1
-        keys = c._keys(c._rc(req_id), token_ids, mm)
+        keys = c._keys(c._rc(req_id, token_ids), token_ids, mm)
         found: list[_Plan] = []
         parent: int | None = None
         for j in range(len(keys) + 1):
@@ -156,13 +156,13 @@ class Promoter:
         touched first, are among them; `_start` still checks)."""
         c = self.c
         private = sum(1 for ck in c.states.evictable() if ck.key in c._ckpt_block)
-        return c.blocks.num_free + private
+        return c.blocks.num_free + private + c.kept.num_held
 
     def _need(self, req_id: str, plan: _Plan, token_ids: Sequence[int], mm) -> int:
         """GPU blocks promoting `plan` takes: its chain's blocks not on the GPU, its checkpoint's
         private block, and the chain's cached GPU blocks that touching takes out of the LRU."""
         c = self.c
-        keys = c._keys(c._rc(req_id), token_ids, mm)[: plan.depth]
+        keys = c._keys(c._rc(req_id, token_ids), token_ids, mm)[: plan.depth]
         need = 0
         for k in keys:
             g = c.blocks.lookup(k)
@@ -173,7 +173,7 @@ class Promoter:
 
     def _start(self, req_id: str, plan: _Plan, token_ids: Sequence[int], mm) -> bool:
         c, tiers = self.c, self.c.tiers
-        keys = c._keys(c._rc(req_id), token_ids, mm)[: plan.depth]
+        keys = c._keys(c._rc(req_id, token_ids), token_ids, mm)[: plan.depth]
         chain = [(k, c.blocks.lookup(k)) for k in keys]
         from_tier = [(k, tiers.block(k)) for k, g in chain if g is None]
         entries = [e for _, e in from_tier] + ([plan.ck_entry] if plan.ck_entry is not None else [])

@@ -23,12 +23,19 @@ class CacheConfig:
     tiers: TierConfig = field(
         default_factory=TierConfig
     )  # host and disk tiers below the GPU pools (off by default)
+    # block keys of ended requests kept for the requests that extend them (`PrefixLink`): at most
+    # this many requests' keys, and this many keys in all (least recently used dropped first;
+    # 1 << 19 blocks of 16: the 8M tokens of the server's conversation store)
+    kept_key_sets: int = 256
+    kept_key_blocks: int = 1 << 19
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.num_blocks <= 0 or self.num_state_slots <= 0:
             raise ValueError("block_size, num_blocks and num_state_slots must be positive")
         if self.checkpoint_interval <= 0 or self.checkpoint_interval % self.block_size:
             raise ValueError("checkpoint_interval must be a positive multiple of block_size")
+        if self.kept_key_sets < 0 or self.kept_key_blocks < 0:
+            raise ValueError("kept_key_sets and kept_key_blocks must be >= 0 (0: keep none)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,26 @@ class MMSpan:
     offset: int
     length: int
     key: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixLink:
+    """A request's place in a conversation, stated by the layer that built its prompt (the
+    server's incremental chat path, which appends a turn's new ids to the ids it kept).
+
+    `name`: unique per request prompt; the request's block keys are kept under it when it ends.
+    `extends` / `num_shared`: the first `num_shared` tokens of this prompt are exactly the first
+    `num_shared` tokens of the request named `extends`; the keys of those blocks are then copied
+    from it, not built and hashed again. Only the layer that knows both prompts came from one list
+    may say so: a false claim would serve a wrong prefix from the cache."""
+
+    name: str
+    extends: str | None = None
+    num_shared: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name or self.num_shared < 0 or (self.extends is None and self.num_shared):
+            raise ValueError("a PrefixLink needs a name, and num_shared >= 0 only with `extends`")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +118,8 @@ class ReqCache:
     num_cached: int = 0  # leading blocks registered in the pool (by us or shared)
     pending: list[int] = field(default_factory=list)  # checkpoint keys reserved in this step
     num_flagged: int = 0  # leading block keys marked worth offloading (offload_min_tokens)
+    num_linked: int = 0  # leading keys copied from the request this one extends (`PrefixLink`)
+    linked_from: str | None = None  # that request's name
     # what `allocate` returns for a step its blocks already cover (set with `slot`): built once,
     # not per decode step (it is frozen, so sharing it is safe)
     no_new: Allocation | None = None

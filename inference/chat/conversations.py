@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ class Conversation:
     messages: list[Any] = field(default_factory=list)  # the messages rendered, as received
     digest: str | None = None  # `chain_digest` of `messages` (None: not computed yet)
     n_ids: int = -1
+    # the engine's name for the request rendered with this record (`PrefixLink.name`): that
+    # request's prompt starts with `ids[:n_ids]`, and so does every turn that extends this record
+    lineage: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
         if self.n_ids < 0:

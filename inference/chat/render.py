@@ -28,6 +28,7 @@ from itertools import accumulate
 from typing import Any
 
 from inference.cache.coordinator import MMSpan
+from inference.cache.records import PrefixLink
 from inference.chat.conversations import Conversation, ConversationCache, context_digest
 from inference.chat.template import ChatTemplate
 from inference.chat.window import WINDOW, head_len, probe_window
@@ -54,6 +55,7 @@ class RenderedPrompt:
     mm_payloads: list[Any] = field(default_factory=list)
     message_ends: list[int] = field(default_factory=list)  # token positions after each message
     incremental: bool = False  # a keyed conversation's turn that tokenized only its new messages
+    prefix_link: PrefixLink | None = None  # for the engine: what this prompt shares with a kept turn's
 
 
 def _check_messages(messages: Any, start: int = 0) -> list[Mapping[str, Any]]:
@@ -219,7 +221,8 @@ class PromptRenderer:
         ends = self._message_ends(msgs, tools, kwargs, text, real_text, ids, forged, every_message_end)
         out = RenderedPrompt(ids, real_text, message_ends=ends)
         if keyed and not forged:
-            self._remember(conversation, msgs, tools, kwargs, text, ids, ends, base)
+            kept = self._remember(conversation, msgs, tools, kwargs, text, ids, ends, base)
+            out.prefix_link = PrefixLink(kept.lineage) if kept is not None else None
         images = [
             p
             for m in msgs
@@ -268,18 +271,18 @@ class PromptRenderer:
         ids: list[int],
         ends: list[int],
         base: Conversation | None,
-    ) -> None:
+    ) -> Conversation | None:
         """Keep a fully rendered turn's conversation: its text without the generation prompt."""
         body = self.render_text(msgs, tools, add_generation_prompt=False, kwargs=kwargs)
         if not text.startswith(body) or not self._at_special(text, len(body)):
             self.count_fallback("template")
             self.conversations.drop(key)
-            return
+            return None
         body_ids = ids if len(body) == len(text) else self.tok.encode(body, allow_special=True)
         if ids[: len(body_ids)] != body_ids:
             self.count_fallback("template")
             self.conversations.drop(key)
-            return
+            return None
         n = len(body_ids)
         conv = Conversation(
             context_digest(tools, kwargs),
@@ -291,6 +294,7 @@ class PromptRenderer:
             _digest_of(msgs, base),
         )
         self.conversations.put(key, conv)
+        return conv
 
     def _interned(self, ids: list[int]) -> list[int]:
         """The same ids as shared int objects: a kept conversation costs a pointer per token."""
@@ -359,12 +363,14 @@ class PromptRenderer:
         ends = [*conv.ends, n] if len(body) < len(text) else list(conv.ends)
         digest = _digest_of(msgs, conv)
         ids = self.conversations.grown_ids(conv, new)
-        self.conversations.put(key, Conversation(conv.context, len(msgs), body, ids, ends, msgs, digest, n))
-        prompt = ids[:n]  # the engine's own list: one copy per turn
+        grown = Conversation(conv.context, len(msgs), body, ids, ends, msgs, digest, n)
+        self.conversations.put(key, grown)
+        prompt = ids[:n]  # the engine's own list (handed over to it): one copy per turn
         prompt += self.tok.encode(text[len(body) :], allow_special=True)
-        return RenderedPrompt(
-            prompt, text, message_ends=[e for e in ends if 0 < e < len(prompt)], incremental=True
-        )
+        # both this prompt and the one rendered with `conv` start with `conv.ids[:conv.n_ids]`
+        link = PrefixLink(grown.lineage, conv.lineage, conv.n_ids)
+        ends = [e for e in ends if 0 < e < len(prompt)]
+        return RenderedPrompt(prompt, text, message_ends=ends, incremental=True, prefix_link=link)
 
     def _window(
         self,

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from inference.cache.coordinator import CacheConfig, MMSpan
+from inference.cache.records import PrefixLink
 from inference.engine.graph_warmup import GraphWarmup, WarmupReport, warm_up
 from inference.engine.model_runner import MMInputs, ModelRunner
 from inference.engine.request import Request, RequestStatus, RequestTiming, SamplingParams, TokenLogprob
@@ -166,13 +167,28 @@ class Engine:
         mm_inputs: MMInputs | None = None,
         eos_token_ids: Sequence[int] | None = None,
         message_ends: Sequence[int] = (),
+        prefix_link: PrefixLink | None = None,
+        handover: bool = False,
     ) -> str:
-        """Queue a request (ValueError if it can never run: too long, bad tokens)."""
+        """Queue a request (ValueError if it can never run: too long, bad tokens).
+        `handover`: `prompt_token_ids` is a list the caller gives away: the request keeps it and
+        appends its output to it (see `Request`), and the caller must not use it again; else it is
+        copied. `prefix_link`: where the prompt comes from, from the layer that built it (the
+        server's incremental chat path): the keys of the shared start are copied, not rebuilt, and
+        its token ids, checked when that request was added, are not checked again."""
         rid = request_id or f"req-{next(self._ids)}"
         vocab = self.tokenizer.vocab_size
-        ids = list(prompt_token_ids)
+        ids = prompt_token_ids if handover and type(prompt_token_ids) is list else list(prompt_token_ids)
+        if prefix_link is not None and prefix_link.num_shared > len(ids):
+            raise ValueError(
+                f"prefix_link shares {prefix_link.num_shared} tokens of a {len(ids)}-token prompt"
+            )
+        checked = 0
+        if prefix_link is not None and prefix_link.extends in self.scheduler.cache.kept and not mm_spans:
+            checked = prefix_link.num_shared
+        new = ids[checked:] if checked else ids
         # min/max in C: a per-token Python check cost ~1 ms of a 16K agent turn's ~10 ms TTFT
-        if ids and (min(ids) < 0 or max(ids) >= vocab):
+        if new and (min(new) < 0 or max(new) >= vocab):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         req = Request(
             rid,
@@ -182,6 +198,7 @@ class Engine:
             mm_spans=tuple(mm_spans),
             mm_inputs=mm_inputs,
             message_ends=tuple(message_ends),
+            prefix_link=prefix_link,
         )
         if req.sampling.grammar is not None:
             if self.grammars is None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.cache.coordinator import MMSpan
+from inference.cache.records import PrefixLink
 
 MAX_INT32 = 2**31 - 1
 MIN_SAMPLING_TEMPERATURE = 1e-5
@@ -121,17 +122,23 @@ class RequestTiming:
 
 @dataclass(eq=False)
 class Request:
+    """`token_ids` is the prompt when constructed, then the prompt followed by the output so far:
+    the request owns that list from construction on and appends to it in place (no copy of a
+    long prompt on the way in); whoever hands it over neither reads nor changes it again
+    (`make_request` and `Engine.add_request` copy unless told the list is handed over)."""
+
     request_id: str
-    prompt_token_ids: list[int]
+    token_ids: list[int]
     sampling: SamplingParams
     eos_token_ids: tuple[int, ...] = ()
     mm_spans: tuple[MMSpan, ...] = ()
     mm_inputs: Any = None  # opaque model inputs (image embeddings), consumed by the runner
     message_ends: tuple[int, ...] = ()  # prompt positions where chat messages end (checkpoint rule 4)
+    prefix_link: PrefixLink | None = None  # the request whose prompt this one extends (cache/keys.py)
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(init=False)  # prompt + output, appended in place
+    num_prompt_tokens: int = field(init=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix hit at first admission (reported as cached_tokens)
     num_preemptions: int = 0
@@ -141,14 +148,14 @@ class Request:
     timing: RequestTiming = field(default_factory=RequestTiming)
 
     def __post_init__(self) -> None:
-        self.prompt_token_ids = list(self.prompt_token_ids)
-        if not self.prompt_token_ids:
+        if not self.token_ids:
             raise ValueError("the prompt must have at least one token")
-        self.token_ids = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def prompt_token_ids(self) -> list[int]:
+        """A copy of the prompt (O(prompt): for tests and reports, never the per-step path)."""
+        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def num_tokens(self) -> int:

@@ -119,6 +119,8 @@ class Scheduler:
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         self.check_request(req)
+        if req.prefix_link is not None and not req.mm_spans:  # image keys are never linked
+            self.cache.link(req.request_id, req.prefix_link)
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
@@ -171,7 +173,7 @@ class Scheduler:
             )
         )
         snap = self.cache.plan_checkpoint(
-            req.request_id, tokens, end, len(req.prompt_token_ids), req.mm_spans, req.message_ends
+            req.request_id, tokens, end, req.num_prompt_tokens, req.mm_spans, req.message_ends
         )
         if snap is not None:
             out.snapshots.append((snap.src_slot, snap.dst_slot))
@@ -361,7 +363,10 @@ class Scheduler:
         return {
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),
-            "kv_usage": c.blocks.usage(),
+            # blocks held for the next turn of a conversation are given back on demand: not in use
+            "kv_usage": (c.blocks.num_used - c.kept.num_held) / c.blocks.num_blocks,
+            "prefix_blocks_held": c.kept.num_held,
+            "prefix_keys_reused": c.kept.reused,
             "state_usage": c.states.usage(),
             "num_checkpoints": c.states.num_checkpoints,
             "num_preemptions": self.num_preemptions,

@@ -143,6 +143,8 @@ def build_app(engine: AsyncEngine, serving: OpenAIServing, limits: ServerLimits 
             mm_spans=p.mm_spans,
             mm_inputs=mm_inputs(p),
             message_ends=p.message_ends,
+            prefix_link=p.prefix_link,
+            handover=True,  # the prompt list is the engine's from here on (`Request`)
         )
         if not p.stream:
             outs = await _collect(request, gen, first)

@@ -113,6 +113,7 @@ class PreparedChat:
     message_ends: list[int] = field(default_factory=list)
     prompt_render: str | None = None  # keyed conversations: "incremental" or "full"
     kept_messages: int | None = None  # messages of the conversation kept under its key
+    prefix_link: Any = None  # the engine's `PrefixLink` (keyed conversations; cache/records.py)
     # host time of this request before the engine: body parse (set by the server), the whole
     # preparation, and of it the template render + tokenize
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -302,7 +303,8 @@ class OpenAIServing:
             rendered.message_ends,
             ("incremental" if rendered.incremental else "full") if body.get("prompt_cache_key") else None,
             self.kept_messages(body),
-            {"render_ms": render_ms},
+            prefix_link=rendered.prefix_link,
+            timings_ms={"render_ms": render_ms},
         )
 
     def chat_message(self, text: str, p: PreparedChat) -> tuple[dict[str, Any], list[str]]:

@@ -61,15 +61,30 @@ def turns(seed: int, n: int):
 def test_keyed_turns_equal_full_renders(tmp_path):
     for name, front in frontends(tmp_path):
         r = front.renderer
+        prompts: dict[str, list[int]] = {}  # by `PrefixLink.name`
         for seed in range(3):
             key = f"{name}-{seed}"
             for msgs in turns(seed, 8):
                 got = r.render(msgs, TOOLS, conversation=key)
                 want = r.render(msgs, TOOLS)
+                check_link(got, prompts)
                 assert got.token_ids == want.token_ids, (name, len(msgs))
                 assert got.text == want.text
                 assert want.message_ends[-1] in got.message_ends, (name, want.message_ends, got.message_ends)
         assert r.stats["incremental"] >= 3 * 7 - 2, (name, r.stats)  # every turn after the first, nearly
+
+
+def check_link(got, prompts: dict[str, list[int]]) -> None:
+    """What a keyed turn tells the engine holds: its prompt starts with the first `num_shared`
+    tokens of the prompt it names (the engine then copies that prompt's block keys)."""
+    link = got.prefix_link
+    assert link is not None and link.name not in prompts
+    assert (link.extends is not None) == got.incremental
+    if link.extends is not None:
+        base = prompts[link.extends]
+        assert 0 < link.num_shared <= min(len(base), len(got.token_ids))
+        assert got.token_ids[: link.num_shared] == base[: link.num_shared]
+    prompts[link.name] = list(got.token_ids)
 
 
 def test_a_turn_that_does_not_extend_the_key_renders_in_full():
@@ -84,7 +99,9 @@ def test_a_turn_that_does_not_extend_the_key_renders_in_full():
         {"role": "user", "content": "b"},
     ]
     before = dict(r.stats)
-    assert r.render(edited, TOOLS, conversation="k").token_ids == r.render(edited, TOOLS).token_ids
+    full = r.render(edited, TOOLS, conversation="k")
+    assert full.token_ids == r.render(edited, TOOLS).token_ids
+    assert full.prefix_link is not None and full.prefix_link.extends is None  # nothing vouched
     assert r.stats["full"] == before["full"] + 1  # edited history
     longer = [*edited, {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]
     assert not r.render(longer, None, conversation="k").incremental  # other tools

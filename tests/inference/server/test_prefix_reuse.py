@@ -32,15 +32,15 @@ def servers():
     )
     with cached, plain, httpx.Client(timeout=120) as client:
 
-        def ask(messages, *, server=cached):
-            body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+        def ask(messages, *, server=cached, **extra):
+            body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0, **extra}
             r = client.post(f"{server.url}/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
             return r.json()
 
-        def ask_both(messages):
-            a = ask(messages)
-            assert a["choices"] == ask(messages, server=plain)["choices"]  # reuse is exact
+        def ask_both(messages, **extra):
+            a = ask(messages, **extra)
+            assert a["choices"] == ask(messages, server=plain, **extra)["choices"]  # reuse is exact
             return a
 
         yield cached, ask_both
@@ -100,3 +100,21 @@ def test_the_next_agent_turn_resumes_from_the_whole_transcript(servers):
     ):
         assert cached_tokens(turn2) >= transcript - 1
     assert cached_tokens(turn2) >= turn1["usage"]["prompt_tokens"]
+
+
+def test_keyed_agent_turns_copy_the_previous_turns_block_keys(servers):
+    """With a `prompt_cache_key`, the server tells the engine which kept ids a turn extends: the
+    engine copies the previous turn's block keys (not rebuilt) and the answers stay exact."""
+    cached, ask = servers
+    kept = cached.engine.engine.scheduler.cache.kept
+    messages = [{"role": "system", "content": text(900, 4)}, {"role": "user", "content": "go"}]
+    before = kept.reused
+    prev = None
+    for turn in range(3):
+        resp = ask(messages, prompt_cache_key="keyed-turns")
+        if prev is not None:
+            assert cached_tokens(resp) >= prev["usage"]["prompt_tokens"] - BLOCK
+        prev = resp
+        messages += [resp["choices"][0]["message"], {"role": "user", "content": f"and then {turn}?"}]
+    assert kept.reused - before >= 2 * (900 // BLOCK)  # turns 2 and 3 copied the transcript's keys
+    assert kept.refused == 0
