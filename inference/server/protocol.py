@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from inference.cache.records import PrefixLink
 from inference.chat import ChatFrontend, RenderedPrompt
 from inference.chat.conversations import Conversation, ConversationUnknown
 from inference.chat.render import strings_of
@@ -113,9 +114,8 @@ class PreparedChat:
     message_ends: list[int] = field(default_factory=list)
     prompt_render: str | None = None  # keyed conversations: "incremental" or "full"
     kept_messages: int | None = None  # messages of the conversation kept under its key
-    prefix_link: Any = None  # the engine's `PrefixLink` (keyed conversations; cache/records.py)
-    # host time of this request before the engine: body parse (set by the server), the whole
-    # preparation, and of it the template render + tokenize
+    prefix_link: PrefixLink | None = None  # which kept prompt a keyed turn extends
+    # host ms before the engine: body parse (set by the server), preparation, render + tokenize
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
