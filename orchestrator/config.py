@@ -208,6 +208,12 @@ class Settings(BaseSettings):
 
         return tools_config_from_csv(self.tools_enabled_csv, self.http_allow_hosts_csv, self.tool_modules_csv)
 
+    def known_tools(self) -> frozenset[str]:
+        """The tool names this deployment's registries hold; `allowed_tools` must name only these."""
+        from tools.builtin import tool_names
+
+        return tool_names(self.tools_config())
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")

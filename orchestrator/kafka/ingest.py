@@ -40,7 +40,7 @@ from orchestrator.statemachine import TaskStatus
 from orchestrator.tasks.create import NewTask, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict
 from orchestrator.tasks.schemas import KafkaTaskMessage
-from orchestrator.tasks.submission import InvalidSubmission, submit_task, to_new_task
+from orchestrator.tasks.submission import InvalidSubmission, check_allowed_tools, submit_task, to_new_task
 from orchestrator.tracing import context_of, trace_error, tracer, valid_traceparent
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class Ingestor:
         self.kafka = kafka
         self.max_message_bytes = max_message_bytes
         self.tenants = TenantDirectory(engine)
+        self.known_tools = settings.known_tools()
         self.paused = False
         self._pending_checked = float("-inf")
         self._pending = 0  # last count + tasks created here since
@@ -225,6 +226,10 @@ class Ingestor:
             )
         if msg.tenant not in self.tenants:
             return Rejected(record, "unknown_tenant", f"tenant {msg.tenant!r} has no API key")
+        try:
+            check_allowed_tools(msg, self.known_tools)
+        except InvalidSubmission as exc:
+            return Rejected(record, exc.reason, exc.detail)
         tp = _header(record, "traceparent")
         tp_s = tp.decode("ascii", "replace") if tp else None
         return Accepted(record, msg, key, valid_traceparent(tp_s))

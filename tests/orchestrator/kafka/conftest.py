@@ -63,7 +63,11 @@ def make_ingestor(db: Engine, kafka_broker, kafka_settings, tmp_path) -> Iterato
 
     def factory(max_message_bytes: int = 64 * 1024, **overrides: Any) -> Ingestor:
         ks = kafka_settings.model_copy(update=overrides) if overrides else kafka_settings
-        settings = Settings(DATABASE_URL=str(db.url), DAYZERO_BLOB_DIR=str(tmp_path / "blobs"))
+        settings = Settings(
+            DATABASE_URL=str(db.url),
+            DAYZERO_BLOB_DIR=str(tmp_path / "blobs"),
+            DAYZERO_TOOL_MODULES="testing.fixture_tools",
+        )
         ing = Ingestor(
             db,
             make_consumer(kafka_broker.bootstrap, ks),

@@ -162,3 +162,20 @@ def test_keyless_records_of_a_recreated_topic_get_new_keys(db, tenants, kafka_se
 
     old, new = ing.parse(record(1_700_000_000_000)), ing.parse(record(1_700_000_500_000))
     assert old.key != new.key and old.key.startswith(f"kafka:{kafka_settings.tasks_topic}:0:0:")
+
+
+def test_unknown_allowed_tools_are_dead_lettered_invalid_task(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: ["rm_rf"] became a task; [] (no tools) stays valid.
+    for key, tools in ((b"bad", ["rm_rf", "echo"]), (b"none", []), (b"ok", ["echo"])):
+        body = {"tenant": "acme", "goal": "x", "allowed_tools": tools}
+        producer.send(kafka_settings.tasks_topic, key=key, value=json.dumps(body).encode())
+    producer.flush()
+    ing = make_ingestor()
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= 3)
+    assert _keys(db) == ["none", "ok"]
+    (m,) = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 1)
+    headers = dict(m.headers)
+    assert m.key == b"bad" and headers["dlq-reason"] == b"invalid_task"
+    assert b"rm_rf" in headers["dlq-error"] and b"calculator" in headers["dlq-error"]
