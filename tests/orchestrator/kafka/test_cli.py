@@ -69,7 +69,11 @@ def test_apikey_create_then_submit_via_kafka_and_rest(
     assert row.tenant == "acme" and row.metadata == {"via": "cli"} and row.allowed_tools == ["echo"]
 
     app = create_app(
-        Settings(DATABASE_URL=env["DATABASE_URL"], DAYZERO_BLOB_DIR=str(tmp_path)),
+        Settings(
+            DATABASE_URL=env["DATABASE_URL"],
+            DAYZERO_BLOB_DIR=str(tmp_path),
+            DAYZERO_TOOL_MODULES="testing.fixture_tools",
+        ),
         engine=db,
         ingress=IngressSettings(gc_freeze=False),
     )
