@@ -61,7 +61,7 @@ def producer(kafka_broker) -> Iterator[Any]:  # noqa: F811
 def make_ingestor(db: Engine, kafka_broker, kafka_settings, tmp_path) -> Iterator[Any]:  # noqa: F811
     made: list[Ingestor] = []
 
-    def factory(max_message_bytes: int = 64 * 1024, **overrides: Any) -> Ingestor:
+    def factory(max_message_bytes: int = 64 * 1024, consumer: Any = None, **overrides: Any) -> Ingestor:
         ks = kafka_settings.model_copy(update=overrides) if overrides else kafka_settings
         settings = Settings(
             DATABASE_URL=str(db.url),
@@ -70,7 +70,7 @@ def make_ingestor(db: Engine, kafka_broker, kafka_settings, tmp_path) -> Iterato
         )
         ing = Ingestor(
             db,
-            make_consumer(kafka_broker.bootstrap, ks),
+            consumer or make_consumer(kafka_broker.bootstrap, ks),
             make_dlq_producer(kafka_broker.bootstrap),
             settings,
             ks,

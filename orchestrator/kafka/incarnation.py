@@ -1,0 +1,117 @@
+"""Which incarnation of a topic the ingest consumer reads: a topic deleted and re-created under it.
+
+A re-created topic starts its offsets at 0 again. A consumer whose position (say 30) lies inside
+the new topic's range goes on fetching at 30 and silently skips the new records 0-29 (kafka-python
+resets only a position past the end). The topic's id (KIP-516, reported in metadata by Kafka >= 2.8
+and by tansu) tells the incarnations apart:
+
+- before a polled batch is handled, the metadata is refreshed and each topic's id compared with
+  the one the consumer read before: a new id means the topic was re-created, so the batch's
+  records of that topic are dropped (they sit at stale positions) and its partitions restart from
+  the beginning;
+- the id is committed with the offset (the commit's metadata), so a restarted ingest whose group
+  kept an offset of the old topic finds the mismatch too (where the broker keeps commit metadata;
+  tansu does not, and drops a deleted topic's offsets instead);
+- keyless records' derived keys carry the id (`Ingestor.parse`), so a record of the new topic never
+  takes the key of an old task at the same offset.
+
+A broker that reports no ids leaves all of this off (`current` is None).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MARKER_PREFIX = "topic-id:"
+
+
+class TopicIncarnations:
+    def __init__(self, consumer: Any, *, refresh_timeout_s: float = 5.0):
+        self.consumer = consumer
+        self.refresh_timeout_s = refresh_timeout_s
+        self._seen: dict[str, str] = {}  # topic -> the id of the incarnation read so far
+        self.restarts = 0  # partitions restarted from the beginning
+
+    @property
+    def _cluster(self) -> Any:
+        return getattr(self.consumer, "_cluster", None)
+
+    def current(self, topic: str) -> str | None:
+        """The topic's id in the consumer's metadata (None: the broker reports none)."""
+        cluster = self._cluster
+        topic_id = cluster.topic_id(topic) if cluster is not None else None
+        return str(topic_id) if topic_id is not None else None
+
+    def id_of(self, topic: str) -> str | None:
+        """The id of the incarnation whose records are being handled."""
+        return self._seen.get(topic)
+
+    def marker(self, topic: str) -> str:
+        """The commit metadata kept with the offset."""
+        topic_id = self._seen.get(topic)
+        return f"{MARKER_PREFIX}{topic_id}" if topic_id else ""
+
+    def refresh(self) -> None:
+        """Fetch the metadata now (ids included); on timeout the ids known so far stand."""
+        cluster = self._cluster
+        if cluster is None:
+            return
+        future = cluster.request_update()
+        end = time.monotonic() + self.refresh_timeout_s
+        while not future.is_done and time.monotonic() < end:
+            time.sleep(0.005)
+        if not future.is_done:
+            log.warning(
+                "metadata refresh took over %.1f s; topic re-creation not checked", self.refresh_timeout_s
+            )
+
+    def check(self, records: list[Any]) -> list[Any]:
+        """The records of `records` to handle: those of a topic re-created since the consumer last
+        read it are dropped and its partitions restarted from the beginning."""
+        topics = {r.topic for r in records}
+        if self._cluster is None or not topics:
+            return records
+        self.refresh()
+        recreated = {t for t in topics if self._recreated(t, [r for r in records if r.topic == t])}
+        if not recreated:
+            return records
+        parts = [tp for tp in self.consumer.assignment() if tp.topic in recreated]
+        if parts:
+            self.consumer.seek_to_beginning(*parts)
+        self.restarts += len(parts)
+        log.warning(
+            "topic(s) %s were re-created (new topic id): %d partition(s) restart from the beginning",
+            sorted(recreated),
+            len(parts),
+        )
+        return [r for r in records if r.topic not in recreated]
+
+    def _recreated(self, topic: str, records: Iterable[Any]) -> bool:
+        now = self.current(topic)
+        if now is None:
+            return False
+        before = self._seen.get(topic)
+        self._seen[topic] = now
+        if before is None:
+            before = self._committed_id(topic, {r.partition for r in records})
+        return before is not None and before != now
+
+    def _committed_id(self, topic: str, partitions: set[int]) -> str | None:
+        """The id committed with the group's offset of one of `partitions` (first sight only)."""
+        from kafka import TopicPartition
+
+        for p in sorted(partitions):
+            try:
+                committed = self.consumer.committed(TopicPartition(topic, p), metadata=True)
+            except Exception as exc:  # the check is best effort; the batch is handled as polled
+                log.warning("could not read the committed offset of %s:%d: %s", topic, p, exc)
+                return None
+            meta = getattr(committed, "metadata", None) or ""
+            if meta.startswith(MARKER_PREFIX):
+                return meta[len(MARKER_PREFIX) :]
+        return None
