@@ -55,6 +55,10 @@ class SandboxConfig:
     require_landlock: bool = False
     # Off only to exercise the fallback (namespaces, read-only mounts, uid, rlimits) in tests.
     use_landlock: bool = True
+    # A cgroup v2 directory with the memory controller delegated, under which each call gets its
+    # own cgroup (`memory.max`); None: this process's own cgroup. Where neither is delegated, a
+    # call is bounded by its process tree's RSS (`tools.sandbox.membound` decides).
+    cgroup_parent: str | None = None
 
     def __post_init__(self) -> None:
         if self.require_landlock and not self.use_landlock:
