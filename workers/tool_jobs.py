@@ -43,7 +43,10 @@ def process_registry() -> ToolRegistry:
 
 def config_from_env(env: Mapping[str, str]) -> ToolsConfig:
     return tools_config_from_csv(
-        env.get("DAYZERO_TOOLS"), env.get("DAYZERO_HTTP_ALLOW_HOSTS", ""), env.get("DAYZERO_TOOL_MODULES", "")
+        env.get("DAYZERO_TOOLS"),
+        env.get("DAYZERO_HTTP_ALLOW_HOSTS", ""),
+        env.get("DAYZERO_TOOL_MODULES", ""),
+        env.get("DAYZERO_WORKSPACE_TENANT_MAX_BYTES"),
     )
 
 
