@@ -5,8 +5,9 @@ the new topic's range goes on fetching at 30 and silently skips the new records 
 resets only a position past the end). The topic's id (KIP-516, reported in metadata by Kafka >= 2.8
 and by tansu) tells the incarnations apart:
 
-- before a polled batch is handled, the metadata is refreshed and each topic's id compared with
-  the one the consumer read before: a new id means the topic was re-created, so the batch's
+- before a polled batch is handled, each topic's id is asked of the broker (a metadata request
+  of its own, ~1 ms; the consumer's metadata refresh waits out a 100 ms backoff) and compared
+  with the one the consumer read before: a new id means the topic was re-created, so the batch's
   records of that topic are dropped (they sit at stale positions) and its partitions restart from
   the beginning;
 - the id is committed with the offset (the commit's metadata), so a restarted ingest whose group
@@ -21,7 +22,6 @@ A broker that reports no ids leaves all of this off (`current` is None).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,21 +31,16 @@ MARKER_PREFIX = "topic-id:"
 
 
 class TopicIncarnations:
-    def __init__(self, consumer: Any, *, refresh_timeout_s: float = 5.0):
+    def __init__(self, consumer: Any, *, request_timeout_ms: int = 5000):
         self.consumer = consumer
-        self.refresh_timeout_s = refresh_timeout_s
+        self.request_timeout_ms = request_timeout_ms
         self._seen: dict[str, str] = {}  # topic -> the id of the incarnation read so far
+        self._admin: Any = None  # a metadata client of its own: asking costs ~1 ms, no backoff
         self.restarts = 0  # partitions restarted from the beginning
 
     @property
     def _cluster(self) -> Any:
         return getattr(self.consumer, "_cluster", None)
-
-    def current(self, topic: str) -> str | None:
-        """The topic's id in the consumer's metadata (None: the broker reports none)."""
-        cluster = self._cluster
-        topic_id = cluster.topic_id(topic) if cluster is not None else None
-        return str(topic_id) if topic_id is not None else None
 
     def id_of(self, topic: str) -> str | None:
         """The id of the incarnation whose records are being handled."""
@@ -56,19 +51,36 @@ class TopicIncarnations:
         topic_id = self._seen.get(topic)
         return f"{MARKER_PREFIX}{topic_id}" if topic_id else ""
 
-    def refresh(self) -> None:
-        """Fetch the metadata now (ids included); on timeout the ids known so far stand."""
-        cluster = self._cluster
-        if cluster is None:
-            return
-        future = cluster.request_update()
-        end = time.monotonic() + self.refresh_timeout_s
-        while not future.is_done and time.monotonic() < end:
-            time.sleep(0.005)
-        if not future.is_done:
-            log.warning(
-                "metadata refresh took over %.1f s; topic re-creation not checked", self.refresh_timeout_s
-            )
+    def current(self, topics: Iterable[str]) -> dict[str, str | None]:
+        """Each topic's id as the broker reports it now (None: it reports none). Where the broker
+        cannot be asked, the consumer's last metadata answers (never an error: the batch in hand
+        must be handled)."""
+        topics = sorted(set(topics))
+        try:
+            if self._admin is None:
+                from kafka import KafkaAdminClient
+
+                self._admin = KafkaAdminClient(
+                    bootstrap_servers=self.consumer.config["bootstrap_servers"],
+                    client_id="dayzero-ingest-metadata",
+                    request_timeout_ms=self.request_timeout_ms,
+                )
+            described = {t["name"]: t.get("topic_id") for t in self._admin.describe_topics(topics)}
+            return {t: str(described[t]) if described.get(t) else None for t in topics}
+        except Exception as exc:
+            log.warning("could not read the ids of %s (%s): using the consumer's metadata", topics, exc)
+            self.close()
+            cluster = self._cluster
+            ids = {t: cluster.topic_id(t) for t in topics} if cluster is not None else {}
+            return {t: str(ids[t]) if ids.get(t) else None for t in topics}
+
+    def close(self) -> None:
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            try:
+                admin.close()
+            except Exception:  # closing a client whose broker is away
+                log.debug("metadata client close failed", exc_info=True)
 
     def check(self, records: list[Any]) -> list[Any]:
         """The records of `records` to handle: those of a topic re-created since the consumer last
@@ -76,8 +88,8 @@ class TopicIncarnations:
         topics = {r.topic for r in records}
         if self._cluster is None or not topics:
             return records
-        self.refresh()
-        recreated = {t for t in topics if self._recreated(t, [r for r in records if r.topic == t])}
+        now = self.current(topics)
+        recreated = {t for t in topics if self._recreated(t, now[t], [r for r in records if r.topic == t])}
         if not recreated:
             return records
         parts = [tp for tp in self.consumer.assignment() if tp.topic in recreated]
@@ -91,8 +103,7 @@ class TopicIncarnations:
         )
         return [r for r in records if r.topic not in recreated]
 
-    def _recreated(self, topic: str, records: Iterable[Any]) -> bool:
-        now = self.current(topic)
+    def _recreated(self, topic: str, now: str | None, records: Iterable[Any]) -> bool:
         if now is None:
             return False
         before = self._seen.get(topic)

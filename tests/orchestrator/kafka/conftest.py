@@ -81,5 +81,6 @@ def make_ingestor(db: Engine, kafka_broker, kafka_settings, tmp_path) -> Iterato
 
     yield factory
     for ing in made:
+        ing.incarnations.close()
         ing.consumer.close()
         ing.producer.close()
