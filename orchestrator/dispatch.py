@@ -195,8 +195,6 @@ class CeleryDispatcher:
             while True:
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled
-                if watch.lost():
-                    raise _WorkerLost
                 left = until - time.monotonic()
                 if left <= 0:
                     raise CeleryTimeout("the job's time is up")
@@ -204,7 +202,8 @@ class CeleryDispatcher:
                 try:
                     return res.get(timeout=min(left, slice_s), propagate=True)
                 except CeleryTimeout:
-                    continue
+                    if watch.lost():  # asked only of a job slower than one slice
+                        raise _WorkerLost from None
 
         try:
             return wait_out("tool result backend", wait_for_result, deadline=until)

@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 BEAT_S = 1.0
 ALIVE_TTL_S = 3.0
 LOST_AFTER_S = 5.0
-STARTED_TTL_S = 3600  # the tools queue's hard limit (`celery_app.TOOLS_HARD_LIMIT_S`)
 
 
 def started_key(job_id: str) -> str:
@@ -57,13 +56,15 @@ def heartbeat(app: Any, job_id: str | None) -> Iterator[None]:
     if client is None or job_id is None:
         yield
         return
+    from workers.celery_app import TOOLS_HARD_LIMIT_S  # the started key lasts as long as a job may
+
     stop = threading.Event()
 
     def beat() -> None:
         while True:
             try:
                 pipe = client.pipeline(transaction=False)
-                pipe.set(started_key(job_id), 1, ex=STARTED_TTL_S)
+                pipe.set(started_key(job_id), 1, ex=TOOLS_HARD_LIMIT_S)
                 pipe.set(alive_key(job_id), 1, px=int(ALIVE_TTL_S * 1000))
                 pipe.execute()
             except Exception as exc:  # Redis away: the runner's reads fail too and do not count
