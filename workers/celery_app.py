@@ -148,7 +148,8 @@ def _register_tasks(app: Celery) -> None:
                 refusal.reason,
             )
             return refusal.outcome()
-        with heartbeat(self.app, self.request.id):  # the waiting runner sees a dead worker in seconds
+        # the waiting runner sees a dead worker in seconds
+        with heartbeat(self.app, self.request.id, started_ttl_s=TOOLS_HARD_LIMIT_S):
             return jobs.run_tool(payload)
 
 

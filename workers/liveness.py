@@ -50,21 +50,20 @@ def _redis_of(app: Any) -> Any:
 
 
 @contextlib.contextmanager
-def heartbeat(app: Any, job_id: str | None) -> Iterator[None]:
-    """Keep the job's keys fresh while the body runs (a no-op without a Redis result backend)."""
+def heartbeat(app: Any, job_id: str | None, *, started_ttl_s: int) -> Iterator[None]:
+    """Keep the job's keys fresh while the body runs (a no-op without a Redis result backend);
+    the started key lasts `started_ttl_s`, as long as the job may."""
     client = _redis_of(app) if job_id else None
     if client is None or job_id is None:
         yield
         return
-    from workers.celery_app import TOOLS_HARD_LIMIT_S  # the started key lasts as long as a job may
-
     stop = threading.Event()
 
     def beat() -> None:
         while True:
             try:
                 pipe = client.pipeline(transaction=False)
-                pipe.set(started_key(job_id), 1, ex=TOOLS_HARD_LIMIT_S)
+                pipe.set(started_key(job_id), 1, ex=started_ttl_s)
                 pipe.set(alive_key(job_id), 1, px=int(ALIVE_TTL_S * 1000))
                 pipe.execute()
             except Exception as exc:  # Redis away: the runner's reads fail too and do not count
