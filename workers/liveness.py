@@ -1,12 +1,13 @@
 """Liveness of a running tool job: a runner waiting for it notices a dead worker in seconds.
 
 While a `dayzero.run_tool` job runs, a thread of the worker process running it refreshes two keys
-in the Redis result backend every `BEAT_S`: `dayzero-job-started:<celery id>` (kept for the job's
-hard limit) and `dayzero-job-alive:<celery id>` (expires after `ALIVE_TTL_S`). The runner waiting
-for the job (`JobWatch`, in `orchestrator.dispatch`) declares the worker lost once the job has
-started and its alive key has been missing over `LOST_AFTER_S` of successful reads: the attempt
-fails retryable with its outcome unknown (`worker_lost`), and the orchestrator's retry policy
-takes it from there, instead of waiting out the tool's whole timeout.
+in the Redis result backend every `BEAT_S`: `dayzero-job-started:<celery id>` (deleted when the
+job ends; it outlives a dead worker for the job's hard limit) and `dayzero-job-alive:<celery id>`
+(expires after `ALIVE_TTL_S`). The runner waiting for the job (`JobWatch`, in
+`orchestrator.dispatch`) declares the worker lost once the job has started and its alive key has
+been missing over `LOST_AFTER_S` of successful reads: the attempt fails retryable with its
+outcome unknown (`worker_lost`), and the orchestrator's retry policy takes it from there,
+instead of waiting out the tool's whole timeout.
 
 Why this is needed: with `task_acks_late` and `task_reject_on_worker_lost`, a pool child that dies
 is rejected back to the queue by its surviving main process, but a whole worker that is SIGKILLed
@@ -76,7 +77,12 @@ def heartbeat(app: Any, job_id: str | None, *, started_ttl_s: int) -> Iterator[N
     try:
         yield
     finally:
-        stop.set()  # the alive key expires by itself, after the result is stored
+        stop.set()
+        thread.join(timeout=0.5)
+        # The started key goes (one per job would pile up for an hour); the alive key expires by
+        # itself, after the result is stored, so the waiting runner never sees the job vanish.
+        with contextlib.suppress(Exception):
+            client.delete(started_key(job_id))
 
 
 class JobWatch:
