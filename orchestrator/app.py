@@ -83,6 +83,7 @@ def make_runner(
         lease_s=settings.lease_s,
         poll_interval_s=settings.poll_interval_s,
         workspace_dir=settings.workspace_dir,
+        workspace_retention_s=settings.workspace_retention_s,
         blob_url=settings.blob_dir,
         preprocess=settings.preprocess.config(),
         preprocess_tenants=settings.preprocess.tenants,

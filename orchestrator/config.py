@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     inference_images_by_reference: bool = Field(False, alias="DAYZERO_INFERENCE_IMAGES_BY_REFERENCE")
     blob_dir: str = Field("./.dayzero/blobs", alias="DAYZERO_BLOB_DIR")
     workspace_dir: str = Field("./.dayzero/workspaces", alias="DAYZERO_WORKSPACE_DIR")
+    # A task's workspace is deleted this long after the task ended (0: at once).
+    workspace_retention_s: float = Field(0.0, ge=0, alias="DAYZERO_WORKSPACE_RETENTION_S")
+    # All of a tenant's workspaces together (the workers read the same variable); None: the default.
+    workspace_tenant_max_bytes: int | None = Field(None, gt=0, alias="DAYZERO_WORKSPACE_TENANT_MAX_BYTES")
 
     # Runner
     lease_s: float = Field(30.0, gt=0, alias="DAYZERO_LEASE_S")
@@ -206,7 +210,18 @@ class Settings(BaseSettings):
         """The `tools.ToolsConfig` these settings describe (tools never read the environment)."""
         from tools.config import tools_config_from_csv
 
-        return tools_config_from_csv(self.tools_enabled_csv, self.http_allow_hosts_csv, self.tool_modules_csv)
+        return tools_config_from_csv(
+            self.tools_enabled_csv,
+            self.http_allow_hosts_csv,
+            self.tool_modules_csv,
+            self.workspace_tenant_max_bytes,
+        )
+
+    def known_tools(self) -> frozenset[str]:
+        """The tool names this deployment's registries hold; `allowed_tools` must name only these."""
+        from tools.builtin import tool_names
+
+        return tool_names(self.tools_config())
 
     @property
     def is_sqlite(self) -> bool:

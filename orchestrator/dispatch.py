@@ -18,14 +18,20 @@ from typing import Any, Protocol
 from core.outage import OutageOutlasted, wait_out
 from core.payloads import PreprocessJob, ToolJob, unknown_outcome
 from tools.base import ErrorKind
+from workers.liveness import JobWatch
 
 log = logging.getLogger(__name__)
 
 _CANCEL_POLL_S = 0.25  # how often a wait for a tool job looks at its task's cancel signal
+_LIVENESS_POLL_S = 1.0  # how often it looks at its worker's liveness (`workers.liveness`)
 
 
 class _Cancelled(Exception):
     """The task was cancelled while its tool job ran (raised out of Celery's wait)."""
+
+
+class _WorkerLost(Exception):
+    """The worker running the tool job died (raised out of Celery's wait)."""
 
 
 def timeout_outcome(job: ToolJob, started: float) -> dict[str, Any]:
@@ -50,6 +56,21 @@ def not_sent_outcome(queue: str, reason: BaseException) -> dict[str, Any]:
             "started": False,
             "code": "queue_unavailable",
         },
+    }
+
+
+def worker_lost_outcome(job: ToolJob, started: float) -> dict[str, Any]:
+    """The worker running the job died (`workers.liveness`): retryable, but the job may have
+    begun its side effect, so only a tool that is safe to repeat runs again (same key)."""
+    error = {
+        "error": "the worker running the tool was lost (it stopped while the tool ran)",
+        "kind": ErrorKind.RETRYABLE.value,
+        "code": "worker_lost",
+    }
+    return {
+        "ok": False,
+        "error": unknown_outcome(error, job.idempotency_key),
+        "duration_ms": (time.perf_counter() - started) * 1000,
     }
 
 
@@ -167,20 +188,22 @@ class CeleryDispatcher:
         except OutageOutlasted as exc:
             return not_sent_outcome("tools", exc.last)
 
+        watch = JobWatch(self._app, res.id)
+
         def wait_for_result() -> Any:
-            # In slices when the task may be cancelled: Celery's own wait cannot be interrupted.
+            # In slices, to see a cancel and a lost worker: Celery's own wait cannot be interrupted.
             while True:
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled
                 left = until - time.monotonic()
                 if left <= 0:
                     raise CeleryTimeout("the job's time is up")
+                slice_s = _CANCEL_POLL_S if cancel is not None else _LIVENESS_POLL_S
                 try:
-                    return res.get(
-                        timeout=min(left, _CANCEL_POLL_S) if cancel is not None else left, propagate=True
-                    )
+                    return res.get(timeout=min(left, slice_s), propagate=True)
                 except CeleryTimeout:
-                    continue
+                    if watch.lost():  # asked only of a job slower than one slice
+                        raise _WorkerLost from None
 
         try:
             return wait_out("tool result backend", wait_for_result, deadline=until)
@@ -188,6 +211,11 @@ class CeleryDispatcher:
             with suppress(Exception):  # the late result, if any, is never read
                 res.revoke(terminate=True)
             return cancelled_outcome()
+        except _WorkerLost:
+            log.warning("tool job %s (%s): its worker was lost; the attempt fails", res.id, job.tool)
+            with suppress(Exception):  # a late redelivery is refused by the fence anyway
+                res.revoke()
+            return worker_lost_outcome(job, started)
         except TaskRevokedError as exc:
             # Expired before a worker took it (a broker restart held it back) or terminated while
             # it ran: a failed attempt whose side effect may have begun (`started` unknown).

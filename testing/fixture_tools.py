@@ -191,6 +191,26 @@ class SlowCharge:
         return ToolResult(content={"charged": True})
 
 
+class Sleepy:
+    """Idempotent; its first attempt sleeps far into its long timeout (`sleepy.log` says when it
+    started): a worker killed then must be noticed long before that timeout."""
+
+    spec = ToolSpec(
+        name="sleepy",
+        description="sleep on the first attempt",
+        parameters=OBJ,
+        idempotent=True,
+        retry=RetryPolicy(max_attempts=2, backoff_base_s=0.05, backoff_max_s=0.1, timeout_s=600.0),
+    )
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        with open(_state_dir() / "sleepy.log", "a") as f:
+            f.write(f"{context.task_id}:{context.step_id}:{context.attempt}\n")
+        if context.attempt == 1:
+            time.sleep(float(arguments.get("sleep_s", 600)))
+        return ToolResult(content={"attempt": context.attempt})
+
+
 class KeyedCharge:
     """A charge that dedups on its idempotency key (as a payment API does): a key seen before
     returns the first result without charging again. Every execution is logged with its key
@@ -280,6 +300,7 @@ def dayzero_tools() -> list[Any]:
         Charge(),
         FlakyCharge(),
         SlowCharge(),
+        Sleepy(),
         KeyedCharge(),
         Gate(),
         Remit(),

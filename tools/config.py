@@ -55,6 +55,10 @@ class SandboxConfig:
     require_landlock: bool = False
     # Off only to exercise the fallback (namespaces, read-only mounts, uid, rlimits) in tests.
     use_landlock: bool = True
+    # A cgroup v2 directory with the memory controller delegated, under which each call gets its
+    # own cgroup (`memory.max`); None: this process's own cgroup. Where neither is delegated, a
+    # call is bounded by its process tree's RSS (`tools.sandbox.membound` decides).
+    cgroup_parent: str | None = None
 
     def __post_init__(self) -> None:
         if self.require_landlock and not self.use_landlock:
@@ -86,6 +90,8 @@ class WorkspaceConfig:
     max_file_bytes: int = 1 * MiB  # one write, one read
     max_total_bytes: int = 64 * MiB  # whole workspace after a write
     max_files: int = 1000
+    # All of one tenant's task workspaces together (`tools.workspaces`): the tenant's quota.
+    max_tenant_bytes: int = 1024 * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +128,16 @@ class ToolsConfig:
             raise ValueError(f"unknown built-in tools {unknown}; known: {', '.join(BUILTIN_TOOLS)}")
 
 
-def tools_config_from_csv(enabled: str | None, http_allow_hosts: str = "", modules: str = "") -> ToolsConfig:
-    """The config that `DAYZERO_TOOLS`, `DAYZERO_HTTP_ALLOW_HOSTS` and `DAYZERO_TOOL_MODULES`
-    describe (comma-separated; `enabled` None = every built-in). The one parser of those
-    variables: the orchestrator's `Settings` and the worker's environment both come here."""
+def tools_config_from_csv(
+    enabled: str | None,
+    http_allow_hosts: str = "",
+    modules: str = "",
+    workspace_tenant_max_bytes: str | int | None = None,
+) -> ToolsConfig:
+    """The config that `DAYZERO_TOOLS`, `DAYZERO_HTTP_ALLOW_HOSTS`, `DAYZERO_TOOL_MODULES` and
+    `DAYZERO_WORKSPACE_TENANT_MAX_BYTES` describe (comma-separated; `enabled` None = every
+    built-in). The one parser of those variables: the orchestrator's `Settings` and the worker's
+    environment both come here."""
 
     def csv(value: str) -> tuple[str, ...]:
         return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -133,6 +145,9 @@ def tools_config_from_csv(enabled: str | None, http_allow_hosts: str = "", modul
     return ToolsConfig(
         enabled=csv(enabled) if enabled is not None else BUILTIN_TOOLS,
         http=HttpConfig(allow_hosts=csv(http_allow_hosts)),
+        workspace=WorkspaceConfig(max_tenant_bytes=int(workspace_tenant_max_bytes))
+        if workspace_tenant_max_bytes not in (None, "")
+        else WorkspaceConfig(),
         skip_unavailable=True,
         modules=csv(modules),
     )

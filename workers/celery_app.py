@@ -10,6 +10,10 @@ moved on — so a tool job checks before it runs that its attempt is still curre
 leased (`workers.fence`), and its message expires when the runner stops waiting for it. (On RabbitMQ the broker redelivers when the connection drops;
 its `consumer_timeout` must likewise exceed the longest job.)
 
+A worker that dies whole leaves its message unacked until that timeout, so a running tool job
+also keeps a short-lived liveness key fresh (`workers.liveness`): the runner waiting for it sees
+the worker gone within seconds and retries the attempt under the orchestrator's policy.
+
 Retries: Celery autoretry is off and publish retries are off. The orchestrator owns retry policy
 (STYLE.md rule 13), so each attempt is a row it can see.
 
@@ -128,10 +132,11 @@ def _register_tasks(app: Celery) -> None:
 
         return jobs.preprocess_attachment(payload)
 
-    @app.task(name=RUN_TOOL_TASK, time_limit=TOOLS_HARD_LIMIT_S, max_retries=0, shared=False)
-    def run_tool(payload: dict[str, Any]) -> dict[str, Any]:
+    @app.task(name=RUN_TOOL_TASK, time_limit=TOOLS_HARD_LIMIT_S, max_retries=0, shared=False, bind=True)
+    def run_tool(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         from workers import jobs
         from workers.fence import refuse_stale
+        from workers.liveness import heartbeat
 
         refusal = refuse_stale(payload)  # a redelivered job whose attempt is over never runs
         if refusal is not None:
@@ -143,7 +148,9 @@ def _register_tasks(app: Celery) -> None:
                 refusal.reason,
             )
             return refusal.outcome()
-        return jobs.run_tool(payload)
+        # the waiting runner sees a dead worker in seconds
+        with heartbeat(self.app, self.request.id, started_ttl_s=TOOLS_HARD_LIMIT_S):
+            return jobs.run_tool(payload)
 
 
 # --- trace context -------------------------------------------------------------------------------

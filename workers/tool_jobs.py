@@ -15,9 +15,9 @@ from typing import Any
 
 from core.payloads import ToolJob
 from tools.base import Attachment, ToolContext, ToolError
-from tools.builtin import register_builtin_tools
+from tools.builtin import build_default_registry
 from tools.config import ToolsConfig, tools_config_from_csv
-from tools.registry import ToolRegistry, load_entry_point_tools, load_tool_modules
+from tools.registry import ToolRegistry
 from workers.telemetry import job_span
 
 _registry: ToolRegistry | None = None
@@ -43,19 +43,16 @@ def process_registry() -> ToolRegistry:
 
 def config_from_env(env: Mapping[str, str]) -> ToolsConfig:
     return tools_config_from_csv(
-        env.get("DAYZERO_TOOLS"), env.get("DAYZERO_HTTP_ALLOW_HOSTS", ""), env.get("DAYZERO_TOOL_MODULES", "")
+        env.get("DAYZERO_TOOLS"),
+        env.get("DAYZERO_HTTP_ALLOW_HOSTS", ""),
+        env.get("DAYZERO_TOOL_MODULES", ""),
+        env.get("DAYZERO_WORKSPACE_TENANT_MAX_BYTES"),
     )
 
 
 def build_registry(config: ToolsConfig | None = None) -> ToolRegistry:
     """Built-ins per `config`, plus entry-point tools and `config.modules`."""
-    config = config or ToolsConfig(skip_unavailable=True)
-    registry = ToolRegistry()
-    register_builtin_tools(registry, config)
-    if config.load_entry_points:
-        load_entry_point_tools(registry)
-    load_tool_modules(registry, config.modules)
-    return registry
+    return build_default_registry(config or ToolsConfig(skip_unavailable=True))
 
 
 def tool_context(job: ToolJob) -> ToolContext:

@@ -85,8 +85,19 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 content = resp.get("content", {})
                 if code[0] in "45" and errors.PROBLEM_MEDIA_TYPE in content:
                     content.pop("application/json", None)
+    _document_known_tools(doc, app.state.settings.known_tools())
     app.openapi_schema = doc
     return doc
+
+
+def _document_known_tools(doc: dict[str, Any], known: frozenset[str]) -> None:
+    """`allowed_tools` items are this deployment's tools (`Settings.known_tools()`): the published
+    schema says so, so a schema-valid body is one the API accepts."""
+    prop = doc.get("components", {}).get("schemas", {}).get("TaskCreate", {}).get("properties", {})
+    allowed = prop.get("allowed_tools")
+    for alt in allowed.get("anyOf", [allowed]) if allowed else []:
+        if alt.get("type") == "array":
+            alt["items"] = {**alt.get("items", {}), "enum": sorted(known)}
 
 
 def create_app(

@@ -45,6 +45,7 @@ def _ingest(args: argparse.Namespace) -> int:
     try:
         ingestor.run_forever()
     finally:
+        ingestor.incarnations.close()
         consumer.close()
         if ingestor.producer is not None:  # None while a replacement could not be built
             ingestor.producer.close()

@@ -27,7 +27,7 @@ def main(tenant: str, goal: str) -> None:
     value = {
         "tenant": tenant,
         "goal": goal,
-        "allowed_tools": ["echo"],
+        "allowed_tools": ["calculator", "search_documents"],  # built-ins every deployment has
         "budget": {"max_steps": 20, "deadline_s": 600},
         "metadata": {"source": "example"},
     }

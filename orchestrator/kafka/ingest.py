@@ -5,8 +5,9 @@ create the valid ones in ONE DB transaction (`tasks.create.create_tasks`), commi
 ones to the DLQ with the reason in headers and wait for the broker's ack, and only then commit the
 offsets. A crash anywhere before the offset commit redelivers the batch; the idempotent insert
 turns the redelivery into no-ops (a DLQ record may then appear twice). Records without a key get
-a derived one, `kafka:<topic>:<partition>:<offset>:<timestamp>`, so they too are created once
-(the timestamp tells a re-created topic's record from the old one at the same offset).
+a derived one, `kafka:<topic>:<partition>:<offset>:<timestamp>:<topic id>`, so they too are
+created once (a re-created topic's record never takes an old one's key). A topic deleted and
+re-created under the consumer restarts from its beginning (`incarnation`).
 
 Back-pressure: while `max_pending` or more tasks are PENDING/READY the consumer pauses all its
 partitions (it keeps polling, so it stays in the group) and resumes below `resume_fraction` of it.
@@ -33,6 +34,7 @@ from orchestrator.auth import known_tenants
 from orchestrator.config import KafkaSettings, Settings
 from orchestrator.db.tables import tasks_t
 from orchestrator.failpoints import failpoint
+from orchestrator.kafka.incarnation import TopicIncarnations
 from orchestrator.kafka.renewal import Renewable
 from orchestrator.metrics import INGEST_BATCH_SECONDS, INGEST_MESSAGES, INGEST_PAUSED, TASKS_SUBMITTED
 from orchestrator.probes import Health
@@ -40,7 +42,7 @@ from orchestrator.statemachine import TaskStatus
 from orchestrator.tasks.create import NewTask, create_tasks
 from orchestrator.tasks.errors import IdempotencyConflict
 from orchestrator.tasks.schemas import KafkaTaskMessage
-from orchestrator.tasks.submission import InvalidSubmission, submit_task, to_new_task
+from orchestrator.tasks.submission import InvalidSubmission, check_allowed_tools, submit_task, to_new_task
 from orchestrator.tracing import context_of, trace_error, tracer, valid_traceparent
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,8 @@ class Ingestor:
         self.kafka = kafka
         self.max_message_bytes = max_message_bytes
         self.tenants = TenantDirectory(engine)
+        self.incarnations = TopicIncarnations(consumer)
+        self.known_tools = settings.known_tools()
         self.paused = False
         self._pending_checked = float("-inf")
         self._pending = 0  # last count + tasks created here since
@@ -166,7 +170,7 @@ class Ingestor:
             polled = self.consumer.poll(
                 timeout_ms=self.kafka.poll_timeout_ms, max_records=self.kafka.batch_max
             )
-            records = [r for batch in polled.values() for r in batch]
+            records = self.incarnations.check([r for batch in polled.values() for r in batch])
             if not records:
                 return 0
             self._unfinished = records
@@ -208,9 +212,11 @@ class Ingestor:
             reason = "invalid_number" if any(e["type"] == "invalid_number" for e in errors) else "schema"
             return Rejected(record, reason, errs[:1000])
         if record.key is None:
-            # The record's timestamp too: a re-created topic starts its offsets again at 0, and
-            # `topic:partition:offset` alone would name an old task.
+            # The topic's id and the record's timestamp too: a re-created topic starts its offsets
+            # again at 0, and `topic:partition:offset` alone would name an old task.
             key = f"kafka:{record.topic}:{record.partition}:{record.offset}:{record.timestamp}"
+            if (topic_id := self.incarnations.id_of(record.topic)) is not None:
+                key += f":{topic_id}"
         else:
             try:
                 key = record.key.decode("utf-8")
@@ -225,6 +231,10 @@ class Ingestor:
             )
         if msg.tenant not in self.tenants:
             return Rejected(record, "unknown_tenant", f"tenant {msg.tenant!r} has no API key")
+        try:
+            check_allowed_tools(msg, self.known_tools)
+        except InvalidSubmission as exc:
+            return Rejected(record, exc.reason, exc.detail)
         tp = _header(record, "traceparent")
         tp_s = tp.decode("ascii", "replace") if tp else None
         return Accepted(record, msg, key, valid_traceparent(tp_s))
@@ -366,7 +376,12 @@ class Ingestor:
             tp = TopicPartition(r.topic, r.partition)
             last[tp] = max(last.get(tp, -1), r.offset)
         try:
-            self.consumer.commit({tp: OffsetAndMetadata(off + 1, "", -1) for tp, off in last.items()})
+            self.consumer.commit(
+                {
+                    tp: OffsetAndMetadata(off + 1, self.incarnations.marker(tp.topic), -1)
+                    for tp, off in last.items()
+                }
+            )
         except CommitFailedError as exc:
             # The group rebalanced: the new owner redelivers, the idempotent insert absorbs it.
             log.warning("offset commit failed after rebalance: %s", exc)

@@ -31,6 +31,10 @@ class RunnerConfig:
     lease_s: float = 30.0
     poll_interval_s: float = 0.2
     workspace_dir: str | None = None
+    # a task's workspace is deleted this long after it ended (0: at once), by `workspaces.sweep`
+    # every `workspace_sweep_s`
+    workspace_retention_s: float = 0.0
+    workspace_sweep_s: float = 60.0
     # Retry backoffs shorter than this are waited out while holding the lease.
     local_wait_max_s: float = 1.0
     # Where attachment bytes live (a BlobStore URL) and how images are preprocessed.

@@ -32,7 +32,7 @@ from orchestrator.dispatch import Dispatcher
 from orchestrator.inference_client import InferenceClient
 from orchestrator.metrics import ATTEMPTS_RESUMED, LEASES_LOST, STEP_SECONDS
 from orchestrator.probes import Health
-from orchestrator.runner import tasklog
+from orchestrator.runner import tasklog, workspaces
 from orchestrator.runner.boundary import abandon_open_steps, budget_error
 from orchestrator.runner.cancel import CancelSignal, CancelWatch
 from orchestrator.runner.context import RunnerConfig
@@ -41,7 +41,7 @@ from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
 from orchestrator.runner.payloads import PayloadCache, reference, referenced_sha
 from orchestrator.runner.preprocess_step import run_preprocess
-from orchestrator.runner.tool_step import remove_workspace, run_tool_step
+from orchestrator.runner.tool_step import run_tool_step
 from orchestrator.runner.transcripts import CachedTranscript, TranscriptCache
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
 from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
@@ -81,6 +81,7 @@ class Runner:
         # each task's transcript between claims: a claim reads only the rows written since
         self.transcripts = TranscriptCache(self.config.transcript_cache_tasks)
         self._payloads: PayloadCache | None = None  # big tool results, read once per process
+        self._next_sweep = float("-inf")  # of ended tasks' workspaces (`_sweep_workspaces`)
 
     # -- outer loop --------------------------------------------------------------------------
     @property
@@ -140,6 +141,7 @@ class Runner:
         connection is kept from one call to the next (checking one out of the pool pings the
         server: a round trip per task); after any error it is given back, and the next call
         takes a fresh one."""
+        self._sweep_workspaces()
         conn = self._connection()
         try:
             state = claim_with_state(conn, self.config.runner_id, self.config.lease_s, self.transcripts)
@@ -160,6 +162,15 @@ class Runner:
             self._release_connection()  # it may be broken or inside a failed transaction
             raise
         return True
+
+    def _sweep_workspaces(self) -> None:
+        """Every `workspace_sweep_s`: delete workspaces whose tasks ended (`runner.workspaces`)."""
+        now = time.monotonic()
+        if not self.config.workspace_dir or now < self._next_sweep:
+            return
+        self._next_sweep = now + self.config.workspace_sweep_s
+        with self.engine.connect() as conn:
+            workspaces.sweep(conn, self.config.workspace_dir, self.config.workspace_retention_s)
 
     @property
     def payloads(self) -> PayloadCache:
@@ -245,6 +256,7 @@ class Runner:
         }
         return TaskView(
             id=t.id,
+            tenant=t.tenant,
             status=t.status,
             allowed_tools=t.allowed_tools,
             sampling=t.sampling,
@@ -302,7 +314,9 @@ class Runner:
                 self._advance(tx, step)
                 tx.commit(self.conn, wait_for_flush=not self._starts_model_attempt(tx, step))
         if task.status in _TERMINAL:
-            remove_workspace(self.config.workspace_dir, task.id)
+            workspaces.task_ended(
+                self.config.workspace_dir, self.config.workspace_retention_s, task.tenant, task.id
+            )
 
     def _preprocess(self, task: TaskView) -> bool:
         return run_preprocess(self, task)

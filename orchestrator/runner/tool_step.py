@@ -4,9 +4,7 @@ then the outcome's transaction (retry, error shown to the model, or the next ste
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -21,6 +19,7 @@ from orchestrator.metrics import TOOL_ATTEMPTS
 from orchestrator.retry import Decision, decide_tool
 from orchestrator.runner.boundary import abandon_open_steps, budget_error, schedule_retry
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
+from orchestrator.runner.workspaces import workspace_path
 from orchestrator.statemachine import StepEvent, StepStatus, TaskEvent
 from orchestrator.tracing import current_traceparent, trace_error
 from tools.base import ErrorKind, ToolError, ToolSpec
@@ -37,18 +36,6 @@ def tool_spec(r: StepContext, name: str | None) -> ToolSpec | None:
         return None
 
 
-def workspace_path(workspace_dir: str | None, task_id: str) -> Path | None:
-    """The task's private directory for the workspace tools (None: workspaces are off)."""
-    return Path(workspace_dir) / task_id if workspace_dir else None
-
-
-def remove_workspace(workspace_dir: str | None, task_id: str) -> None:
-    """Delete a finished task's workspace: nothing reads it once the task has ended."""
-    path = workspace_path(workspace_dir, task_id)
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def previous_error(r: StepContext, task: TaskView, step: StepView) -> dict[str, Any] | None:
     """The error of the step's attempt before this one (None on a first attempt)."""
     if step.attempt_count <= 1:
@@ -63,7 +50,7 @@ def previous_error(r: StepContext, task: TaskView, step: StepView) -> dict[str, 
 
 
 def tool_job(r: StepContext, task: TaskView, step: StepView, timeout_s: float) -> ToolJob:
-    path = workspace_path(r.config.workspace_dir, task.id)
+    path = workspace_path(r.config.workspace_dir, task.tenant, task.id)
     workspace = str(path) if path is not None else None
     return ToolJob(
         tool=step.tool_name or "",

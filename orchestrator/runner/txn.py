@@ -78,6 +78,7 @@ class TaskView:
     steps: dict[int, StepView]  # the open steps at the claim, and every step started since
     next_step_index: int
     traceparent: str | None = None
+    tenant: str = ""
     attachments: list[dict[str, Any]] = field(default_factory=list)
     cancel_requested: bool = False
     # The OpenAI `tools` list offered to the model, built once per claim (by the model step).

@@ -5,6 +5,7 @@ body shared by REST (`POST /v1/tasks`), Kafka (`dayzero.tasks`: the same JSON pl
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -154,7 +155,11 @@ class TaskCreate(_Strict):
     attachments: list[UploadedAttachment | InlineAttachment] = Field(
         default_factory=list, max_length=MAX_ATTACHMENTS
     )
-    allowed_tools: list[ShortStr] | None = Field(None, max_length=MAX_TOOLS, description="default: all tools")
+    allowed_tools: list[ShortStr] | None = Field(
+        None,
+        max_length=MAX_TOOLS,
+        description="tools the model may call, each one this deployment knows; absent: all; []: none",
+    )
     budget: Budget = Field(default_factory=Budget)
     sampling: SamplingParams | None = None
     metadata: dict[ShortStr, MetaValue] = Field(default_factory=dict, max_length=MAX_METADATA_KEYS)
@@ -208,6 +213,24 @@ class TaskCreate(_Strict):
                 {"n": MAX_ATTACHMENTS},
             )
         return self
+
+
+def unknown_tools_problem(allowed: list[str] | None, known: Collection[str]) -> str | None:
+    """What is wrong with `allowed_tools` for a deployment knowing the tools `known`, or None.
+
+    Absent (None) means every tool. `[]` means no tool: the model is offered none and a call it
+    makes anyway is refused, which is a plain chat task and valid. A name the deployment does not
+    know would only be refused at execution, so it is refused at submission (REST 422, Kafka DLQ
+    `invalid_task`)."""
+    if allowed is None:
+        return None
+    unknown = sorted(set(allowed) - set(known))
+    if not unknown:
+        return None
+    return (
+        f"allowed_tools names unknown tool(s) {', '.join(unknown)}; "
+        f"this deployment knows: {', '.join(sorted(known)) or '(none)'}"
+    )
 
 
 class KafkaTaskMessage(TaskCreate):

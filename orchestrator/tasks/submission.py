@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from orchestrator.tasks.schemas import (
     InlineAttachment,
     TaskCreate,
     UploadedAttachment,
+    unknown_tools_problem,
 )
 
 _INLINE_NS = uuid.UUID("6f6c2b2e-4d0a-4c3e-9a55-0d1f3f0c6a21")
@@ -48,6 +50,14 @@ class _Inline:
     data: bytes
     media_type: str
     filename: str | None
+
+
+def check_allowed_tools(body: TaskCreate, known_tools: Collection[str]) -> None:
+    """Raise `InvalidSubmission("invalid_task")` when `allowed_tools` names a tool outside
+    `known_tools` (`Settings.known_tools()`): the one check REST and Kafka both run."""
+    problem = unknown_tools_problem(body.allowed_tools, known_tools)
+    if problem is not None:
+        raise InvalidSubmission("invalid_task", problem)
 
 
 def to_new_task(

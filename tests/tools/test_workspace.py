@@ -121,3 +121,26 @@ def test_append_replayed_for_the_same_idempotency_key(reg: ToolRegistry, ctx: To
 def test_no_workspace_is_a_clear_error(reg: ToolRegistry, ctx: ToolContext) -> None:
     with pytest.raises(PermanentToolError, match="no workspace"):
         read(reg, dataclasses.replace(ctx, workspace=None), path="a")
+
+
+def test_a_tenants_workspaces_share_one_quota(tmp_path: Path) -> None:
+    # Before: each workspace was bounded alone, so a tenant with many tasks had no bound at all.
+    from tools.workspaces import task_workspace, tenant_usage
+
+    cfg = WorkspaceConfig(max_file_bytes=1000, max_total_bytes=3000, max_files=5, max_tenant_bytes=1500)
+    reg = ToolRegistry([WorkspaceReadTool(cfg), WorkspaceWriteTool(cfg)])
+
+    def context(tenant: str, task: str) -> ToolContext:
+        ws = task_workspace(tmp_path, tenant, task)
+        ws.mkdir(parents=True)
+        return ToolContext(task_id=task, step_id="1", attempt=1, idempotency_key=f"{task}:1", workspace=ws)
+
+    a1, a2, b1 = context("acme", "a1"), context("acme", "a2"), context("globex", "b1")
+    write(reg, a1, path="x", content="1" * 900)
+    with pytest.raises(PermanentToolError, match="quota of 1500"):
+        write(reg, a2, path="y", content="2" * 700)  # 900 + 700 over the tenant's 1500
+    assert tenant_usage(a2.workspace) == 900
+    write(reg, dataclasses.replace(a2, idempotency_key="a2:2"), path="y", content="2" * 500)  # 1400: fits
+    write(reg, b1, path="z", content="3" * 900)  # another tenant counts apart
+    # shrinking a file is allowed even at the quota
+    write(reg, dataclasses.replace(a1, idempotency_key="a1:2"), path="x", content="1" * 100)

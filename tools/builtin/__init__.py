@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from tools.base import Tool
@@ -18,9 +19,10 @@ from tools.sandbox import Sandbox, SandboxUnavailableError
 log = logging.getLogger(__name__)
 
 
-def builtin_tools(config: ToolsConfig | None = None) -> list[Tool]:
+def builtin_tools(config: ToolsConfig | None = None, *, probe: bool = True) -> list[Tool]:
     """The enabled built-ins. `http_get` is left out while its allow-list is empty; `python` raises
-    `SandboxUnavailableError` when the host cannot isolate it (unless `skip_unavailable`)."""
+    `SandboxUnavailableError` when the host cannot isolate it (unless `skip_unavailable`);
+    `probe=False` takes it as configured without running the sandbox (`tool_names`)."""
     cfg = config or ToolsConfig()
     on = set(cfg.enabled)
     tools: list[Tool] = []
@@ -29,7 +31,8 @@ def builtin_tools(config: ToolsConfig | None = None) -> list[Tool]:
     if "python" in on:
         sandbox = Sandbox(cfg.sandbox)
         try:
-            sandbox.probe()
+            if probe:
+                sandbox.probe()
             tools.append(PythonTool(sandbox=sandbox))
         except SandboxUnavailableError as exc:
             if not cfg.skip_unavailable:
@@ -58,14 +61,23 @@ def register_builtin_tools(registry: ToolRegistry, config: ToolsConfig | None = 
         registry.register(tool)
 
 
-def build_default_registry(config: ToolsConfig | None = None) -> ToolRegistry:
+def build_default_registry(config: ToolsConfig | None = None, *, probe: bool = True) -> ToolRegistry:
     """Built-ins per `config`, then entry-point tools (`dayzero.tools`) and `config.modules`."""
     cfg = config or ToolsConfig()
-    registry = ToolRegistry(builtin_tools(cfg))
+    registry = ToolRegistry(builtin_tools(cfg, probe=probe))
     if cfg.load_entry_points:
         load_entry_point_tools(registry)
     load_tool_modules(registry, cfg.modules)
     return registry
+
+
+@functools.lru_cache(maxsize=8)
+def tool_names(config: ToolsConfig) -> frozenset[str]:
+    """The tools a deployment configured with `config` knows: what its runners' and workers'
+    registries hold (`build_default_registry`), the python tool counted as configured (the host
+    asking, e.g. the API's, need not be able to run the sandbox). Task submission checks
+    `allowed_tools` against this set."""
+    return frozenset(build_default_registry(config, probe=False).names())
 
 
 __all__ = [
@@ -80,4 +92,5 @@ __all__ = [
     "build_default_registry",
     "builtin_tools",
     "register_builtin_tools",
+    "tool_names",
 ]

@@ -28,9 +28,8 @@ from tools.base import (
     ToolSpec,
 )
 from tools.config import WorkspaceConfig
+from tools.workspaces import RESERVED_DIR, tenant_usage, usage
 
-# Idempotency records live here; the model cannot read or write below it.
-RESERVED_DIR = ".dayzero"
 MAX_PATH_CHARS = 512
 MAX_DEPTH = 16
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -87,19 +86,6 @@ def _open_dir(root: Path, parts: list[str], *, create: bool) -> Iterator[int]:
         raise
     finally:
         os.close(fd)
-
-
-def _usage(root: Path) -> tuple[int, int]:
-    """(bytes, files) used by the workspace, counting without following links."""
-    total = files = 0
-    for dirpath, dirs, names in os.walk(root, followlinks=False):
-        if dirpath == str(root) and RESERVED_DIR in dirs:
-            dirs.remove(RESERVED_DIR)  # idempotency records: small, and not the model's files
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-                files += 1
-    return total, files
 
 
 class WorkspaceReadTool:
@@ -262,9 +248,15 @@ class WorkspaceWriteTool:
                 raise PermanentToolError(
                     f"file would be {len(data)} bytes; the limit is {self.config.max_file_bytes}"
                 )
-            used, files = _usage(root)
-            if used - (old[1] if old else 0) + len(data) > self.config.max_total_bytes:
+            used, files = usage(root)
+            growth = len(data) - (old[1] if old else 0)
+            if used + growth > self.config.max_total_bytes:
                 raise PermanentToolError(f"the workspace would exceed {self.config.max_total_bytes} bytes")
+            if growth > 0 and tenant_usage(root) + growth > self.config.max_tenant_bytes:
+                raise PermanentToolError(
+                    f"the tenant's workspaces would exceed their quota of {self.config.max_tenant_bytes} "
+                    "bytes (other tasks' workspaces count too; they are deleted when their tasks end)"
+                )
             if old is None and files + 1 > self.config.max_files:
                 raise PermanentToolError(f"the workspace holds {self.config.max_files} files already")
             _atomic_write(dfd, parts[-1], data)

@@ -24,6 +24,14 @@ from pathlib import Path
 
 from tools.base import PermanentToolError
 from tools.config import SandboxConfig, SandboxLimits
+from tools.sandbox.membound import (
+    POLL_S,
+    CallBound,
+    CgroupSetupError,
+    MemoryBound,
+    TreeRssBound,
+    choose_memory_bound,
+)
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 SETUP_FAILED = 120
@@ -65,6 +73,7 @@ class SandboxResult:
 class SandboxInfo:
     python: str
     landlock_abi: int  # 0: not available on this kernel
+    memory_bound: str  # how a call's memory is bounded as a whole: cgroup_v2 | process_tree_rss
 
 
 class Sandbox:
@@ -73,6 +82,7 @@ class Sandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self.python = self.config.python_executable or _pick_python(self.config.uid, self.config.gid)
+        self.memory_bound = choose_memory_bound(self.config.cgroup_parent)
 
     @functools.cached_property
     def info(self) -> SandboxInfo:
@@ -84,14 +94,18 @@ class Sandbox:
                 "the python sandbox cannot run on this host "
                 f"(exit {res.exit_code}, signal {res.signal}): {res.stderr.strip()[:500]}"
             )
-        return SandboxInfo(python=self.python, landlock_abi=int(res.stdout.strip() or 0))
+        return SandboxInfo(
+            python=self.python,
+            landlock_abi=int(res.stdout.strip() or 0),
+            memory_bound=self.memory_bound.name,
+        )
 
     def probe(self) -> SandboxInfo:
         return self.info
 
     def run(self, code: str, *, limits: SandboxLimits | None = None) -> SandboxResult:
         lim = limits or self.config.limits
-        return _execute(self.job(code, lim), lim)
+        return _execute(self.job(code, lim), lim, bound=self.memory_bound)
 
     def job(self, code: str, lim: SandboxLimits) -> dict:
         """The JSON job the launcher reads on stdin."""
@@ -113,8 +127,13 @@ class Sandbox:
         return job
 
 
-def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -> SandboxResult:
-    """Run the launcher (`launcher` overrides its command line, for tests) and collect the result."""
+def _execute(
+    job: dict, lim: SandboxLimits, launcher: list[str] | None = None, bound: MemoryBound | None = None
+) -> SandboxResult:
+    """Run the launcher (`launcher` overrides its command line, for tests) and collect the result.
+
+    The launcher waits for its job on stdin, so the memory bound is attached before any of the
+    call's code runs."""
     start = time.monotonic()
     proc = subprocess.Popen(
         launcher or [sys.executable, "-I", "-S", "-B", str(LAUNCHER)],
@@ -125,6 +144,21 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
         close_fds=True,
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )
+    try:
+        call = (bound or TreeRssBound()).attach(proc.pid, lim.call_memory_bytes)
+    except CgroupSetupError:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    try:
+        return _collect(proc, job, lim, call, start)
+    finally:
+        call.close()
+
+
+def _collect(
+    proc: subprocess.Popen, job: dict, lim: SandboxLimits, call: CallBound, start: float
+) -> SandboxResult:
     try:
         assert proc.stdin is not None  # Popen with PIPE always sets it
         proc.stdin.write(json.dumps(job).encode())
@@ -140,7 +174,7 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
             timed_out = True
             _kill_group(proc)
             break
-        if tree_rss_bytes(proc.pid) > lim.call_memory_bytes:
+        if call.exceeded():
             memory_exceeded = True
             _kill_group(proc)
             break
@@ -150,7 +184,7 @@ def _execute(job: dict, lim: SandboxLimits, launcher: list[str] | None = None) -
                 break
             except subprocess.TimeoutExpired:
                 continue
-        streams.pump(min(remaining, _MEMORY_POLL_S))
+        streams.pump(min(remaining, POLL_S))
     # After a kill the namespace dies with its PID 1; drain what is left, but never wait forever.
     streams.drain(grace_s=2.0)
     try:
@@ -219,35 +253,6 @@ class _BoundedStreams:
 
     def truncated(self, name: str) -> bool:
         return self.total[name] > len(self.kept[name])
-
-
-_MEMORY_POLL_S = 0.05  # how often a call's memory is added up (a process touches ~100 MiB in that time)
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of `root` and all its descendants (their host PIDs, PID namespace or not)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, ()))
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as f:
-                total += int(f.read().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

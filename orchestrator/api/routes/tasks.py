@@ -20,7 +20,7 @@ from orchestrator.metrics import TASKS_SUBMITTED
 from orchestrator.tasks.control import request_cancel
 from orchestrator.tasks.queries import get_task, list_attempts, list_messages, list_steps, task_goals
 from orchestrator.tasks.schemas import ID_PATTERN, TaskCreate, check_text
-from orchestrator.tasks.submission import InvalidSubmission, submit_task
+from orchestrator.tasks.submission import InvalidSubmission, check_allowed_tools, submit_task
 from orchestrator.tracing import current_traceparent, task_span, valid_traceparent
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
@@ -71,6 +71,7 @@ def create_task(
         for attempt in range(2):
             try:
                 inserted: dict[str, dict[str, Any]] = {}
+                check_allowed_tools(body, settings.known_tools())
                 with engine.begin() as conn:
                     task_id, created = submit_task(
                         conn,

@@ -32,7 +32,11 @@ def make_keys(engine: Engine, *tenants: str) -> dict[str, str]:
 
 @pytest.fixture
 def api_settings(db_url, tmp_path) -> Settings:
-    return Settings(DATABASE_URL=db_url, DAYZERO_BLOB_DIR=str(tmp_path / "blobs"))
+    return Settings(
+        DATABASE_URL=db_url,
+        DAYZERO_BLOB_DIR=str(tmp_path / "blobs"),
+        DAYZERO_TOOL_MODULES="testing.fixture_tools",
+    )
 
 
 @pytest.fixture

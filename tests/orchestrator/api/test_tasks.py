@@ -246,3 +246,19 @@ def test_concurrent_submissions_with_one_key_make_one_task(api: Api):
         )
     assert sorted(r.status_code for r in responses) == [200] * 15 + [201]
     assert len({r.json()["id"] for r in responses}) == 1
+
+
+def test_allowed_tools_must_name_tools_this_deployment_knows(api: Api):
+    # Before: ["rm_rf"] was accepted (201) and refused only when the model called it.
+    b = _problem(
+        api.client.post("/v1/tasks", json={"goal": "x", "allowed_tools": ["echo", "rm_rf"]}, headers=api.h()),
+        422,
+    )
+    assert b["type"].endswith("invalid-task")
+    assert "rm_rf" in b["detail"] and "echo" not in b["detail"].split(";")[0]  # names only the unknown one
+    assert "calculator" in b["detail"] and "echo" in b["detail"]  # and lists the known ones
+    # [] is a task with no tools (the model is offered none): valid. Known names are accepted.
+    for tools in ([], ["echo", "calculator"]):
+        r = api.client.post("/v1/tasks", json={"goal": "x", "allowed_tools": tools}, headers=api.h())
+        assert r.status_code == 201, r.text
+        assert api.client.get(f"/v1/tasks/{r.json()['id']}", headers=api.h()).json()["allowed_tools"] == tools

@@ -61,12 +61,16 @@ def producer(kafka_broker) -> Iterator[Any]:  # noqa: F811
 def make_ingestor(db: Engine, kafka_broker, kafka_settings, tmp_path) -> Iterator[Any]:  # noqa: F811
     made: list[Ingestor] = []
 
-    def factory(max_message_bytes: int = 64 * 1024, **overrides: Any) -> Ingestor:
+    def factory(max_message_bytes: int = 64 * 1024, consumer: Any = None, **overrides: Any) -> Ingestor:
         ks = kafka_settings.model_copy(update=overrides) if overrides else kafka_settings
-        settings = Settings(DATABASE_URL=str(db.url), DAYZERO_BLOB_DIR=str(tmp_path / "blobs"))
+        settings = Settings(
+            DATABASE_URL=str(db.url),
+            DAYZERO_BLOB_DIR=str(tmp_path / "blobs"),
+            DAYZERO_TOOL_MODULES="testing.fixture_tools",
+        )
         ing = Ingestor(
             db,
-            make_consumer(kafka_broker.bootstrap, ks),
+            consumer or make_consumer(kafka_broker.bootstrap, ks),
             make_dlq_producer(kafka_broker.bootstrap),
             settings,
             ks,
@@ -77,5 +81,6 @@ def make_ingestor(db: Engine, kafka_broker, kafka_settings, tmp_path) -> Iterato
 
     yield factory
     for ing in made:
+        ing.incarnations.close()
         ing.consumer.close()
         ing.producer.close()

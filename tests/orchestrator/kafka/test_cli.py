@@ -69,7 +69,11 @@ def test_apikey_create_then_submit_via_kafka_and_rest(
     assert row.tenant == "acme" and row.metadata == {"via": "cli"} and row.allowed_tools == ["echo"]
 
     app = create_app(
-        Settings(DATABASE_URL=env["DATABASE_URL"], DAYZERO_BLOB_DIR=str(tmp_path)),
+        Settings(
+            DATABASE_URL=env["DATABASE_URL"],
+            DAYZERO_BLOB_DIR=str(tmp_path),
+            DAYZERO_TOOL_MODULES="testing.fixture_tools",
+        ),
         engine=db,
         ingress=IngressSettings(gc_freeze=False),
     )
@@ -91,8 +95,10 @@ def test_apikey_create_then_submit_via_kafka_and_rest(
 
 def test_example_producer_record_is_a_valid_task_message(kafka_broker):
     from orchestrator.kafka.topics import ensure_topics
-    from orchestrator.tasks.schemas import KafkaTaskMessage
+    from orchestrator.tasks.schemas import KafkaTaskMessage, unknown_tools_problem
     from testing.kafka_broker import consume_all
+    from tools.builtin import tool_names
+    from tools.config import ToolsConfig
 
     ensure_topics(kafka_broker.bootstrap, ["dayzero.tasks"], 1)
     out = subprocess.run(
@@ -112,3 +118,5 @@ def test_example_producer_record_is_a_valid_task_message(kafka_broker):
     assert len(records) == 1
     msg = KafkaTaskMessage.model_validate_json(records[0].value)
     assert msg.tenant == "acme" and msg.goal == "plan a trip"
+    # its tools are ones a default deployment knows (else ingest dead-letters it `invalid_task`)
+    assert unknown_tools_problem(msg.allowed_tools, tool_names(ToolsConfig(skip_unavailable=True))) is None

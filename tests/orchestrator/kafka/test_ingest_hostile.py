@@ -162,3 +162,65 @@ def test_keyless_records_of_a_recreated_topic_get_new_keys(db, tenants, kafka_se
 
     old, new = ing.parse(record(1_700_000_000_000)), ing.parse(record(1_700_000_500_000))
     assert old.key != new.key and old.key.startswith(f"kafka:{kafka_settings.tasks_topic}:0:0:")
+
+
+def test_unknown_allowed_tools_are_dead_lettered_invalid_task(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: ["rm_rf"] became a task; [] (no tools) stays valid.
+    for key, tools in ((b"bad", ["rm_rf", "echo"]), (b"none", []), (b"ok", ["echo"])):
+        body = {"tenant": "acme", "goal": "x", "allowed_tools": tools}
+        producer.send(kafka_settings.tasks_topic, key=key, value=json.dumps(body).encode())
+    producer.flush()
+    ing = make_ingestor()
+    _run_until(ing, lambda: ing.stats["created"] + ing.stats["dlq"] >= 3)
+    assert _keys(db) == ["none", "ok"]
+    (m,) = consume_all(kafka_broker.bootstrap, kafka_settings.dlq_topic, 1)
+    headers = dict(m.headers)
+    assert m.key == b"bad" and headers["dlq-reason"] == b"invalid_task"
+    assert b"rm_rf" in headers["dlq-error"] and b"calculator" in headers["dlq-error"]
+
+
+def test_a_topic_recreated_under_the_consumer_is_read_from_its_beginning(
+    db, tenants, producer, kafka_settings, kafka_broker, make_ingestor
+):
+    # Before: the consumer's position (30) lay inside the re-created topic's records, and its
+    # first 30 records were skipped silently (never ingested, never dead-lettered).
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    from orchestrator.kafka.topics import ensure_topics
+    from orchestrator.tasks.queries import task_goals
+
+    topic = kafka_settings.tasks_topic
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap,
+        group_id=kafka_settings.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    consumer.assign([TopicPartition(topic, p) for p in range(3)])  # no rebalance resets the position
+    ing = make_ingestor(consumer=consumer)
+
+    def send(n: int, goal: str) -> None:
+        for i in range(n):
+            value = json.dumps({"tenant": "acme", "goal": f"{goal}-{i}"}).encode()
+            producer.send(topic, value=value, partition=0)  # keyless: the key is derived
+        producer.flush()
+
+    send(30, "old")
+    _run_until(ing, lambda: ing.stats["created"] >= 30)
+    old_id = ing.incarnations.id_of(topic)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+    admin.delete_topics([topic])
+    admin.close()
+    time.sleep(1.0)
+    ensure_topics(kafka_broker.bootstrap, [topic], 3)
+    send(40, "new")
+    _run_until(ing, lambda: ing.stats["created"] >= 70, timeout_s=60)
+    with db.connect() as conn:
+        ids = list(conn.execute(select(tasks_t.c.id)).scalars())
+        goals = set(task_goals(conn, ids).values())
+    assert {f"new-{i}" for i in range(40)} <= goals and len(goals) == 70
+    assert ing.incarnations.restarts >= 1 and ing.incarnations.id_of(topic) not in (None, old_id)
+    keys = _keys(db)
+    assert sum(k.endswith(f":{old_id}") for k in keys) == 30  # the topic's id is in the derived key
