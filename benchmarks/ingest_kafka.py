@@ -74,6 +74,7 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict:
         produce_s = produce(bootstrap, topic, args.messages)
         env = {
             **os.environ,
+            "DAYZERO_TOOL_MODULES": "testing.fixture_tools",  # the tasks allow `echo`
             "DATABASE_URL": url,
             "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
             "DAYZERO_KAFKA_TASKS_TOPIC": topic,

@@ -149,6 +149,7 @@ def main() -> None:
         port = free_port()
         env = {
             **os.environ,
+            "DAYZERO_TOOL_MODULES": "testing.fixture_tools",  # the tasks allow `echo`
             "DATABASE_URL": db_url,
             "DAYZERO_BLOB_DIR": f"/tmp/dz-bench-{uuid.uuid4().hex[:6]}",
         }

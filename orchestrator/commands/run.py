@@ -122,6 +122,7 @@ def _run_checked(args: argparse.Namespace) -> int:
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
     from orchestrator.tasks.control import request_cancel
     from orchestrator.tasks.queries import get_task, list_messages
+    from orchestrator.tasks.schemas import unknown_tools_problem
     from orchestrator.tracing import setup_tracing
 
     console = transcript_console()
@@ -133,9 +134,9 @@ def _run_checked(args: argparse.Namespace) -> int:
     timed_out = False
     try:
         allowed = args.tools.split(",") if args.tools else None
-        unknown = sorted(set(allowed or ()) - set(parts.tools.names()))
-        if unknown:
-            raise _InvalidRun(f"unknown tools {unknown}; this runner has {parts.tools.names()}")
+        # the check REST and Kafka run, against the tools this runner holds
+        if problem := unknown_tools_problem(allowed, parts.tools.names()):
+            raise _InvalidRun(problem)
         task_id = submit_local(
             parts.engine, settings, args.goal, args.image, tools=allowed, max_steps=args.max_steps
         )

@@ -62,7 +62,7 @@ def _cli(tmp_path, model_url: str, *args: str, timeout: float = 120) -> subproce
     [
         (("",), "goal"),
         (("x" * 40_000,), "goal"),
-        (("g", "--tools", "rm_rf"), "unknown tools ['rm_rf']"),
+        (("g", "--tools", "rm_rf"), "allowed_tools names unknown tool(s) rm_rf"),
         (("g", "--image", "missing.png"), "no such image file: missing.png"),
         (("g", "--max-steps", "0"), "max_steps"),
     ],
