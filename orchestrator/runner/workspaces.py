@@ -18,14 +18,12 @@ from sqlalchemy import Connection, select
 
 from orchestrator.clock import utcnow
 from orchestrator.db.tables import tasks_t
-from orchestrator.statemachine import TaskStatus
+from orchestrator.statemachine import TERMINAL_TASK_STATUSES
 from tools.workspaces import remove_task_workspace, task_workspace, task_workspaces
 
 log = logging.getLogger(__name__)
 
-TERMINAL = frozenset(
-    s.value for s in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)
-)
+TERMINAL = frozenset(s.value for s in TERMINAL_TASK_STATUSES)  # as the task rows store them
 _BATCH = 500
 
 
