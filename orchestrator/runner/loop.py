@@ -44,7 +44,7 @@ from orchestrator.runner.preprocess_step import run_preprocess
 from orchestrator.runner.tool_step import run_tool_step
 from orchestrator.runner.transcripts import CachedTranscript, TranscriptCache
 from orchestrator.runner.txn import StepTxn, StepView, TaskView
-from orchestrator.statemachine import StepStatus, TaskEvent, TaskStatus
+from orchestrator.statemachine import TERMINAL_TASK_STATUSES, StepStatus, TaskEvent, TaskStatus
 from orchestrator.tasks.errors import StaleTransition
 from orchestrator.tasks.queries import TaskState, has_unfinished_tasks, task_state
 from orchestrator.tracing import task_span
@@ -52,7 +52,7 @@ from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-_TERMINAL = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)
+_TERMINAL = TERMINAL_TASK_STATUSES
 
 
 class Runner:
