@@ -7,11 +7,14 @@ new worker charged the card a second time."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -53,47 +56,57 @@ def _start_tools_worker(worker_env, name: str, db_url: str, state_dir) -> tuple[
     return proc, log
 
 
+@contextlib.contextmanager
+def runner_over_celery(pg_url: str, model_url: str, prefix: str) -> Iterator[tuple[Any, Runner]]:
+    """A migrated database and a runner dispatching tool jobs through Celery on Redis (the fixture
+    tools registered), closed on exit."""
+    db = make_engine(pg_url)
+    migrate.upgrade(db)
+    app = build_app(REDIS_URL, REDIS_URL, prefix)
+    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
+    client = OpenAIChatClient(model_url, "scripted", timeout_s=10)
+    dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL, app=app)
+    runner = Runner(db, client, dispatcher, registry, RunnerConfig(lease_s=5.0, poll_interval_s=0.05))
+    try:
+        yield db, runner
+    finally:
+        runner.stop()
+        dispatcher.close()
+        client.close()
+        db.dispose()
+
+
 @pytest.mark.timeout(180)
 def test_redelivered_job_of_a_finished_attempt_is_refused(worker_env, pg_url, model_server, tmp_path):  # noqa: F811
     state = tmp_path / "state"
     state.mkdir()
     os.environ["DAYZERO_TEST_STATE_DIR"] = str(state)
-    db = make_engine(pg_url)
-    migrate.upgrade(db)
-    app = build_app(REDIS_URL, REDIS_URL, worker_env.prefix)
-    registry = build_registry(ToolsConfig(skip_unavailable=True, modules=("testing.fixture_tools",)))
-    client = OpenAIChatClient(model_server.url, "scripted", timeout_s=10)
-    dispatcher = CeleryDispatcher(REDIS_URL, REDIS_URL, app=app)
-    runner = Runner(db, client, dispatcher, registry, RunnerConfig(lease_s=5.0, poll_interval_s=0.05))
     charges = state / "charges.log"
-    first, _ = _start_tools_worker(worker_env, "first", pg_url, state)
     second = None
-    try:
-        tid = submit(db, {"cycles": 1, "tool": "slow_charge", "args": {"sleep_s": 60}})
-        driver = threading.Thread(target=runner.run_until_idle, kwargs={"timeout_s": 120}, daemon=True)
-        driver.start()
-        wait_for(charges.exists, 60, "the first charge")
-        kill_group(first)  # mid-job, after the side effect, before the ack
-        driver.join(120)
-        with db.connect() as conn:
-            assert get_task(conn, tid).status == "SUCCEEDED"  # the model read the timeout and answered
-            tool_attempts = [a for a in list_attempts(conn, tid) if a.step_index == 1]
-        assert [(a.attempt, a.status) for a in tool_attempts] == [(1, "FAILED")]
-        second, log = _start_tools_worker(worker_env, "second", pg_url, state)
-        wait_for(lambda: b"refused" in log.read_bytes(), 60, "the redelivered job to be refused")
-        assert f"tool job {tid}:1:1 refused" in log.read_text()
-        assert charges.read_text().splitlines() == [f"{tid}:1:1"]  # charged once
-        # the refused job is acked just after its refusal is logged: wait for the ack, do not race it
-        wait_for(lambda: worker_env.redis.zcard(worker_env.prefix + "unacked_index") == 0, 30, "the ack")
-    finally:
-        kill_group(first)
-        if second is not None:
-            kill_group(second)
-        runner.stop()
-        dispatcher.close()
-        client.close()
-        db.dispose()
-        os.environ.pop("DAYZERO_TEST_STATE_DIR", None)
+    with runner_over_celery(pg_url, model_server.url, worker_env.prefix) as (db, runner):
+        first, _ = _start_tools_worker(worker_env, "first", pg_url, state)
+        try:
+            tid = submit(db, {"cycles": 1, "tool": "slow_charge", "args": {"sleep_s": 60}})
+            driver = threading.Thread(target=runner.run_until_idle, kwargs={"timeout_s": 120}, daemon=True)
+            driver.start()
+            wait_for(charges.exists, 60, "the first charge")
+            kill_group(first)  # mid-job, after the side effect, before the ack
+            driver.join(120)
+            with db.connect() as conn:
+                assert get_task(conn, tid).status == "SUCCEEDED"  # the model read the timeout and answered
+                tool_attempts = [a for a in list_attempts(conn, tid) if a.step_index == 1]
+            assert [(a.attempt, a.status) for a in tool_attempts] == [(1, "FAILED")]
+            second, log = _start_tools_worker(worker_env, "second", pg_url, state)
+            wait_for(lambda: b"refused" in log.read_bytes(), 60, "the redelivered job to be refused")
+            assert f"tool job {tid}:1:1 refused" in log.read_text()
+            assert charges.read_text().splitlines() == [f"{tid}:1:1"]  # charged once
+            # the refused job is acked just after its refusal is logged: wait for the ack, do not race it
+            wait_for(lambda: worker_env.redis.zcard(worker_env.prefix + "unacked_index") == 0, 30, "the ack")
+        finally:
+            kill_group(first)
+            if second is not None:
+                kill_group(second)
+            os.environ.pop("DAYZERO_TEST_STATE_DIR", None)
 
 
 def test_fence_refuses_stale_attempts_and_lets_current_ones_run(db_url):
