@@ -129,7 +129,9 @@ def causal_conv_varlen_fast(
         return y, window
     tail = lens[:, None] - w + torch.arange(w, device=dev)[None, :]  # [N, W] positions in the chunk
     from_x = (tail >= 0)[..., None]
-    xv = x[(cu[:-1, None] + tail.clamp(min=0)).clamp(max=max(t - 1, 0))]  # [N, W, C]
     wv = window.permute(0, 2, 1)[torch.arange(n, device=dev)[:, None], (w + tail).clamp(0, w - 1)]
-    new = torch.where(from_x, xv.to(window.dtype), wv) if t else wv
+    if not t:  # no new tokens: the windows stay (and an empty x has no row to gather)
+        return y, window
+    xv = x[(cu[:-1, None] + tail.clamp(min=0)).clamp(max=t - 1)]  # [N, W, C]
+    new = torch.where(from_x, xv.to(window.dtype), wv)
     return y, new.permute(0, 2, 1).contiguous()

@@ -305,11 +305,11 @@ def test_gpu_moe_dispatch_at_model_shapes(rows):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize(
-    "lens", [(37, 1, 2, 70), (1, 1, 1), (5,), (3, 0, 9)], ids=lambda x: "-".join(map(str, x))
+    "lens", [(37, 1, 2, 70), (1, 1, 1), (5,), (3, 0, 9), (0, 0)], ids=lambda x: "-".join(map(str, x))
 )
 def test_short_conv_prefill_matches_reference(lens, dtype):
     """The varlen prefill conv (each sequence continuing its window; sequences shorter than the
-    window, one-token sequences and an empty one) vs the reference, output and new windows."""
+    window, one-token sequences, an empty one and a step of none) vs the reference, output and new windows."""
     from inference.kernels.kda.reference import causal_conv_varlen
     from inference.kernels.short_conv.fast import causal_conv_varlen_fast
 
