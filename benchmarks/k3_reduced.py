@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--chunk", type=int, default=16384, help="prefill tokens per engine step (default 16K)")
     ap.add_argument("--greedy-tokens", type=int, default=32, help="tokens of the equivalence check (0: none)")
+    ap.add_argument("--variants", default="dense,dsa", help="which of dense, dsa run at each length")
     ap.add_argument("--out", default=None, help="JSON path (default $OUT/k3_reduced.json)")
     ap.add_argument("--plot", default=None, help="PNG path (default beside the JSON)")
     ap.add_argument("--plot-from", default=None, help="only draw the PNG of a saved JSON")
@@ -219,11 +220,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "equivalence", lambda: equivalence(model, specs, cfg, dtype, device, tokens)
         )
     warm = min(lengths[0], 128 if quick else WARM_TOKENS)
-    for kind in ("dense", "dsa"):  # compile and autotune every kernel the chunks and decode use
+    kinds = [k for k in ("dense", "dsa") if k in args.variants.split(",")]
+    for kind in kinds:  # compile and autotune every kernel the chunks and decode use
         with variant(model, kind):
             timed(f"warm_{kind}", lambda k=kind: prefill_decode(model, specs[k], dtype, device, warm, 4))
     for n in lengths:
-        for kind in ("dense", "dsa"):
+        for kind in kinds:
             with variant(model, kind):
                 row = timed(
                     f"{kind}_{n}",
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row.pop("output_ids", None)
             res["runs"][f"{kind}_{n}"] = row
             save()
-        d, s = res["runs"][f"dense_{n}"], res["runs"][f"dsa_{n}"]
+        d, s = res["runs"].get(f"dense_{n}", {}), res["runs"].get(f"dsa_{n}", {})
         if "ttft_s" in d and "ttft_s" in s:
             res["runs"][f"dsa_{n}"]["ttft_dense_over_dsa"] = round(d["ttft_s"] / s["ttft_s"], 3)
             res["runs"][f"dsa_{n}"]["decode_dsa_over_dense"] = round(
