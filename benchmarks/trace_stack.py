@@ -125,7 +125,9 @@ def _database_url(work: Path, o: StackOptions) -> Iterator[str]:
 def _service_env(db_url: str, work: Path, o: StackOptions) -> dict[str, str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DAYZERO_", "CELERY_", "KAFKA_"))},
-        "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+        # this checkout first; the caller's entries kept (a GPU host's carried wheels, /tmp/site)
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
+        "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
         "DATABASE_URL": db_url,
         "DAYZERO_BLOB_DIR": str(work / "blobs"), "DAYZERO_WORKSPACE_DIR": str(work / "ws"),
         "DAYZERO_POLL_INTERVAL_S": "0.05", "DAYZERO_BUDGET_MAX_STEPS": "100000",
