@@ -3,8 +3,10 @@ agent tasks whose transcripts grow to a target size.
 
 What runs: a scratch PostgreSQL database, `dayzero serve` (REST), `dayzero worker` (Celery tool
 worker, Redis broker), `dayzero runner` processes (one per concurrent task) and `dayzero infer
-serve` (our inference server with the engine: `--dummy`, random weights and the byte tokenizer,
-or `--model DIR`, e.g. the bundled demo checkpoint). Between the runners and the inference server
+serve` (our inference server with the engine, on `--device`: `--dummy [CONFIG|bench]`, random
+weights and the byte tokenizer, or `--model DIR`, e.g. the bundled demo checkpoint). With
+`--services local` there are no services: a SQLite file in the run's folder, and each runner runs
+its tools in-process (no Celery worker, no Redis), as on a GPU host. Between the runners and the inference server
 sits this module's *scripted proxy*: it forwards each chat request byte for byte to the server,
 which renders, tokenizes, looks up its prefix cache and prefills as for any request (the tasks
 ask for `max_tokens: 1`, so decoding is one token), and replaces the answer's message with the
@@ -14,7 +16,10 @@ below (they come from the runner, the client and the server).
 
 A trace: each task (several at once, sharing a system prompt) alternates `workspace_write` of a
 document (1-50 KB, in the assistant's tool-call arguments) and `workspace_read` of it (the tool
-result, through the Celery worker), until its transcript reaches the target size, then answers.
+result, through the Celery worker or in-process), until its transcript reaches the target size,
+then answers. After it, in the same stack, the cold-prefill baseline: one task whose prompt no
+request sent before, as long as the median prompt of the trace's turns 10+ (1-based);
+`ttft_ratio_turn10plus` is their p50 TTFT over its TTFT (`--no-cold`: skipped).
 
 Per model turn (from the task's attempts, `GET /v1/tasks/{id}`): runner time before the call
 (`runner_ms`: the step's preparation; `encode_ms`: the client's choice of messages and JSON body),
@@ -24,8 +29,9 @@ turn's whole prompt), and TTFT. `--wire full` makes the proxy hide the server's 
 acknowledgement, so the client sends every transcript whole (the path before incremental
 requests), for comparison.
 
-    python -m benchmarks.agent_traces [--sizes 32768,131072] [--tasks 9] [--model DIR | --dummy]
-        [--wire incremental|full] [--out docs/results/agent_traces.json] [--png F]
+    python -m benchmarks.agent_traces [--sizes 32768,131072] [--tasks 9] [--max-turns 101]
+        [--model DIR | --dummy [CONFIG|bench]] [--services postgres|local] [--device cpu|cuda]
+        [--no-cold] [--wire incremental|full] [--out docs/results/agent_traces.json] [--png F]
 """
 
 from __future__ import annotations
@@ -197,18 +203,18 @@ def run_cold(
     target = int(_median([r["prompt_tokens"] for r in late]))
     task = run_tasks(api, key, [cold_body(target, bytes_per_token, uuid.uuid4().hex)], [1], timeout_s)[0]
     row = task["turns"][0] if task["turns"] else {}
+    ttft = row.get("ttft_ms")
     cold = {
         "status": task["status"], "error": task["error"], "target_prompt_tokens": target,
-        **{k: row.get(k) for k in ("prompt_tokens", "cached_tokens", "request_bytes", "ttft_ms")},
+        **{k: row.get(k) for k in ("prompt_tokens", "cached_tokens", "request_bytes")},
+        "ttft_ms": round(ttft, 3) if ttft is not None else None,
     }  # fmt: skip
     late_ttft = [r["ttft_ms"] for r in late if r["ttft_ms"] is not None]
     p50 = round(_median(late_ttft), 3) if late_ttft else None
-    ratio = round(p50 / cold["ttft_ms"], 4) if p50 is not None and cold["ttft_ms"] else None
-    if cold["ttft_ms"] is not None:
-        cold["ttft_ms"] = round(cold["ttft_ms"], 3)
+    ratio = round(p50 / ttft, 4) if p50 is not None and ttft else None
     return {
         "cold": cold,
-        "cold_ttft_ms": round(cold["ttft_ms"], 3) if cold["ttft_ms"] is not None else None,
+        "cold_ttft_ms": cold["ttft_ms"],
         "ttft_ms_p50_turn10plus": p50,
         "turn10plus_turns": len(late),
         "ttft_ratio_turn10plus": ratio,
