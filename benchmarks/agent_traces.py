@@ -3,8 +3,10 @@ agent tasks whose transcripts grow to a target size.
 
 What runs: a scratch PostgreSQL database, `dayzero serve` (REST), `dayzero worker` (Celery tool
 worker, Redis broker), `dayzero runner` processes (one per concurrent task) and `dayzero infer
-serve` (our inference server with the engine: `--dummy`, random weights and the byte tokenizer,
-or `--model DIR`, e.g. the bundled demo checkpoint). Between the runners and the inference server
+serve` (our inference server with the engine, on `--device`: `--dummy [CONFIG|bench]`, random
+weights and the byte tokenizer, or `--model DIR`, e.g. the bundled demo checkpoint). With
+`--services local` there are no services: a SQLite file in the run's folder, and each runner runs
+its tools in-process (no Celery worker, no Redis), as on a GPU host. Between the runners and the inference server
 sits this module's *scripted proxy*: it forwards each chat request byte for byte to the server,
 which renders, tokenizes, looks up its prefix cache and prefills as for any request (the tasks
 ask for `max_tokens: 1`, so decoding is one token), and replaces the answer's message with the
@@ -14,7 +16,10 @@ below (they come from the runner, the client and the server).
 
 A trace: each task (several at once, sharing a system prompt) alternates `workspace_write` of a
 document (1-50 KB, in the assistant's tool-call arguments) and `workspace_read` of it (the tool
-result, through the Celery worker), until its transcript reaches the target size, then answers.
+result, through the Celery worker or in-process), until its transcript reaches the target size,
+then answers. After it, in the same stack, the cold-prefill baseline: one task whose prompt no
+request sent before, as long as the median prompt of the trace's turns 10+ (1-based);
+`ttft_ratio_turn10plus` is their p50 TTFT over its TTFT (`--no-cold`: skipped).
 
 Per model turn (from the task's attempts, `GET /v1/tasks/{id}`): runner time before the call
 (`runner_ms`: the step's preparation; `encode_ms`: the client's choice of messages and JSON body),
@@ -24,8 +29,9 @@ turn's whole prompt), and TTFT. `--wire full` makes the proxy hide the server's 
 acknowledgement, so the client sends every transcript whole (the path before incremental
 requests), for comparison.
 
-    python -m benchmarks.agent_traces [--sizes 32768,131072] [--tasks 9] [--model DIR | --dummy]
-        [--wire incremental|full] [--out docs/results/agent_traces.json] [--png F]
+    python -m benchmarks.agent_traces [--sizes 32768,131072] [--tasks 9] [--max-turns 101]
+        [--model DIR | --dummy [CONFIG|bench]] [--services postgres|local] [--device cpu|cuda]
+        [--no-cold] [--wire incremental|full] [--out docs/results/agent_traces.json] [--png F]
 """
 
 from __future__ import annotations
@@ -50,17 +56,41 @@ TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 
 
 # -- a run -------------------------------------------------------------------------------------
-def submit(client: httpx.Client, spec: TraceSpec, system_prompt: str) -> str:
-    body = {
+def trace_body(spec: TraceSpec, system_prompt: str) -> dict[str, Any]:
+    """A trace task's submission: its script rides in the goal, for the proxy."""
+    return {
         "goal": "trace:" + json.dumps({"docs_kb": list(spec.docs_kb)}),
         "system_prompt": system_prompt,
         "allowed_tools": ["workspace_write", "workspace_read"],
         "budget": {"max_steps": 4 * spec.turns, "deadline_s": 86400},
         "sampling": {"max_tokens": 1, "temperature": 0},
     }
-    r = client.post("/v1/tasks", json=body)
-    r.raise_for_status()
-    return r.json()["id"]
+
+
+COLD_PART_KB = 31  # a message of the cold prompt: under the API's 32,000 characters per message
+
+
+def cold_body(prompt_tokens: int, bytes_per_token: float, nonce: str) -> dict[str, Any]:
+    """The cold-prefill baseline: a one-turn task whose prompt (about `prompt_tokens`) no request
+    has sent before. Its system prompt starts with `nonce`, so not even the first cache block is
+    shared with the trace's; the fresh document goes in prior user messages, since a goal or a
+    message holds at most 32,000 characters. Its script has no documents: the proxy answers its
+    one turn with a final message."""
+    text_bytes = max(1024, int(prompt_tokens * bytes_per_token) - 128)  # the template's own tokens
+    parts, i = [], 0
+    while text_bytes > 0:
+        kb = min(COLD_PART_KB, text_bytes / 1024)
+        parts.append({"role": "user", "content": document(f"cold-{nonce}", i, kb)})
+        text_bytes -= int(kb * 1024)
+        i += 1
+    return {
+        "goal": "trace:" + json.dumps({"docs_kb": []}),
+        "system_prompt": f"cold-{nonce}: a prompt no request has sent before.",
+        "messages": parts,
+        "allowed_tools": [],
+        "budget": {"max_steps": 4, "deadline_s": 86400},
+        "sampling": {"max_tokens": 1, "temperature": 0},
+    }
 
 
 def turn_rows(task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -94,25 +124,41 @@ def turn_rows(task: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_trace(
-    api: str, key: str, specs: list[TraceSpec], system_prompt: str, timeout_s: float
+def turns_completed(task: dict[str, Any]) -> int:
+    """The model turns of a task that have a successful attempt."""
+    return sum(
+        1
+        for step in task.get("steps") or []
+        if step.get("kind") == "model"
+        and any(a.get("status") == "SUCCEEDED" for a in step.get("attempts") or [])
+    )
+
+
+def run_tasks(
+    api: str, key: str, bodies: list[dict[str, Any]], turns: list[int], timeout_s: float
 ) -> list[dict[str, Any]]:
-    """Submit every task at once, wait for all (progress on stderr); their rows."""
+    """Submit every task at once (`turns`: each one's model turns, for the progress bar), wait
+    for all (progress on stderr); their rows."""
     with httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
-        ids = [submit(client, s, system_prompt) for s in specs]
-        total = sum(s.turns for s in specs)
+        ids = []
+        for body in bodies:
+            r = client.post("/v1/tasks", json=body)
+            if r.status_code >= 400:
+                raise SystemExit(f"POST /v1/tasks answered {r.status_code}: {r.text[:2000]}")
+            ids.append(r.json()["id"])
+        total = sum(turns)
         end = time.monotonic() + timeout_s
         tasks: dict[str, dict[str, Any]] = {}
         while time.monotonic() < end:
             done_turns = 0
-            for tid in ids:
+            for tid, n in zip(ids, turns, strict=True):
                 if tid in tasks:
-                    done_turns += specs[ids.index(tid)].turns
+                    done_turns += n
                     continue
                 t = client.get(f"/v1/tasks/{tid}").json()
                 if t["status"] in TERMINAL:
                     tasks[tid] = t
-                    done_turns += specs[ids.index(tid)].turns
+                    done_turns += n
                 else:
                     done_turns += (((t.get("usage") or {}).get("steps") or 0) + 1) // 2
             bar = "#" * int(30 * done_turns / total)
@@ -122,10 +168,57 @@ def run_trace(
             time.sleep(1.0)
         print(file=sys.stderr)
         out = []
-        for tid in ids:
+        for tid, n in zip(ids, turns, strict=True):
             t = tasks.get(tid) or client.get(f"/v1/tasks/{tid}").json()
-            out.append({"task": tid, "status": t["status"], "error": t.get("error"), "turns": turn_rows(t)})
+            out.append({
+                "task": tid, "status": t["status"], "error": t.get("error"),
+                "turns_planned": n, "turns_completed": turns_completed(t), "turns": turn_rows(t),
+            })  # fmt: skip
         return out
+
+
+def run_trace(
+    api: str, key: str, specs: list[TraceSpec], system_prompt: str, timeout_s: float
+) -> list[dict[str, Any]]:
+    """The trace's tasks, all at once; their rows."""
+    bodies = [trace_body(s, system_prompt) for s in specs]
+    return run_tasks(api, key, bodies, [s.turns for s in specs], timeout_s)
+
+
+LATE_TURN = 10  # "turn 10+": the 10th model turn (1-based) and later
+
+
+def late_turns(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for t in tasks for r in t["turns"] if r["turn"] + 1 >= LATE_TURN]
+
+
+def run_cold(
+    api: str, key: str, tasks: list[dict[str, Any]], bytes_per_token: float, timeout_s: float
+) -> dict[str, Any]:
+    """The cold-prefill baseline in the trace's stack, after it: one task whose first prompt is
+    new and as long as the median prompt of the trace's turns 10+; its TTFT beside theirs."""
+    late = late_turns(tasks)
+    if not late:
+        return {"cold": None, "cold_skipped": f"no trace turn reached turn {LATE_TURN}: raise --max-turns"}
+    target = int(_median([r["prompt_tokens"] for r in late]))
+    task = run_tasks(api, key, [cold_body(target, bytes_per_token, uuid.uuid4().hex)], [1], timeout_s)[0]
+    row = task["turns"][0] if task["turns"] else {}
+    ttft = row.get("ttft_ms")
+    cold = {
+        "status": task["status"], "error": task["error"], "target_prompt_tokens": target,
+        **{k: row.get(k) for k in ("prompt_tokens", "cached_tokens", "request_bytes")},
+        "ttft_ms": round(ttft, 3) if ttft is not None else None,
+    }  # fmt: skip
+    late_ttft = [r["ttft_ms"] for r in late if r["ttft_ms"] is not None]
+    p50 = round(_median(late_ttft), 3) if late_ttft else None
+    ratio = round(p50 / ttft, 4) if p50 is not None and ttft else None
+    return {
+        "cold": cold,
+        "cold_ttft_ms": cold["ttft_ms"],
+        "ttft_ms_p50_turn10plus": p50,
+        "turn10plus_turns": len(late),
+        "ttft_ratio_turn10plus": ratio,
+    }
 
 
 def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
@@ -143,6 +236,7 @@ def summarise(tasks: list[dict[str, Any]], size: int) -> dict[str, Any]:
         "target_tokens": size,
         "tasks": len(tasks),
         "statuses": sorted({t["status"] for t in tasks}),
+        "turns_completed": [t["turns_completed"] for t in tasks],
         "model_turns": len(turns),
         "max_prompt_tokens": max((r["prompt_tokens"] for r in turns), default=0),
         "cached_share_of_ideal": round(cached / ideal, 4) if ideal else None,
@@ -174,6 +268,12 @@ def _bytes_per_token(model: str | None) -> float:
 
     text = document("calibrate", 0, 16)
     return len(text.encode()) / max(1, len(load_tokenizer(model).encode(text)))
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def _median(vals: list[float]) -> float:
@@ -305,12 +405,21 @@ def trace_sets(
     ]
 
 
+def dummy_config(value: str | None, work: Path) -> str:
+    """`--dummy [CONFIG]` as `dayzero infer serve --dummy` takes it: "" the small test model,
+    `bench` the engine benchmarks' config (`benchmarks.engine_setup.bench_config`, written to
+    `work`), else a config.json path."""
+    if value != "bench":
+        return value or ""
+    from benchmarks.engine_setup import bench_config
+
+    path = work / "bench_config.json"
+    path.write_text(json.dumps(bench_config(), indent=1))
+    return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.ingest_kafka import scratch_database
-    from benchmarks.trace_stack import StackOptions, stack
-    from orchestrator.auth import create_api_key
-    from orchestrator.db import migrate
-    from orchestrator.db.engine import make_engine
+    from benchmarks.trace_stack import StackOptions, database, stack
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="32768,131072", help="target transcript tokens, comma-separated")
@@ -325,7 +434,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="checkpoint folder (default: --dummy)")
-    src.add_argument("--dummy", action="store_true")
+    src.add_argument(
+        "--dummy",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="CONFIG",
+        help="random weights and the byte tokenizer (the default): of the small test model, of a "
+        "config.json, or `bench`: the engine benchmarks' ~2.7B config",
+    )
+    p.add_argument(
+        "--services",
+        choices=["postgres", "local"],
+        default="postgres",
+        help="postgres: scratch PostgreSQL database + Celery tool worker on Redis; local: a SQLite file "
+        "and tools in-process in each runner (no services: a GPU host)",
+    )
+    p.add_argument("--device", default="cpu", help="`dayzero infer serve --device` (cpu, cuda)")
+    p.add_argument(
+        "--no-cold",
+        action="store_true",
+        help="skip the cold-prefill baseline (one fresh-prompt task after each size's trace)",
+    )
     p.add_argument("--wire", choices=["incremental", "full"], default="incremental")
     p.add_argument("--system-kb", type=int, default=8, help="the shared system prompt's size")
     p.add_argument("--infer-args", default="", help="more `dayzero infer serve` arguments")
@@ -366,22 +496,21 @@ def main(argv: list[str] | None = None) -> int:
             model=args.model,
             max_model_len=int(size * 1.5) + 65536,
             runners=args.tasks,
+            services=args.services,
+            device=args.device,
+            dummy_config=dummy_config(args.dummy, work),
             wire=args.wire,
             infer_args=tuple(args.infer_args.split()),
         )
         t0 = time.perf_counter()
-        with scratch_database() as db_url:
-            engine = make_engine(db_url)
-            migrate.upgrade(engine)
-            with engine.begin() as conn:
-                key = create_api_key(conn, "traces").key
-            engine.dispose()
-            with stack(db_url, work, opts) as (api, _proxy):
-                tasks = run_trace(api, key, specs, system_prompt, args.timeout)
+        with database(work, opts) as (db_url, key), stack(db_url, work, opts) as (api, _proxy):
+            tasks = run_trace(api, key, specs, system_prompt, args.timeout)
+            cold = {} if args.no_cold else run_cold(api, key, tasks, bytes_per_token, args.timeout)
         res = {
             "wire": args.wire,
             **({"mixed": args.mixed, "long_task": summarise(tasks[:1], size)} if args.mixed else {}),
             **summarise(tasks, size),
+            **cold,
             "wall_s": round(time.perf_counter() - t0, 1),
             "tasks": tasks,
         }
@@ -393,8 +522,12 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            **({"gpu": _gpu_name()} if args.device.startswith("cuda") else {}),
         },
-        "model": args.model or "--dummy (random weights, byte tokenizer)",
+        "model": args.model
+        or " ".join(["--dummy", *([args.dummy] if args.dummy else []), "(random weights, byte tokenizer)"]),
+        "services": args.services,
+        "device": args.device,
         "model_side": "scripted proxy: real render/tokenize/prefix cache/prefill (max_tokens 1), scripted message",
         "results": results,
     }

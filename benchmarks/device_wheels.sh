@@ -3,10 +3,15 @@
 # the service packages the inference code imports (pydantic and friends, SQLAlchemy, FastAPI,
 # OpenTelemetry, ...) at this repository's locked versions (requirements/dev.lock), and fla for
 # the KDA kernels' reference paths. Downloaded here (the device reaches no index) for CPython
-# 3.12 on manylinux into .whl/ (git-ignored), ~11 MB; carry `.whl` in the call and start it with
+# 3.12 on manylinux into .whl/ (git-ignored), ~19 MB; carry `.whl` in the call and start it with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit
-# Run from the repository root: bash benchmarks/device_wheels.sh
+# `--stack`: also what the REST API and runner processes import there when the whole stack runs with
+# no services (`python -m benchmarks.agent_traces --services local`: SQLite, tools in-process). Found
+# by running that stack in a venv holding only the image's packages and these wheels: the image has
+# httpx, prometheus-client, click, h11 and pillow; the runner adds isal (preprocess's PNG inflate).
+# No psycopg, Celery, Redis, Kafka or OpenCV on that path.
+# Run from the repository root: bash benchmarks/device_wheels.sh [--stack]
 set -euo pipefail
 LOCK=requirements/dev.lock
 # what the device image lacks (found by importing `inference` there); versions from the lock
@@ -14,6 +19,8 @@ PKGS=(alembic annotated-types fastapi jsonschema jsonschema-specifications mako
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions pydantic pydantic-core
   pydantic-settings python-dotenv referencing rpds-py sqlalchemy starlette typing-inspection
   uvicorn llguidance tiktoken regex jinja2 markupsafe tokenizers)
+STACK=(isal)
+[ "${1:-}" = "--stack" ] && PKGS+=("${STACK[@]}")
 # not in the lock: fla for the KDA reference paths; truststore, which the image's huggingface_hub
 # (under transformers, the reference side of benchmarks/long_context.py) imports
 EXTRA=(fla-core==0.6.0 flash-linear-attention==0.6.0 truststore==0.10.5)
