@@ -387,6 +387,63 @@ def moe_tiles(gbps: float) -> dict[str, Any]:
     return rows
 
 
+def moe_gemv(gbps: float) -> dict[str, Any]:
+    """The decode MoE block, routed + one shared expert (`inference/kernels/moe_gemv`'s two GEMVs vs
+    the grouped path: pair sort, `moe_gemm` up and down, combine, and the shared MLP's two GEMMs and
+    SwiGLU) at 1 / 2 / 4 / 8 tokens, graph replay, L2 flushed by reads; % of copy bandwidth on the
+    weight bytes read (the distinct routed experts chosen + the shared expert). At one token, each
+    candidate tile of the up kernel (the down kernel at its default) and of the down kernel."""
+    import torch.nn.functional as F
+
+    from inference.kernels.moe_dispatch import silu_mul
+    from inference.kernels.moe_experts import moe_experts_grouped
+    from inference.kernels.moe_gemv import fast as mv
+
+    g = torch.Generator("cuda").manual_seed(0)
+    w13 = torch.randn(MOE_E, 2 * MOE_I, MOE_H, generator=g, device="cuda").to(torch.bfloat16)
+    w2 = torch.randn(MOE_E, MOE_H, MOE_I, generator=g, device="cuda").to(torch.bfloat16)
+    sw13 = torch.randn(2 * MOE_I, MOE_H, generator=g, device="cuda").to(torch.bfloat16)
+    sw2 = torch.randn(MOE_H, MOE_I, generator=g, device="cuda").to(torch.bfloat16)
+    rows: dict[str, Any] = {
+        "up_tile": list(mv.UP_TILE),
+        "down_tile": list(mv.DOWN_TILE),
+        "max_tokens": mv.MAX_TOKENS,
+    }
+    for t in (1, 2, 4, 8):
+        x = torch.randn(t, MOE_H, generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(MOE_E, generator=g, device="cuda")[:MOE_K] for _ in range(t)])
+        weights = torch.rand(t, MOE_K, generator=g, device="cuda")
+        nbytes = (int(ids.unique().numel()) + 1) * 3 * MOE_H * MOE_I * 2
+
+        def grouped(x=x, ids=ids, weights=weights):
+            shared = F.linear(silu_mul(F.linear(x, sw13)), sw2)
+            return moe_experts_grouped(x, weights, ids, w13, w2, shared=shared)
+
+        def gemv(x=x, ids=ids, weights=weights, **tiles):
+            return mv.moe_gemv_fast(x, weights, ids, w13, w2, (sw13, sw2), **tiles)
+
+        res: dict[str, Any] = {}
+        for name, fn in (("grouped", grouped), ("gemv", gemv)):
+            sec = bench_graph(fn, flush="read")
+            res[name] = {"us": round(1e6 * sec, 2), "pct_copy_bw": round(100 * nbytes / sec / 1e9 / gbps, 1)}
+        if t == 1:
+            for which in ("up_tile", "down_tile"):
+                times = {}
+                for tile in mv.CANDIDATE_TILES:
+                    try:
+                        times[tile] = bench_graph(functools.partial(gemv, **{which: tile}), flush="read")
+                    except Exception as exc:  # e.g. a tile past the registers
+                        res.setdefault("failed", []).append([which, list(tile), repr(exc)[:120]])
+                best = min(times, key=times.get)
+                res[which + "_best"] = {"tile": list(best), "us": round(1e6 * times[best], 2)}
+                res[which + "_all_us"] = {
+                    "/".join(map(str, k)): round(1e6 * v, 2) for k, v in sorted(times.items())
+                }
+        rows[f"t{t}"] = res
+        print(f"[moe_gemv] t{t}: {json.dumps(res)[:900]}", flush=True)
+    return rows
+
+
 def dsa_v32() -> dict[str, Any]:
     """DSA vs dense on DeepSeek-V3.2-shaped attention (128 heads; `benchmarks/dsa_v32.py`, where
     the shapes and what each path runs are described): prefill chunk and decode b1 / b32 at 32K
@@ -402,7 +459,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--sections",
-        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe,dsa_v32",
+        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe,moe_gemv,dsa_v32",
     )
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
@@ -426,6 +483,7 @@ def main() -> None:
         "dsa": lambda: record("dsa", dsa),
         "dsa_prefill": lambda: record("dsa_prefill", dsa_prefill),
         "moe": lambda: record("moe", moe_tiles, gbps),
+        "moe_gemv": lambda: record("moe_gemv", moe_gemv, gbps),
         "dsa_v32": lambda: record("dsa_v32", dsa_v32),
     }
     for name in want:  # in the order given (a time limit then cuts the last ones)

@@ -80,6 +80,7 @@ FAMILIES: dict[str, Family] = {
         Family("moe_router", "sigmoid top-k MoE routing"),
         Family("moe_dispatch", "sort of (token, expert) pairs, SwiGLU and combine of the grouped MoE"),
         Family("moe_gemm", "grouped expert GEMMs at decode sizes"),
+        Family("moe_gemv", "the MoE block (routed + shared experts) at a few tokens as two GEMVs"),
         # fla's chunked kernels take their dot products in TF32: fp32 stays on the reference
         Family("kda", "KDA / GDN gated delta rule over a varlen batch", False, _16BIT, "fla"),
         Family("kda_decode", "KDA decode step, state updated in place in the pool", False, (), "fla"),

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from inference.config import MoESpec
 from inference.kernels.moe_dispatch import silu_mul
 from inference.kernels.moe_experts import moe_experts_grouped, moe_experts_reference, use_grouped_moe
+from inference.kernels.moe_gemv import moe_gemv, moe_gemv_applies
 from inference.kernels.moe_router import sigmoid_topk_route
 from inference.model.fused_params import concat_params
 
@@ -30,10 +31,14 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self._gate_up: Tensor | None = None
 
+    def stacked(self) -> tuple[Tensor, Tensor]:
+        """`(gate|up [2I, hidden], down [hidden, I])`: the layout of one routed expert's stacks."""
+        self._gate_up = concat_params([self.gate_proj.weight, self.up_proj.weight], self._gate_up)
+        return self._gate_up.view(-1, self.down_proj.weight.shape[0]), self.down_proj.weight
+
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]` (gate and up as one GEMM)."""
-        self._gate_up = concat_params([self.gate_proj.weight, self.up_proj.weight], self._gate_up)
-        return self.down_proj(silu_mul(F.linear(x, self._gate_up.view(-1, x.shape[-1]))))
+        return self.down_proj(silu_mul(F.linear(x, self.stacked()[0])))
 
 
 class Expert(nn.Module):
@@ -108,7 +113,8 @@ class SparseMoE(nn.Module):
     `[E, 2I, H]` / `[E, H, I]` weights, sync-free so a decode step can be captured in a CUDA graph.
     The stacks are built on first use and the per-expert parameters are re-pointed into them, so the
     published `experts.N.w1/w2/w3` names keep working (state_dict, loading) with no second copy.
-    Elsewhere the per-expert reference loop runs.
+    Elsewhere the per-expert reference loop runs. At a few tokens (`moe_gemv_applies`: decode) the
+    whole block, routed and shared experts, is two GEMV kernels instead (`inference/kernels/moe_gemv`).
     """
 
     def __init__(
@@ -150,6 +156,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`."""
         weights, ids = self.gate(x)
+        if moe_gemv_applies(x):  # a few tokens (decode): routed and shared experts in two GEMVs
+            shared_w = self.shared_experts.stacked() if self.shared_experts is not None else None
+            return moe_gemv(x, weights, ids, *self._stacked(), shared=shared_w)
         shared = self.shared_experts(x) if self.shared_experts is not None else None
         if use_grouped_moe(x):
             # the shared experts' sum fused into the routed combine
