@@ -444,6 +444,58 @@ def moe_gemv(gbps: float) -> dict[str, Any]:
     return rows
 
 
+# the benchmark config's dense decode GEMVs (N x K): KDA's fused input projection, o_proj, MLA's q
+# projection, the dense layer's gate|up and down, the LM head
+DENSE_GEMVS = ((6272, 2048), (2048, 2048), (3072, 2048), (11264, 2048), (2048, 5632), (32000, 2048))
+
+
+def dense_gemv(gbps: float) -> dict[str, Any]:
+    """Whether a Triton GEMV would beat cuBLAS on the decode step's dense projections at one token:
+    `F.linear` vs `moe_gemv`'s down kernel run as a plain GEMV (one "expert", weight 1) for a few
+    tiles; graph replay, L2 flushed by reads, % of copy bandwidth on the weight bytes."""
+    import torch.nn.functional as F
+    import triton
+
+    from inference.kernels.moe_gemv import fast as mv
+
+    g = torch.Generator("cuda").manual_seed(0)
+    tiles = ((16, 256, 4, 3), (32, 256, 4, 3), (8, 512, 4, 3), (16, 512, 8, 3), (32, 128, 4, 4))
+    rows: dict[str, Any] = {}
+    for n, k in DENSE_GEMVS:
+        w = torch.randn(n, k, generator=g, device="cuda").to(torch.bfloat16)
+        x = torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+        one = torch.ones(1, 1, device="cuda")
+        out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+
+        def triton_gemv(tile, w=w, x=x, ids=ids, one=one, out=out, n=n, k=k):
+            bn, bk, warps, stages = tile
+            mv._down_kernel[(1, triton.cdiv(n, bn))](
+                x, ids, one, w[None], w, out, x.stride(0), 0, w.stride(0), w.stride(0), out.stride(0),
+                n, k, 0, 1, TOP_K=1, HAS_SHARED=False, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, num_warps=warps,
+            )  # fmt: skip
+            return out
+
+        want = F.linear(x, w)
+        res: dict[str, Any] = {}
+        sec = bench_graph(lambda x=x, w=w: F.linear(x, w), flush="read")
+        res["cublas_us"] = round(1e6 * sec, 2)
+        res["cublas_pct_copy_bw"] = round(100 * n * k * 2 / sec / 1e9 / gbps, 1)
+        for tile in tiles:
+            key = "/".join(map(str, tile))
+            try:
+                got = triton_gemv(tile)
+                err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+                sec = bench_graph(functools.partial(triton_gemv, tile), flush="read")
+                res[key] = {"us": round(1e6 * sec, 2), "pct_copy_bw": round(100 * n * k * 2 / sec / 1e9 / gbps, 1),
+                            "rel_err": round(err, 5)}  # fmt: skip
+            except Exception as exc:
+                res[key] = {"error": repr(exc)[:160]}
+        rows[f"{n}x{k}"] = res
+        print(f"[dense_gemv] {n}x{k}: {json.dumps(res)}", flush=True)
+    return rows
+
+
 def dsa_v32() -> dict[str, Any]:
     """DSA vs dense on DeepSeek-V3.2-shaped attention (128 heads; `benchmarks/dsa_v32.py`, where
     the shapes and what each path runs are described): prefill chunk and decode b1 / b32 at 32K
@@ -459,7 +511,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--sections",
-        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe,moe_gemv,dsa_v32",
+        default="copy,decode,sweep,deep,long_b1,prefill,chunking,layer_prefill,dsa,dsa_prefill,moe,moe_gemv,dense_gemv,dsa_v32",
     )
     ap.add_argument("--warm-only", action="store_true", help="compile every variant, time nothing")
     args = ap.parse_args()
@@ -484,6 +536,7 @@ def main() -> None:
         "dsa_prefill": lambda: record("dsa_prefill", dsa_prefill),
         "moe": lambda: record("moe", moe_tiles, gbps),
         "moe_gemv": lambda: record("moe_gemv", moe_gemv, gbps),
+        "dense_gemv": lambda: record("dense_gemv", dense_gemv, gbps),
         "dsa_v32": lambda: record("dsa_v32", dsa_v32),
     }
     for name in want:  # in the order given (a time limit then cuts the last ones)
