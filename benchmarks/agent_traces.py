@@ -488,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_s": round(time.perf_counter() - t0, 1), "tasks": tasks,
             }  # fmt: skip
             results.append(res)
+            write(args, results)
             print(json.dumps({k: v for k, v in res.items() if k != "tasks"}), file=sys.stderr, flush=True)
             continue
         work = Path(f"/tmp/dz-traces-{uuid.uuid4().hex[:6]}")
@@ -505,17 +506,33 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         with database(work, opts) as (db_url, key), stack(db_url, work, opts) as (api, _proxy):
             tasks = run_trace(api, key, specs, system_prompt, args.timeout)
-            cold = {} if args.no_cold else run_cold(api, key, tasks, bytes_per_token, args.timeout)
-        res = {
-            "wire": args.wire,
-            **({"mixed": args.mixed, "long_task": summarise(tasks[:1], size)} if args.mixed else {}),
-            **summarise(tasks, size),
-            **cold,
-            "wall_s": round(time.perf_counter() - t0, 1),
-            "tasks": tasks,
-        }
-        results.append(res)
+            res = {
+                "wire": args.wire,
+                **({"mixed": args.mixed, "long_task": summarise(tasks[:1], size)} if args.mixed else {}),
+                **summarise(tasks, size),
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "tasks": tasks,
+            }
+            results.append(res)
+            write(args, results)  # the trace is kept should a time limit cut the cold baseline
+            if not args.no_cold:
+                res.update(run_cold(api, key, tasks, bytes_per_token, args.timeout))
+                res["wall_s"] = round(time.perf_counter() - t0, 1)
+        write(args, results)
         print(json.dumps({k: v for k, v in res.items() if k != "tasks"}), file=sys.stderr, flush=True)
+    if args.png:
+        try:
+            plot(results, args.png)
+        except ImportError:
+            print("no matplotlib here: no PNG (pip install matplotlib)", file=sys.stderr)
+    print(json.dumps([{k: v for k, v in r.items() if k != "tasks"} for r in results], indent=1))
+    return 0
+
+
+def write(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """The results so far, as `--out`'s JSON (nothing without `--out`)."""
+    if not args.out:
+        return
     out = {
         "benchmark": "agent_traces",
         "machine": {
@@ -531,16 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_side": "scripted proxy: real render/tokenize/prefix cache/prefill (max_tokens 1), scripted message",
         "results": results,
     }
-    text = json.dumps(out, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    if args.png:
-        try:
-            plot(results, args.png)
-        except ImportError:
-            print("no matplotlib here: no PNG (pip install matplotlib)", file=sys.stderr)
-    print(json.dumps([{k: v for k, v in r.items() if k != "tasks"} for r in results], indent=1))
-    return 0
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
