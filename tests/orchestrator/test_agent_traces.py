@@ -112,7 +112,7 @@ def test_host_only_traces_end_near_their_target_size(target):
     """A trace sized for `target` tokens ends within 10% of it (the system prompt counted, the
     write results as the workspace tool returns them), and every turn after the first goes on the
     wire incrementally."""
-    from benchmarks.agent_traces import host_only
+    from benchmarks.trace_host import host_only
 
     system = "Shared reference.\n" + document("system", 0, 4)
     spec = TraceSpec.growing_to(target, 0, 1.0, 101, len(system.encode()) + 64)  # byte tokenizer
