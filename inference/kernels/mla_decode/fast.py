@@ -1,8 +1,8 @@
 """Triton split-KV (flash-decoding) absorbed MLA attention over a paged latent cache.
 
-One program owns one query row (all its heads, or a block of `MAX_HEAD_BLOCK` of them: MLA keys
-are shared by every head, so a latent tile is read once and used by the block's query rows
-through the tensor cores) and one contiguous split of
+One program owns one query row (all its heads, or a block of `MAX_HEAD_BLOCK` of them, or of
+`heads_per_program`: MLA keys are shared by every head, so a latent tile is read once and used by
+the block's query rows through the tensor cores) and one contiguous split of
 its keys; a second kernel merges the splits by their log-sum-exp. Keys are gathered row by row
 through the block table, so a tile may span pages and any page size works.
 
@@ -36,7 +36,7 @@ _LOG2E = 1.4426950408889634
 # keys per split at least this many: below it the merge costs more than the parallelism gains
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 128
-# query heads per program at most (`head_block`)
+# query heads per program at most by default (`head_block`); `heads_per_program` may ask for more
 MAX_HEAD_BLOCK = 16
 
 
@@ -259,6 +259,15 @@ def head_block(heads: int) -> int:
     return min(_pad(heads), MAX_HEAD_BLOCK)
 
 
+def _checked_head_block(heads_per_program: int, heads: int) -> int:
+    """The override of `head_block`: a power of two >= 16 (`tl.dot` needs 16 rows at least), used
+    up to the heads rounded up to a power of two (a larger block would only compute padding)."""
+    hpp = heads_per_program
+    if isinstance(hpp, bool) or not isinstance(hpp, int) or hpp < 16 or hpp & (hpp - 1):
+        raise ValueError(f"heads_per_program must be a power of two >= 16, got {hpp!r}")
+    return min(hpp, _pad(heads))
+
+
 def mla_decode_paged_fast(
     q_latent: Tensor,
     q_rope: Tensor,
@@ -273,10 +282,13 @@ def mla_decode_paged_fast(
     table_rows: Tensor | None = None,
     num_splits: int | None = None,
     tile: tuple[int, int, int] | None = None,
+    heads_per_program: int | None = None,
 ) -> Tensor:
     """Same contract as `mla_decode_paged_reference` (shapes there); returns `[N, H, R]` fp32.
-    `tile` overrides `pick_tile` (benchmark sweeps)."""
+    `tile` overrides `pick_tile` and `heads_per_program` `head_block` (benchmark sweeps; the two
+    combine). A block's accumulator is `[block, R]` fp32: 64 x 512 is 128 KiB of registers."""
     n, h, r = q_latent.shape
+    hb = head_block(h) if heads_per_program is None else _checked_head_block(heads_per_program, h)
     p = pool.shape[-1] - r
     if q_rope.shape[-1] != p:
         raise ValueError(f"q_rope has {q_rope.shape[-1]} dims, the pool's rope part {p}")
@@ -293,7 +305,6 @@ def mla_decode_paged_fast(
     q_rope = q_rope.contiguous() if p else q_latent
     block_tables = block_tables.contiguous()
     max_keys = indices.shape[1] if indices is not None else block_tables.shape[1] * page
-    hb = head_block(h)
     groups = triton.cdiv(h, hb)
     splits = num_splits or default_num_splits(n * groups, max_keys, pool.device)
     out = torch.empty(n, h, r, dtype=torch.float32, device=pool.device)
