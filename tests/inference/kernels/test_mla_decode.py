@@ -203,3 +203,98 @@ def test_gpu_128_heads_match_reference(fast, sparse):
     got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, seq_lens, **kw)
     want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, seq_lens, **kw)
     assert_rel(got, want, TOL[torch.bfloat16], f"gpu decode 128 heads sparse={sparse}")
+
+
+def _sparse_rows(row_lens: list[int], k: int, seed: int) -> torch.Tensor:
+    """`[N, k]` key positions per row: a random part of its keys, padded with -1 and with positions
+    at or past its length (one inside the table's poison block, one past the table's width)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in row_lens:
+        keep = torch.randperm(length, generator=g)[: k - 4]
+        pad = torch.tensor([-1, length, 90, 500] + [-1] * (k - 4 - len(keep)))
+        rows.append(torch.cat([keep, pad])[torch.randperm(k, generator=g)])
+    return torch.stack(rows)
+
+
+# `heads_per_program` past `MAX_HEAD_BLOCK` (the head-block sweep's 32 and 64 of 128 heads): keys
+# dense or listed, each query row on its own table row or three rows on two sequences' tables
+HPP_MODES = [
+    # (id, indices, table_rows, splits, tile)
+    ("dense", False, False, 1, None),
+    ("dense-trows", False, True, 3, (64, 8, 2)),
+    ("sparse", True, False, 3, None),
+    ("sparse-trows", True, True, 2, (32, 4, 2)),
+]
+
+
+@pytest.mark.parametrize("hpp", [32, 64], ids=["hpp32", "hpp64"])
+@pytest.mark.parametrize(
+    ("sparse", "trows", "splits", "tile"), [m[1:] for m in HPP_MODES], ids=[m[0] for m in HPP_MODES]
+)
+def test_kernel_heads_per_program_match_reference(fast, device, hpp, sparse, trows, splits, tile):
+    q_lat, q_rope, pool, _scales, tables, lens = _case([50, 70], 16, torch.float32, device, heads=128, seed=6)
+    if trows:  # rows 0 and 2 read sequence 1, row 1 sequence 0
+        table_rows = torch.tensor([1, 0, 1], device=device)
+        lens = torch.tensor([70, 50, 12], dtype=torch.int32, device=device)
+        q_lat, q_rope = torch.cat([q_lat, q_lat[:1]]), torch.cat([q_rope, q_rope[:1]])
+    else:
+        table_rows = None
+    idx = _sparse_rows(lens.tolist(), 40, seed=hpp).to(device) if sparse else None
+    kw = dict(kv_lora_rank=R, scale=0.25, indices=idx, table_rows=table_rows, num_splits=splits)
+    got = fast.mla_decode.mla_decode_paged_fast(
+        q_lat, q_rope, pool, tables, lens, **kw, tile=tile, heads_per_program=hpp
+    )
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
+    assert_rel(got, want, 2e-5, f"decode 128 heads heads_per_program={hpp} sparse={sparse} trows={trows}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("hpp", [32, 64], ids=["hpp32", "hpp64"])
+def test_kernel_heads_per_program_low_precision_pools(fast, device, hpp, dtype):
+    q_lat, q_rope, pool, scales, tables, lens = _case([33, 100], 16, dtype, device, heads=128, seed=8)
+    idx = _sparse_rows(lens.tolist(), 40, seed=1).to(device)
+    kw = dict(kv_lora_rank=R, scale=0.25, kv_scales=scales, indices=idx, num_splits=2)
+    got = fast.mla_decode.mla_decode_paged_fast(
+        q_lat, q_rope, pool, tables, lens, **kw, heads_per_program=hpp
+    )
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
+    tol = 2e-5 if device.type == "cpu" else TOL[dtype]  # the interpreter computes in fp32
+    assert_rel(got, want, tol, f"decode 128 heads heads_per_program={hpp} {dtype}")
+
+
+@pytest.mark.parametrize("hpp", [8, 24, 0, 32.0], ids=["8", "24", "0", "float"])
+def test_heads_per_program_rejects_bad_values(fast, hpp):
+    q_lat, q_rope, pool, _, tables, lens = _case([5], 16, torch.float32, "cpu", heads=32)
+    with pytest.raises(ValueError, match="heads_per_program must be a power of two >= 16"):
+        fast.mla_decode.mla_decode_paged_fast(
+            q_lat, q_rope, pool, tables, lens, kv_lora_rank=R, scale=1.0, heads_per_program=hpp
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, (64, 8, 2), (32, 4, 2)], ids=["tile-default", "64-8-2", "32-4-2"])
+@pytest.mark.parametrize("hpp", [16, 32, 64], ids=["hpp16", "hpp32", "hpp64"])
+def test_gpu_heads_per_program_v32_prefill_rows(fast, hpp, tile):
+    """DeepSeek-V3.2's sparse prefill shape: 64 query rows at the end of one sequence (one table
+    row), 128 heads, latent 512 + rope 64, bf16, top-2048 positions each (some padding -1 or past
+    the row's length). A tile that does not fit the GPU (shared memory) is skipped, visibly."""
+    from triton.runtime.errors import OutOfResources
+
+    dev = torch.device("cuda")
+    ctx, rows = 6000, 64
+    _, _, pool, _, tables, _ = _case([ctx], 64, torch.bfloat16, dev, r=512, p=64, seed=11)
+    g = torch.Generator().manual_seed(12)
+    q_lat = torch.randn(rows, 128, 512, generator=g).to(dev)
+    q_rope = torch.randn(rows, 128, 64, generator=g).to(dev)
+    lens = torch.arange(ctx - rows, ctx, dtype=torch.int32, device=dev) + 1
+    trows = torch.zeros(rows, dtype=torch.long, device=dev)
+    idx = _sparse_rows(lens.tolist(), 2048, seed=14).to(dev)
+    kw = dict(kv_lora_rank=512, scale=192**-0.5, indices=idx, table_rows=trows)
+    fast_kw = dict(kw, tile=tile, heads_per_program=hpp)
+    try:
+        got = fast.mla_decode.mla_decode_paged_fast(q_lat, q_rope, pool, tables, lens, **fast_kw)
+    except OutOfResources as exc:
+        pytest.skip(f"tile {tile} with {hpp} heads per program does not fit: {exc}")
+    want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
+    assert_rel(got, want, TOL[torch.bfloat16], f"gpu prefill rows 128 heads, {hpp} per program, tile {tile}")
