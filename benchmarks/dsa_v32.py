@@ -16,6 +16,8 @@ nope 128, v 128; indexer 64 heads x 128 with FP8 (e4m3, per-key scale) keys, top
   reads. Dense: absorbed paged decode over all keys; DSA: indexer + top-k + sparse decode.
 - prefill_split: the DSA prefill chunk's parts timed alone (scorer, top-k selection, query
   absorption, sparse attention, value projection).
+- headblocks: that chunk's sparse attention alone by heads per program and tile
+  (`benchmarks/dsa_v32_headblocks.py`).
 - scorer: the prefill scorer alone (8K queries over 128K keys, FP8 and bf16 keys) by rows per
   program, for the scorer module given (`scorer_rows(module)`: compare two builds of
   `inference.kernels.dsa.fast` in one process).
@@ -27,6 +29,7 @@ partial outputs (16 x 256 MiB).
 
     python -m benchmarks.dsa_v32                      # all parts; JSON to stdout and $OUT/dsa_v32.json
     python -m benchmarks.dsa_v32 --parts decode --contexts 32768,131072
+    python -m benchmarks.dsa_v32 --parts headblocks --contexts 131072,1048576
     python -m benchmarks.dsa_v32 --plot docs/results/dsa_v32.json   # the figure, beside the JSON
 """
 
@@ -37,7 +40,7 @@ import json
 import os
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -50,6 +53,7 @@ CHUNK = 8192
 PIECE = 65536
 SCALE = (DN + P) ** -0.5
 CONTEXTS = (32768, 131072, 524288, 1048576)
+PARTS = ("agreement", "decode", "prefill", "prefill_split", "headblocks", "scorer")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: Triton's interpreter, tiny shapes
 
 
@@ -168,15 +172,12 @@ def prefill(ctx: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def prefill_split(ctx: int) -> dict[str, Any]:
-    """The DSA prefill chunk's parts timed alone (8K queries at the end of `ctx` keys): the
-    indexer's scorer, the top-k selection over its scores, the query absorption, the sparse
-    attention over the selected keys and the value projection (where a missed target goes)."""
+def prefill_chunk(ctx: int) -> SimpleNamespace:
+    """The DSA prefill chunk (8K queries at the end of `ctx` keys, one table row): its layer,
+    queries, indexer inputs, key lengths, top-k selection (`idx`) and absorbed queries (`q_lat`);
+    `prefill_split` and the head-block sweep time the same chunk."""
     from inference.kernels.dsa import PREFILL_ROWS
-    from inference.kernels.dsa.fast import dsa_scores_fast, dsa_topk_paged_fast
-    from inference.kernels.dsa.reference import SCORE_BUDGET
-    from inference.kernels.mla_decode.fast import mla_decode_paged_fast
-    from inference.kernels.topk.fast import select_rows
+    from inference.kernels.dsa.fast import dsa_topk_paged_fast
 
     layer = Layer(1, ctx)
     q = _randn((CHUNK, H, DN + P), torch.bfloat16, 7)
@@ -184,6 +185,24 @@ def prefill_split(ctx: int) -> dict[str, Any]:
     iw = _randn((CHUNK, HI), torch.float32, 9) * HI**-0.5
     lens = torch.arange(ctx - CHUNK, ctx, device=DEV, dtype=torch.int32) + 1
     trows = torch.zeros(CHUNK, dtype=torch.long, device=DEV)
+    idx = dsa_topk_paged_fast(iq, iw, layer.ikeys, layer.tables, lens, topk=TOPK, table_rows=trows,
+                              index_scales=layer.iscales, rows_per_program=PREFILL_ROWS["fp8"])  # fmt: skip
+    q_lat = torch.einsum("nhd,hdr->nhr", q[..., :DN], layer.w_uk)
+    return SimpleNamespace(layer=layer, q=q, iq=iq, iw=iw, lens=lens, trows=trows, idx=idx, q_lat=q_lat)
+
+
+def prefill_split(ctx: int) -> dict[str, Any]:
+    """The DSA prefill chunk's parts timed alone (8K queries at the end of `ctx` keys): the
+    indexer's scorer, the top-k selection over its scores, the query absorption, the sparse
+    attention over the selected keys and the value projection (where a missed target goes)."""
+    from inference.kernels.dsa import PREFILL_ROWS
+    from inference.kernels.dsa.fast import dsa_scores_fast
+    from inference.kernels.dsa.reference import SCORE_BUDGET
+    from inference.kernels.mla_decode.fast import mla_decode_paged_fast
+    from inference.kernels.topk.fast import select_rows
+
+    c = prefill_chunk(ctx)
+    layer, q, iq, iw, lens, trows, idx, q_lat = c.layer, c.q, c.iq, c.iw, c.lens, c.trows, c.idx, c.q_lat
     max_keys = layer.tables.shape[1] * PAGE
     step = max(1, min(CHUNK, SCORE_BUDGET // max_keys))
     scores = torch.empty(step, max_keys, device=DEV)
@@ -197,10 +216,6 @@ def prefill_split(ctx: int) -> dict[str, Any]:
     def select() -> None:  # the same blocks of rows; the scores of the last block stand for all
         for r0 in range(0, CHUNK, step):
             select_rows(scores[: min(step, CHUNK - r0)], lens, idx, r0)
-
-    idx = dsa_topk_paged_fast(iq, iw, layer.ikeys, layer.tables, lens, topk=TOPK, table_rows=trows,
-                              index_scales=layer.iscales, rows_per_program=PREFILL_ROWS["fp8"])  # fmt: skip
-    q_lat = torch.einsum("nhd,hdr->nhr", q[..., :DN], layer.w_uk)
 
     def absorb():
         return torch.einsum("nhd,hdr->nhr", q[..., :DN], layer.w_uk)
@@ -303,11 +318,14 @@ def scorer_rows(
 
 def run(parts: list[str], contexts: list[int], results: dict[str, Any], save) -> None:
     """The parts in order, each case's row saved as it comes (a time limit keeps what ran)."""
+    from benchmarks.dsa_v32_headblocks import headblocks
+
     for part in parts:
         cases = {
             "decode": [(decode, (b, c)) for c in contexts for b in (1, 32)],
             "prefill": [(prefill, (c,)) for c in contexts],
             "prefill_split": [(prefill_split, (c,)) for c in contexts],
+            "headblocks": [(headblocks, (c,)) for c in contexts],
             "agreement": [(agreement, ())],
         }.get(part, [])
         for fn, args in cases:
@@ -369,6 +387,10 @@ def main() -> None:
     if args.plot:
         print(plot(args.plot))
         return
+    if unknown := set(args.parts.split(",")) - set(PARTS):
+        ap.error(f"unknown parts {sorted(unknown)}; the parts are {', '.join(PARTS)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.dsa_v32: the timed parts need a CUDA device and torch sees none")
     import triton
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
