@@ -121,9 +121,10 @@ class MLAttention(nn.Module):
 
         Every projection of x (q_proj or q_a_proj, kv_a_proj_with_mqa, the indexer's wk and
         weights_proj) is one GEMM, and so is every projection of the query latent (q_b_proj and
-        the indexer's wq_b): column slices of their outputs, no copies. Under TP the head-split
-        q_proj / q_b_proj sit beside replicated weights; all read the same whole input, so their
-        local rows stack just the same."""
+        the indexer's wq_b), each output a column slice of the one result (a contiguous row at
+        one token; at more, the indexer's key LayerNorm copies its strided slice: still one GEMM
+        launch less for a cheaper copy). Under TP the head-split q_proj / q_b_proj sit beside
+        replicated weights; all read the same whole input, so their local rows stack alike."""
         first = self.q_proj if self.m.q_lora_rank is None else self.q_a_proj
         x_w = [first.weight, self.kv_a_proj_with_mqa.weight]
         if self.indexer is not None:
