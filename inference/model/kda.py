@@ -58,6 +58,7 @@ class KimiDeltaAttention(nn.Module):
         self.o_proj = nn.Linear(dim, hidden, bias=False)
         self._in: Tensor | None = None
         self._conv: Tensor | None = None
+        self._fg_b: Tensor | None = None
 
     def dummy_params(self, generator: torch.Generator) -> dict[str, Tensor]:
         """Decay parameters as fla initialises them (A in [1, 16], dt in [1e-3, 1e-1]), by name.
@@ -76,23 +77,36 @@ class KimiDeltaAttention(nn.Module):
         for name, value in self.dummy_params(generator).items():
             getattr(self, name).copy_(value)
 
+    def _gates(self, fg_a: Tensor, t: int) -> tuple[Tensor, Tensor]:
+        """`(f_b_proj(f_a), g_b_proj(g_a))`, each `[T, H, D]`, as one batched GEMM.
+
+        `fg_a` `[T, 2 * head_dim]` (f_a | g_a, a column slice of the input GEMM's output) is read
+        as a strided `[2, T, head_dim]` view: no copy (cuBLAS takes the row stride as the leading
+        dimension and the batch stride as it is), shapes fixed by T alone (CUDA-graph safe)."""
+        hd = self.head_dim
+        self._fg_b = concat_params([self.f_b_proj.weight, self.g_b_proj.weight], self._fg_b)
+        w = self._fg_b.view(2, -1, hd)  # [2, dim, head_dim]: f_b, g_b
+        f, gate = torch.bmm(fg_a.unflatten(-1, (2, hd)).transpose(0, 1), w.transpose(1, 2))
+        return f.view(t, self.num_heads, hd), gate.view(t, self.num_heads, hd)
+
     def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`; updates `cache.state/conv[layer][meta.state_slots]`."""
         t, hidden = x.shape
         h, d = self.num_heads, self.head_dim
         slots = meta.state_slots.to(x.device)
         # every projection of x (q|k|v, the two low-rank gate inputs, beta) as one weight: one
-        # GEMM; and the three conv filters as one tensor
+        # GEMM (f_a | g_a adjacent, for the one batched GEMM after it); the three conv filters as
+        # one tensor
         in_w = [self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj]
         self._in = concat_params([m.weight for m in in_w], self._in)
         self._conv = concat_params(
             [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], self._conv
         )
         widths = [m.weight.shape[0] for m in in_w]
-        mixed, f_a, g_a, b = F.linear(x, self._in.view(-1, hidden)).split([sum(widths[:3]), *widths[3:]], -1)
+        parts = [sum(widths[:3]), sum(widths[3:5]), widths[5]]  # q|k|v, f_a|g_a, beta
+        mixed, fg_a, b = F.linear(x, self._in.view(-1, hidden)).split(parts, -1)
+        f, gate = self._gates(fg_a, t)
         conv_pool = cache.conv[self.layer_idx]
-        gate = self.g_b_proj(g_a).view(t, h, d)
-        f = self.f_b_proj(f_a).view(t, h, d)
         if meta.is_pure_decode:
             # conv window step, SiLU and the q|k|v split in one kernel (windows updated in place),
             # then the delta rule in one fused kernel, its state updated in place in its slot

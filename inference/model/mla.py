@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inference.config import ModelSpec
@@ -24,6 +25,7 @@ from inference.kernels.mla_decode import mla_decode_paged
 from inference.kernels.mla_prefill import expand_in_pieces, mla_prefill_pieces, mla_prefill_varlen
 from inference.model.cache_tensors import HybridCacheTensors
 from inference.model.forward_meta import ForwardMeta
+from inference.model.fused_params import concat_params
 from inference.model.layers import RMSNorm, rope_half_split, rope_interleaved
 from inference.model.rope import RotaryAngles
 
@@ -71,15 +73,20 @@ class DSAIndexer(nn.Module):
         self, x: Tensor, q_latent: Tensor, cos: Tensor | None, sin: Tensor | None
     ) -> tuple[Tensor, ...]:
         """x: `[T, hidden]`, q_latent: `[T, q_lora_rank]` -> (q `[T, Hi, D]`, k `[T, D]`, w `[T, Hi]`)."""
-        t = x.shape[0]
-        q = self.wq_b(q_latent).view(t, self.num_heads, self.head_dim)
-        k = self.k_norm(self.wk(x))
+        return self.finish(self.wq_b(q_latent), self.wk(x), self.weights_proj(x), cos, sin)
+
+    def finish(
+        self, q: Tensor, k: Tensor, w: Tensor, cos: Tensor | None, sin: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`project` from the outputs of `wq_b` `[T, Hi * D]`, `wk` `[T, D]`, `weights_proj`
+        `[T, Hi]` (the MLA layer computes them inside its fused GEMMs)."""
+        q = q.view(q.shape[0], self.num_heads, self.head_dim)
+        k = self.k_norm(k)
         if self.rope_dim and cos is not None and sin is not None:
             r = self.rope_dim
             q = torch.cat([rope_half_split(q[..., :r], cos, sin), q[..., r:]], dim=-1)
             k = torch.cat([rope_half_split(k[..., :r], cos, sin), k[..., r:]], dim=-1)
-        w = self.weights_proj(x).float() * self.num_heads**-0.5
-        return q, k, w
+        return q, k, w.float() * self.num_heads**-0.5
 
 
 class MLAttention(nn.Module):
@@ -105,19 +112,43 @@ class MLAttention(nn.Module):
         # YaRN (rope_scaling) changes the angles and the softmax temperature; plain rope neither
         self.rope = RotaryAngles.for_mla(m) if m.use_rope and m.qk_rope_head_dim else None
         self.scale = m.qk_head_dim**-0.5 * (self.rope.softmax_factor if self.rope is not None else 1.0)
+        self._x_w: Tensor | None = None  # every projection of x, back to back (`concat_params`)
+        self._q_w: Tensor | None = None  # q_b_proj | indexer.wq_b (DSA)
 
-    def _queries(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        m = self.m
-        if m.q_lora_rank is None:
-            return self.q_proj(x).view(x.shape[0], m.num_heads, m.qk_head_dim), None
-        q_latent = self.q_a_layernorm(self.q_a_proj(x))
-        return self.q_b_proj(q_latent).view(x.shape[0], m.num_heads, m.qk_head_dim), q_latent
+    def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor] | None]:
+        """x `[T, hidden]` -> (q `[T, H, Dqk]`, the latent | shared rope key `[T, R + P]`, and with
+        DSA the indexer's `(wq_b, wk, weights_proj)` outputs).
+
+        Every projection of x (q_proj or q_a_proj, kv_a_proj_with_mqa, the indexer's wk and
+        weights_proj) is one GEMM, and so is every projection of the query latent (q_b_proj and
+        the indexer's wq_b), each output a column slice of the one result (a contiguous row at
+        one token; at more, the indexer's key LayerNorm copies its strided slice: still one GEMM
+        launch less for a cheaper copy). Under TP the head-split q_proj / q_b_proj sit beside
+        replicated weights; all read the same whole input, so their local rows stack alike."""
+        first = self.q_proj if self.m.q_lora_rank is None else self.q_a_proj
+        x_w = [first.weight, self.kv_a_proj_with_mqa.weight]
+        if self.indexer is not None:
+            x_w += [self.indexer.wk.weight, self.indexer.weights_proj.weight]
+        self._x_w = concat_params(x_w, self._x_w)
+        outs = F.linear(x, self._x_w.view(-1, x.shape[-1])).split([w.shape[0] for w in x_w], -1)
+        q, ckv = outs[0], outs[1]
+        index = None
+        if self.m.q_lora_rank is not None:
+            q_latent = self.q_a_layernorm(q)
+            if self.indexer is None:
+                q = self.q_b_proj(q_latent)
+            else:
+                q_w = [self.q_b_proj.weight, self.indexer.wq_b.weight]
+                self._q_w = concat_params(q_w, self._q_w)
+                q_all = F.linear(q_latent, self._q_w.view(-1, q_latent.shape[-1]))
+                q, iq = q_all.split([w.shape[0] for w in q_w], -1)
+                index = (iq, outs[2], outs[3])
+        return q.view(x.shape[0], self.m.num_heads, self.m.qk_head_dim), ckv, index
 
     def forward(self, x: Tensor, meta: ForwardMeta, cache: HybridCacheTensors) -> Tensor:
         """x: `[T, hidden]` -> `[T, hidden]`; writes this step's latents into the paged cache."""
         m = self.m
-        q, q_latent = self._queries(x)
-        ckv = self.kv_a_proj_with_mqa(x)
+        q, ckv, index_proj = self._projections(x)
         c, k_rope = ckv.split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         c = self.kv_a_layernorm(c)
         cos = sin = None
@@ -130,8 +161,8 @@ class MLAttention(nn.Module):
         slots = meta.slot_mapping.to(x.device)
         cache.write_latents(self.layer_idx, slots, torch.cat([c, k_rope], -1))
         index = None
-        if self.indexer is not None:
-            iq, ik, iw = self.indexer.project(x, q_latent, cos, sin)
+        if self.indexer is not None and index_proj is not None:
+            iq, ik, iw = self.indexer.finish(*index_proj, cos, sin)
             cache.write_index_keys(self.layer_idx, slots, ik)
             index = (iq, iw, *cache.index_keys(self.layer_idx))
         out = torch.empty(x.shape[0], m.num_heads, m.v_head_dim, dtype=x.dtype, device=x.device)
