@@ -109,7 +109,7 @@ def test_off_in_the_engine_config_on_in_serve(monkeypatch):
 def test_gpu_a_warmed_engine_serves_a_conversation_without_capturing():
     """Three turns of one conversation (a 100-token start, 8-token replies, 10-token messages,
     prefix cache on): with the warm-up, every step replays a graph captured at start-up, and the
-    tokens are those of an engine capturing as it goes."""
+    tokens are those of an engine capturing as it goes (up to bf16 near-ties: `_same_greedy`)."""
     from inference.engine.factory import build_engine
     from inference.engine.request import SamplingParams
 
@@ -122,7 +122,7 @@ def test_gpu_a_warmed_engine_serves_a_conversation_without_capturing():
     warm = GraphWarmup(
         time_budget_s=120, contexts=(100, 140), decode_rows=(1,), short_tokens=(16, 32, 64, 128)
     )
-    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
 
     def conversation(eng):
         rng = random.Random(5)
@@ -148,4 +148,21 @@ def test_gpu_a_warmed_engine_serves_a_conversation_without_capturing():
     assert g.num_short_replays >= 3 and g.num_replays > g.num_short_replays
     lazy = conversation(build_engine(engine_config=cfg, device="cuda", dtype="bfloat16", fixed_blocks=True))
     for a, b in zip(warmed, lazy, strict=True):
-        assert a.output_token_ids == b.output_token_ids
+        if not _same_greedy(a, b):
+            break  # a near-tie went the other way: the next turns' prompts differ
+
+
+def _same_greedy(a, b, tol: float = 0.1) -> bool:
+    """Whether two engines' greedy outputs of one prompt are equal, asserting that they differ
+    only in bf16 rounding: per token the same choice with logprobs within `tol`, or, where the
+    choice differs (the two run the same step eagerly and in a graph, or in other splits), a
+    near-tie: the other's token is the runner-up of `b` within `tol`. Measured on an H100: equal
+    tokens were asked for and one near-tie at the 4th token of a random-weight model broke it."""
+    for la, lb in zip(a.logprobs, b.logprobs, strict=True):
+        if la.token_id != lb.token_id:
+            top = dict(lb.top)
+            assert la.token_id in top, f"{la.token_id} is not among {lb.top}"
+            assert lb.logprob - top[la.token_id] < tol, "not a near-tie"
+            return False
+        assert abs(la.logprob - lb.logprob) < tol, (la, lb)
+    return True
