@@ -259,6 +259,24 @@ def head_block(heads: int) -> int:
     return min(_pad(heads), MAX_HEAD_BLOCK)
 
 
+# DSA prefill rows (selected keys `indices`, at least one row per SM) of a layer of >= 64 heads:
+# 64 heads per program and 8 warps. Measured on an H100 (`benchmarks/dsa_v32_headblocks.py`,
+# `docs/results/dsa_v32_headblocks_h100.json`; 8K queries x 128 heads x top-2048, bf16 latents):
+# 24.0 ms against 64.6 ms with 16-head blocks at 128K keys, 24.5 against 86.3 ms at 1M: each
+# row's 2048 latent rows are read by 2 programs instead of 8. 32 heads: 37.6-42.5 ms; 64 heads on
+# 4 warps: 45.6 ms (the [64, 512] accumulator spills).
+SPARSE_ROWS_HEAD_BLOCK = 64
+SPARSE_ROWS_TILE = (64, 8, 3)
+
+
+def sparse_rows_rule(heads: int, rows: int, pool: Tensor) -> bool:
+    """Whether a launch with `indices` takes `SPARSE_ROWS_HEAD_BLOCK` / `SPARSE_ROWS_TILE`: many
+    heads, rows enough to fill the SMs without splits (decode batches keep `head_block`), and a
+    16-bit pool (the one measured; fp32 tiles of that size would not fit shared memory)."""
+    wide = pool.dtype in (torch.bfloat16, torch.float16)
+    return wide and heads >= SPARSE_ROWS_HEAD_BLOCK and rows >= _sm_count_or_4(pool.device)
+
+
 def _checked_head_block(heads_per_program: int, heads: int) -> int:
     """The override of `head_block`: a power of two >= 16 (`tl.dot` needs 16 rows at least), used
     up to the heads rounded up to a power of two (a larger block would only compute padding)."""
@@ -288,6 +306,10 @@ def mla_decode_paged_fast(
     `tile` overrides `pick_tile` and `heads_per_program` `head_block` (benchmark sweeps; the two
     combine). A block's accumulator is `[block, R]` fp32: 64 x 512 is 128 KiB of registers."""
     n, h, r = q_latent.shape
+    sparse_rows = heads_per_program is None and indices is not None and sparse_rows_rule(h, n, pool)
+    if sparse_rows:
+        heads_per_program = SPARSE_ROWS_HEAD_BLOCK
+        tile = tile or SPARSE_ROWS_TILE
     hb = head_block(h) if heads_per_program is None else _checked_head_block(heads_per_program, h)
     p = pool.shape[-1] - r
     if q_rope.shape[-1] != p:

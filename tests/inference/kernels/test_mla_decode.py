@@ -298,3 +298,15 @@ def test_gpu_heads_per_program_v32_prefill_rows(fast, hpp, tile):
         pytest.skip(f"tile {tile} with {hpp} heads per program does not fit: {exc}")
     want = mla_decode_paged_reference(q_lat, q_rope, pool, tables, lens, **kw)
     assert_rel(got, want, TOL[torch.bfloat16], f"gpu prefill rows 128 heads, {hpp} per program, tile {tile}")
+
+
+def test_sparse_rows_rule_takes_wide_head_blocks_only_for_many_rows_of_many_heads():
+    """DSA prefill rows of a 128-head layer in a 16-bit pool take 64-head blocks; decode batches
+    (fewer rows than SMs), fewer heads and fp32 pools keep the default rule."""
+    from inference.kernels.mla_decode.fast import sparse_rows_rule
+
+    bf16 = torch.empty(1, 16, 8, dtype=torch.bfloat16)
+    assert sparse_rows_rule(128, 8192, bf16)
+    assert not sparse_rows_rule(128, 2, bf16)  # the CPU counts 4 SMs
+    assert not sparse_rows_rule(16, 8192, bf16)
+    assert not sparse_rows_rule(128, 8192, bf16.float())
