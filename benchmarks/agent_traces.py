@@ -288,7 +288,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+    fig, axes = plt.subplots(1, 5, figsize=(26, 4.5))
     for res in results:
         label = f"{res['target_tokens'] // 1024}K {res['wire']}{' host-only' if res.get('mode') else ''}"
         rows = [r for t in res["tasks"] for r in t["turns"] if r["turn"] > 0]
@@ -305,6 +305,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
                 ms=3,
                 label=label,
             )
+            axes[4].plot(x, [r["ttft_ms"] for r in rows], ".", ms=3, label=label)
+            if res.get("cold_ttft_ms"):  # the same stack prefilling a turn-10+ prompt cold
+                cold = res["cold"]
+                axes[4].plot([cold["prompt_tokens"]], [res["cold_ttft_ms"]], "x", ms=8, label=f"{label} cold")
     axes[0].set(
         xlabel="prompt tokens",
         ylabel="host ms per turn (runner + client + server parse/prepare)",
@@ -313,6 +317,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     axes[1].set(xlabel="prompt tokens", ylabel="request bytes", yscale="log")
     axes[2].set(xlabel="prompt tokens", ylabel="host ms per KB of request (what is new)", yscale="log")
     axes[3].set(xlabel="prompt tokens", ylabel="cached / ideal cached tokens", ylim=(0, 1.1))
+    axes[4].set(xlabel="prompt tokens", ylabel="TTFT ms (turns > 0; x: cold prefill)", yscale="log")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
