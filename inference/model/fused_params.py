@@ -18,15 +18,14 @@ __all__ = ["concat_params"]
 
 
 def _backs(params: Sequence[nn.Parameter], buf: Tensor) -> bool:
-    """Whether `params` still live, in order and unchanged, inside `buf`."""
-    first, last = params[0], params[-1]
-    end = buf.data_ptr() + (buf.numel() - last.numel()) * buf.element_size()
-    return (
-        first.dtype == buf.dtype
-        and first.device == buf.device
-        and first.data_ptr() == buf.data_ptr()
-        and last.data_ptr() == end
-    )
+    """Whether `params` still live, in order and unchanged, inside `buf` (every one checked: a
+    parameter replaced in the middle of the group must rebuild the buffer too)."""
+    at, size = buf.data_ptr(), buf.element_size()
+    for p in params:
+        if p.dtype != buf.dtype or p.device != buf.device or p.data_ptr() != at:
+            return False
+        at += p.numel() * size
+    return at == buf.data_ptr() + buf.numel() * size
 
 
 def concat_params(params: Sequence[nn.Parameter], cached: Tensor | None) -> Tensor:
