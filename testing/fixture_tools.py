@@ -86,7 +86,10 @@ class Flaky:
     spec = ToolSpec(
         name="flaky",
         description="fails transiently",
-        parameters={"type": "object", "properties": {"fail_times": {"type": "integer"}}},
+        parameters={
+            "type": "object",
+            "properties": {"fail_times": {"type": "integer"}, "pad": {"type": "string"}},
+        },
         retry=RetryPolicy(max_attempts=5, backoff_base_s=0.2, backoff_max_s=2.0, timeout_s=5.0),
     )
 
@@ -97,6 +100,8 @@ class Flaky:
         tries = len(log.read_text().splitlines())
         if tries <= int(arguments.get("fail_times", 2)):
             raise RetryableToolError(f"transient failure {tries}")
+        if "pad" in arguments:  # a result of the size a test needs
+            return ToolResult(content={"ok_after": tries, "pad": str(arguments["pad"])})
         return ToolResult(content={"ok_after": tries})
 
 

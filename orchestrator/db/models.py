@@ -68,6 +68,8 @@ class Task(Base):
     # the context-window policy (migration 0012; `runner.payloads`): NULL, no cap
     max_context_tokens: Mapped[int | None] = mapped_column(Integer)
     context_policy: Mapped[str | None] = mapped_column(String(32))
+    # where the policy stands (migration 0013; `runner.payloads.ContextState`): NULL, no cap
+    context_state: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     deadline_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     result: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

@@ -39,7 +39,7 @@ from orchestrator.runner.context import RunnerConfig
 from orchestrator.runner.heartbeat import Heartbeat
 from orchestrator.runner.lease import LeaseLost, claim_with_state
 from orchestrator.runner.model_step import run_model_step
-from orchestrator.runner.payloads import PayloadCache, reference, referenced_sha
+from orchestrator.runner.payloads import PayloadCache, reference, referenced_sha, resumed_context_state
 from orchestrator.runner.preprocess_step import run_preprocess
 from orchestrator.runner.tool_step import run_tool_step
 from orchestrator.runner.transcripts import CachedTranscript, TranscriptCache
@@ -254,6 +254,8 @@ class Runner:
             )
             for r in rows
         }
+        stored = getattr(t, "context_state", None)
+        trimmed, known = resumed_context_state(stored)
         return TaskView(
             id=t.id,
             tenant=t.tenant,
@@ -280,6 +282,9 @@ class Runner:
             resolved_messages=self.transcripts.take_resolved(t.id, transcript),
             max_context_tokens=getattr(t, "max_context_tokens", None),
             context_policy=getattr(t, "context_policy", None),
+            context_trimmed=trimmed,
+            last_prompt=known,
+            context_stored=stored,
         )
 
     def _drive(self, conn: Connection, task: TaskView) -> None:

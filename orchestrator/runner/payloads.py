@@ -21,6 +21,9 @@ Without a previous turn the whole transcript is counted that way. Over the cap:
   most `TRIM_TO` of the cap; what was trimmed stays trimmed in later turns (the boundary only
   moves forward, so the prompt's prefix changes only when it moves). If even then the bound is
   over the cap, the task fails `context_exceeded`. The history keeps every result whole.
+The boundary and the previous turn's count are kept on the task row (`stored_context_state`,
+written with the model turn), so a task claimed again resumes them: its prompt stays the one the
+server has cached.
 """
 
 from __future__ import annotations
@@ -121,6 +124,24 @@ def _tokens_bound(m: dict[str, Any]) -> int:
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     calls = json.dumps(m["tool_calls"], ensure_ascii=False) if m.get("tool_calls") else ""
     return len(text.encode()) + len(calls.encode()) + PER_MESSAGE_TOKENS
+
+
+def stored_context_state(trimmed: int, known: tuple[int, int] | None) -> dict[str, Any]:
+    """The policy's state as the task row keeps it (`tasks.context_state`, migration 0013), so a
+    later claim resumes the same boundary and bound instead of recomputing other ones."""
+    return {"trimmed": trimmed, "known": list(known) if known is not None else None}
+
+
+def resumed_context_state(value: Any) -> tuple[int, tuple[int, int] | None]:
+    """(trim boundary, known) from the task row's `context_state` (NULL or malformed: none)."""
+    if not isinstance(value, dict):
+        return 0, None
+    trimmed = value.get("trimmed")
+    known = value.get("known")
+    ok_known = isinstance(known, list) and len(known) == 2 and all(type(v) is int for v in known)
+    return (trimmed if type(trimmed) is int and trimmed >= 0 else 0), (
+        (known[0], known[1]) if ok_known else None
+    )
 
 
 def trimmed_notice(nbytes: int) -> str:

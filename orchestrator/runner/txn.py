@@ -30,6 +30,7 @@ from orchestrator.db.tables import attempts_t
 from orchestrator.failpoints import failpoint
 from orchestrator.metrics import TASKS_FINISHED
 from orchestrator.runner.lease import LeaseLost
+from orchestrator.runner.payloads import stored_context_state
 from orchestrator.statemachine import (
     TERMINAL_TASK_STATUSES,
     StepEvent,
@@ -102,6 +103,8 @@ class TaskView:
     context_trimmed: int = 0
     context_notices: dict[int, dict[str, Any]] = field(default_factory=dict)
     last_prompt: tuple[int, int] | None = None
+    # the row's `context_state` as last read or written (written again only when it changes)
+    context_stored: dict[str, Any] | None = None
     # the transcript with its attachments resolved for the model (`resolve_images`), as far as
     # it has been sent
     resolved_messages: list[dict[str, Any]] = field(default_factory=list)
@@ -332,6 +335,11 @@ class StepTxn:
             **self._open_step_values(),
             **self._task_values,
         }
+        context = None
+        if t.max_context_tokens is not None:
+            context = stored_context_state(t.context_trimmed, t.last_prompt)
+            if context != t.context_stored:
+                task_values["context_state"] = context
         self._w.task_values = task_values
         self._attach_finished()
         outcome = self._w.commit(
@@ -342,6 +350,8 @@ class StepTxn:
         if not outcome.all_hit:
             raise StaleTransition(f"task {t.id}: a row was not in its expected state")
         failpoint("after_commit")
+        if context is not None:
+            t.context_stored = context
         t.cancel_requested = outcome.cancel_requested
         t.event_seq = outcome.event_seq
         self._trace_transitions()

@@ -70,6 +70,34 @@ def test_context_policy_fail_is_a_typed_failure(db, make_runner):
     assert task.error["kind"] == "context_exceeded" and task.error["max_context_tokens"] == 8000
 
 
+def test_a_task_claimed_anew_resumes_its_trim_boundary(db, make_runner, model_server):
+    """A trimmed task claimed anew every turn (each tool attempt fails once and parks it) sends
+    the model the prompts of the same task driven in one claim: the boundary and the previous
+    turn's count come back from the task row, not recomputed (other trims: a prompt-cache miss)."""
+    script = {"cycles": 10, "tool": "flaky", "args": {"fail_times": 1, "pad": "p" * 1500}}
+    policy = {"max_context_tokens": 9000, "context_policy": "trim_tool_results"}
+    one_claim = submit(db, script, **policy)
+    make_runner(local_wait_max_s=30.0).run_until_idle(timeout_s=120)
+    many_claims = submit(db, script, **policy)
+    make_runner(local_wait_max_s=0.0).run_until_idle(timeout_s=120)
+
+    def trims(task_id: str) -> list[list[bool]]:
+        """Per model request of the task: which of its tool results went as a notice."""
+        sent = [r for r in model_server.requests if task_id in json.dumps(r.get("prompt_cache_key"))]
+        return [
+            ["trimmed by the task" in m["content"] for m in r["messages"] if m.get("role") == "tool"]
+            for r in sent
+        ]
+
+    with db.connect() as conn:
+        assert get_task(conn, one_claim).status == get_task(conn, many_claims).status == "SUCCEEDED"
+        stored = get_task(conn, many_claims).context_state
+    expected = trims(one_claim)
+    assert len(expected) == 11 and any(any(t) for t in expected)  # it did trim
+    assert trims(many_claims) == expected
+    assert stored["trimmed"] > 0 and stored["known"] is not None
+
+
 def _transcript(n: int, size: int) -> list[dict]:
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     for i in range(n):

@@ -217,7 +217,7 @@ def test_health_ready_metrics(api: Api):
     ready = api.client.get("/readyz").json()
     from orchestrator.db import migrate
 
-    assert ready["status"] == "ready" and ready["revision"] == migrate.head_revision() == "0012"
+    assert ready["status"] == "ready" and ready["revision"] == migrate.head_revision() == "0013"
     api.client.post("/v1/tasks", json={"goal": "x"}, headers=api.h())
     text = api.client.get("/metrics").text
     assert 'dayzero_http_requests_total{method="POST",route="/v1/tasks",status="201"}' in text
