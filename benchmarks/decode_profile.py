@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine_setup import _warm, bench_config, make_engine, rand_prompts
+from benchmarks.engine_setup import BATCHED_TOKENS, _warm, bench_config, make_engine, rand_prompts
 from inference.config import parse_config
 from inference.engine import cuda_graphs, stops
 from inference.engine.engine import Engine
@@ -234,15 +234,20 @@ def eager_ops(model: torch.nn.Module, spec: Any, dtype: torch.dtype, device: tor
     return {"batch": batch, "kernels": len(kern), "aten_ops_by_calls": rows[:30]}
 
 
-def profile_batch(model, spec, dtype, device, batch: int, steps: int) -> dict[str, Any]:
+def profile_batch(
+    model, spec, dtype, device, batch: int, steps: int, prompt_len: int = 128
+) -> dict[str, Any]:
+    # requests done with their prompts decode while the others prefill: room for those tokens too
+    max_tokens = 3 * steps + 60 + -(-batch * prompt_len // BATCHED_TOKENS)
     eng = make_engine(
         model, spec, dtype, device, num_state_slots=2 * batch + 8,
-        num_blocks=batch * ((128 + 3 * steps + 120) // 64 + 2),
+        num_blocks=batch * ((prompt_len + max_tokens + 80) // 64 + 2),
+        max_model_len=max(40000, prompt_len + max_tokens + 64),
     )  # fmt: skip
-    for p in rand_prompts(batch, 128, 7):
-        eng.add_request(p, SamplingParams(temperature=0, max_tokens=3 * steps + 60, ignore_eos=True))
+    for p in rand_prompts(batch, prompt_len, 7):
+        eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     _warm(eng)
-    res = {"batch": batch, "host": host_phases(eng, device, steps)}
+    res = {"batch": batch, "prompt_len": prompt_len, "host": host_phases(eng, device, steps)}
     res["kernels"] = kernel_profile(eng, device, min(steps, 16))
     res["host_again"] = host_phases(eng, device, steps)  # after the profiler: steady state again
     return res
@@ -253,6 +258,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="CPU smoke run with the bundled small model")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128, help="context each request decodes after")
     args = ap.parse_args()
     quick = args.quick or not torch.cuda.is_available()
     device = torch.device("cpu" if quick else "cuda")
@@ -271,12 +277,13 @@ def main() -> None:
         "kernels_env": os.environ.get("DAYZERO_KERNELS", "fast"),
     }  # fmt: skip
     steps = 4 if quick else args.steps
+    plen = 32 if quick else args.prompt_len
     for b in (int(x) for x in args.batches.split(",")):
-        out[f"b{b}"] = profile_batch(model, spec, dtype, device, b, steps)
+        out[f"b{b}"] = profile_batch(model, spec, dtype, device, b, steps, plen)
         out[f"b{b}"]["eager_forward_ops"] = eager_ops(model, spec, dtype, device, b)
         print(json.dumps({f"b{b}": out[f"b{b}"]}, indent=1), flush=True)
     if d := os.environ.get("OUT"):
-        Path(d, "decode_profile.json").write_text(json.dumps(out, indent=1))
+        Path(d, f"decode_profile_{plen}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
