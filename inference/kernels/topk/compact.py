@@ -39,11 +39,11 @@ __all__ = ["CAP", "compact_select", "fallback_plan_rows", "use_compact"]
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # candidate slots per row; small under the interpreter so that tests reach the fallback and the
 # multi-chunk compaction with small shapes
-CAP = 64 if _INTERPRET else 8192
+CAP = 128 if _INTERPRET else 8192
 # the sample: SAMPLE_SEGS runs of SAMPLE_SEG contiguous scores (8 fp32 = one 32-byte sector, so
 # the sample costs no wasted bandwidth); at most CAP samples, so a sampled row (n > CAP) has
 # runs that never overlap
-SAMPLE_SEGS = 4 if _INTERPRET else 1024
+SAMPLE_SEGS = 8 if _INTERPRET else 1024
 SAMPLE_SEG = 4 if _INTERPRET else 8
 _BLOCK = 64 if _INTERPRET else 1024  # keys per compaction loop step (one atomic each)
 # which share of a block's rows the fallback's chunking is sized for: a few failed rows then run
