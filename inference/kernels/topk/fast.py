@@ -29,7 +29,7 @@ from torch import Tensor
 
 from inference.kernels.topk import compact
 
-__all__ = ["select_rows", "topk_positions_fast"]
+__all__ = ["compact_rows", "select_rows", "topk_positions_fast"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # bins per level: four 8-bit digits cover the 32-bit key. Not fewer, wider levels: Triton's
@@ -235,6 +235,15 @@ def _radix_rows(
     )  # fmt: skip
 
 
+def compact_rows(
+    scores: Tensor, lens: Tensor, out: Tensor, row0: int, k_rows: Tensor | None = None
+) -> Tensor:
+    """The compact path of `select_rows` without its radix fallback: `done` `[rows]` int32, 1 where
+    it wrote the row's selection (tests, and benchmarks counting the fallback's rows)."""
+    chunk, chunks = _chunking(scores.shape[0], scores.shape[1], scores.device, _COMPACT_PROGRAMS_PER_SM)
+    return compact.compact_select(scores, lens, out, row0, k_rows, chunk, chunks)
+
+
 def select_rows(
     scores: Tensor,
     lens: Tensor,
@@ -256,9 +265,7 @@ def select_rows(
     if method == "radix":
         _radix_rows(scores, lens, out, row0, k_rows)
     elif method == "compact":
-        chunk, chunks = _chunking(rows, keys, scores.device, _COMPACT_PROGRAMS_PER_SM)
-        done = compact.compact_select(scores, lens, out, row0, k_rows, chunk, chunks)
-        _radix_rows(scores, lens, out, row0, k_rows, done)
+        _radix_rows(scores, lens, out, row0, k_rows, compact_rows(scores, lens, out, row0, k_rows))
     else:
         raise ValueError(f"method must be auto, radix or compact, got {method!r}")
 

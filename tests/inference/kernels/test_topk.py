@@ -22,10 +22,9 @@ def _fast():
 
 def _compact_steps(s, lens, out, row0=0, k_rows=None) -> torch.Tensor:
     """The compact path without its fallback: `done` per row (1 = written by it)."""
-    from inference.kernels.topk import compact, fast
+    from inference.kernels.topk.fast import compact_rows
 
-    chunk, chunks = fast._chunking(s.shape[0], s.shape[1], s.device, fast._COMPACT_PROGRAMS_PER_SM)
-    return compact.compact_select(s, lens, out, row0, k_rows, chunk, chunks)
+    return compact_rows(s, lens, out, row0, k_rows)
 
 
 def _sample_positions(n: int) -> torch.Tensor:
