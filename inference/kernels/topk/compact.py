@@ -60,8 +60,8 @@ assert SAMPLE_SEGS * SAMPLE_SEG <= CAP
 def use_compact(rows: int, keys: int, width: int) -> bool:
     """The one dispatch rule between this path and the radix select.
 
-    Compact when the block has `_MIN_ROWS` rows or more (prefill: the radix select is compute-bound
-    there, and the guess/select steps' one program per row fills the GPU), rows of at least `4 CAP`
+    Compact when the block has `_MIN_ROWS` rows or more (DSA prefill's blocks: 64 rows at 1M keys
+    up to 2048 at 32K, where the radix select is compute-bound), rows of at least `4 CAP`
     keys (shorter rows are cheap for the radix path, and candidates would be a large share of the
     row) and `k <= CAP / 4` (room for the guess's margin on both sides of `sqrt(k CAP)`). Decode
     (a few rows) keeps the tuned radix path."""
