@@ -225,10 +225,11 @@ def main() -> None:
            "cpos_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "chunk", "s_st"], "i32")  # fmt: skip
     compile_one("topk compact pass", cpt._compact_kernel, sig, dict(CAP_=cpt.CAP, BLOCK=cpt._BLOCK),
                 {"s_ptr", "ckey_ptr", "cpos_ptr", "s_st"}, num_warps=4)  # fmt: skip
-    sig = {"ckey_ptr": "*i32", "cpos_ptr": "*i32", "cursor_ptr": "*i32", "lens_ptr": "*i32", "krows_ptr": "*i32",
-           "done_ptr": "*i32", "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width", "s_ot"], "i32")  # fmt: skip
+    sig = {"ckey_ptr": "*i32", "cpos_ptr": "*i32", "thr_ptr": "*i32", "cursor_ptr": "*i32", "lens_ptr": "*i32",
+           "krows_ptr": "*i32", "done_ptr": "*i32", "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width",
+                                                                                      "s_ot"], "i32")  # fmt: skip
     compile_one("topk compact select", cpt._select_kernel, sig, dict(HAS_K=True, CAP_=cpt.CAP, TAIL=cpt._BLOCK),
-                {"ckey_ptr", "cpos_ptr", "out_ptr", "s_ot"}, num_warps=8)  # fmt: skip
+                {"ckey_ptr", "cpos_ptr", "out_ptr", "s_ot"}, num_warps=cpt._SELECT_WARPS)  # fmt: skip
     import inference.kernels.moe_gemm.fast as moe_gemm
 
     ints = ["stride_x", "stride_we", "stride_wn", "stride_o", "H", "INTER"]
