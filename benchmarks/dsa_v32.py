@@ -15,7 +15,9 @@ nope 128, v 128; indexer 64 heads x 128 with FP8 (e4m3, per-key scale) keys, top
 - decode: batch 1 and 32, every row at the full context, CUDA-graph replay with L2 flushed by
   reads. Dense: absorbed paged decode over all keys; DSA: indexer + top-k + sparse decode.
 - prefill_split: the DSA prefill chunk's parts timed alone (scorer, top-k selection, query
-  absorption, sparse attention, value projection).
+  absorption, sparse attention, value projection); the selection both as dispatched (`select_ms`:
+  the compact path for these blocks) and forced to the radix select (`select_radix_ms`), and the
+  share of rows the compact path selected without its radix fallback.
 - headblocks: that chunk's sparse attention alone by heads per program and tile
   (`benchmarks/dsa_v32_headblocks.py`).
 - scorer: the prefill scorer alone (8K queries over 128K keys, FP8 and bf16 keys) by rows per
@@ -191,6 +193,17 @@ def prefill_chunk(ctx: int) -> SimpleNamespace:
     return SimpleNamespace(layer=layer, q=q, iq=iq, iw=iw, lens=lens, trows=trows, idx=idx, q_lat=q_lat)
 
 
+def compact_rows_pct(scores: torch.Tensor, lens: torch.Tensor, idx: torch.Tensor, step: int) -> float:
+    """Percent of the chunk's rows (each block over the last block's scores, as `select` times them)
+    that the compact top-k path selects itself, without its radix fallback."""
+    from inference.kernels.topk.fast import compact_rows
+
+    done = 0
+    for r0 in range(0, CHUNK, step):
+        done += int(compact_rows(scores[: min(step, CHUNK - r0)], lens, idx, r0).sum().item())
+    return round(100 * done / CHUNK, 2)
+
+
 def prefill_split(ctx: int) -> dict[str, Any]:
     """The DSA prefill chunk's parts timed alone (8K queries at the end of `ctx` keys): the
     indexer's scorer, the top-k selection over its scores, the query absorption, the sparse
@@ -213,9 +226,9 @@ def prefill_split(ctx: int) -> dict[str, Any]:
                             index_scales=layer.iscales, table_rows=trows,
                             rows_per_program=PREFILL_ROWS["fp8"])  # fmt: skip
 
-    def select() -> None:  # the same blocks of rows; the scores of the last block stand for all
+    def select(method: str = "auto") -> None:  # the same blocks; the last block's scores stand for all
         for r0 in range(0, CHUNK, step):
-            select_rows(scores[: min(step, CHUNK - r0)], lens, idx, r0)
+            select_rows(scores[: min(step, CHUNK - r0)], lens, idx, r0, method=method)
 
     def absorb():
         return torch.einsum("nhd,hdr->nhr", q[..., :DN], layer.w_uk)
@@ -229,10 +242,12 @@ def prefill_split(ctx: int) -> dict[str, Any]:
     def value():
         return torch.einsum("nhr,hvr->nhv", o, layer.w_uv)
 
-    parts = {"score": score, "select": select, "absorb": absorb, "sparse_attention": sparse, "value": value}
+    parts = {"score": score, "select": select, "select_radix": lambda: select("radix"), "absorb": absorb,
+             "sparse_attention": sparse, "value": value}  # fmt: skip
     row: dict[str, Any] = {"ctx": ctx, "queries": CHUNK, "score_rows_per_block": step}
     for name, fn in parts.items():
         row[f"{name}_ms"] = round(1e3 * bench(fn, 3), 2)
+    row["select_compact_rows_pct"] = compact_rows_pct(scores, lens, idx, step)
     sparse_flops = 2 * CHUNK * H * min(TOPK, ctx) * (R + P + R)
     row["sparse_attention_TFLOPs"] = round(sparse_flops / (row["sparse_attention_ms"] / 1e3) / 1e12, 1)
     score_flops = 2 * CHUNK * (ctx - CHUNK / 2) * HI * DI

@@ -197,24 +197,39 @@ def main() -> None:
                     maxnreg=maxnreg,
                 )  # fmt: skip
     ints = ["row0", "max_keys", "chunk", "s_st"]
-    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "hist_ptr": "*i32"} | dict.fromkeys(
-        ints, "i32"
-    )
-    for level, (shift, bits) in enumerate(topk._LEVELS):
-        const = dict(LEVEL=level, SHIFT=shift, BITS=bits, NB=topk.NBINS, BLOCK=topk._BLOCK)
-        compile_one(f"topk hist {level}", topk._hist_kernel, sig, const, {"s_ptr", "hist_ptr"}, num_warps=4)
+    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "hist_ptr": "*i32", "done_ptr": "*i32"}
+    sig |= dict.fromkeys(ints, "i32")
+    for done in (False, True):  # the radix path alone, and as the compact path's fallback
+        for level, (shift, bits) in enumerate(topk._LEVELS):
+            const = dict(LEVEL=level, SHIFT=shift, BITS=bits, NB=topk.NBINS, BLOCK=topk._BLOCK, HAS_DONE=done)
+            compile_one(f"topk hist {level} done={done}", topk._hist_kernel, sig, const, {"s_ptr", "hist_ptr"},
+                        num_warps=4)  # fmt: skip
     sig = {"hist_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32", "lens_ptr": "*i32",
-           "krows_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "width", "chunks"], "i32")  # fmt: skip
+           "krows_ptr": "*i32", "done_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "width", "chunks"], "i32")  # fmt: skip
     for level, (shift, _bits) in enumerate(topk._LEVELS):
-        const = dict(LEVEL=level, SHIFT=shift, LAST=level == len(topk._LEVELS) - 1, NB=topk.NBINS, HAS_K=True)
-        if hasattr(topk, "_FIND_CHUNKS"):
-            const["CB"] = topk._FIND_CHUNKS
+        const = dict(LEVEL=level, SHIFT=shift, LAST=level == len(topk._LEVELS) - 1, NB=topk.NBINS, HAS_K=True,
+                     CB=topk._FIND_CHUNKS, HAS_DONE=True)  # fmt: skip
         compile_one(f"topk find {level}", topk._find_kernel, sig, const, {"hist_ptr"}, num_warps=4)
     sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "state_ptr": "*i64", "gt_ptr": "*i32", "ties_ptr": "*i32",
-           "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width", "chunk", "s_st", "s_ot"], "i32")  # fmt: skip
-    compile_one(
-        "topk gather", topk._gather_kernel, sig, dict(BLOCK=topk._BLOCK, CH_PAD=16), {"s_ptr"}, num_warps=4
-    )
+           "out_ptr": "*i64", "done_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "width", "chunk", "s_st", "s_ot"], "i32")  # fmt: skip
+    compile_one("topk gather", topk._gather_kernel, sig, dict(BLOCK=topk._BLOCK, CH_PAD=16, HAS_DONE=True), {"s_ptr"},
+                num_warps=4)  # fmt: skip
+    import inference.kernels.topk.compact as cpt
+
+    ints = dict.fromkeys(["row0", "max_keys", "width", "s_st"], "i32")
+    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "krows_ptr": "*i32", "thr_ptr": "*i32",
+           "cursor_ptr": "*i32"} | ints  # fmt: skip
+    const = dict(HAS_K=True, CAP_=cpt.CAP, SEGS=cpt.SAMPLE_SEGS, SEG=cpt.SAMPLE_SEG)
+    compile_one("topk compact guess", cpt._guess_kernel, sig, const, {"s_ptr", "s_st"}, num_warps=8)
+    sig = {"s_ptr": "*fp32", "lens_ptr": "*i32", "thr_ptr": "*i32", "cursor_ptr": "*i32", "ckey_ptr": "*i32",
+           "cpos_ptr": "*i32"} | dict.fromkeys(["row0", "max_keys", "chunk", "s_st"], "i32")  # fmt: skip
+    compile_one("topk compact pass", cpt._compact_kernel, sig, dict(CAP_=cpt.CAP, BLOCK=cpt._BLOCK),
+                {"s_ptr", "ckey_ptr", "cpos_ptr", "s_st"}, num_warps=4)  # fmt: skip
+    sig = {"ckey_ptr": "*i32", "cpos_ptr": "*i32", "thr_ptr": "*i32", "cursor_ptr": "*i32", "lens_ptr": "*i32",
+           "krows_ptr": "*i32", "done_ptr": "*i32", "out_ptr": "*i64"} | dict.fromkeys(["row0", "max_keys", "width",
+                                                                                      "s_ot"], "i32")  # fmt: skip
+    compile_one("topk compact select", cpt._select_kernel, sig, dict(HAS_K=True, CAP_=cpt.CAP, TAIL=cpt._BLOCK),
+                {"ckey_ptr", "cpos_ptr", "out_ptr", "s_ot"}, num_warps=cpt._SELECT_WARPS)  # fmt: skip
     import inference.kernels.moe_gemm.fast as moe_gemm
 
     ints = ["stride_x", "stride_we", "stride_wn", "stride_o", "H", "INTER"]

@@ -102,7 +102,8 @@ def dsa() -> dict[str, Any]:
 def dsa_prefill() -> dict[str, Any]:
     """Prefill indexer: an 8K-query chunk of one sequence over 128K keys (rows at positions
     120K-128K, in the row blocks the indexer uses): scoring TFLOP/s for bf16 and FP8 keys by rows
-    per key-tile read (1 = the single-row kernel) and tile, then scoring + top-2048 selection."""
+    per key-tile read (1 = the single-row kernel) and tile, the top-2048 selection alone by path
+    (`select_rows` method), then scoring + selection."""
     res: dict[str, Any] = {"fp8_peak_tflops": FP8_PEAK_TFLOPS}
     ctx, page, hi, d, k, lq = 131072, 64, 64, 128, 2048, 8192
     _, _, pool, _, tables, _ = _pool(1, ctx, page, False)
@@ -144,6 +145,16 @@ def dsa_prefill() -> dict[str, Any]:
             sweep.append(row)
             print(f"[dsa_prefill] {row}", flush=True)
     res["scoring_8k_over_128k"] = sweep
+    # the selection alone over the same row blocks (the last block's scores stand for all): as
+    # dispatched (the compact path) and each path forced
+    out = torch.empty(lq, k, dtype=torch.long, device="cuda")
+    for method in ("auto", "radix", "compact"):
+
+        def select(method=method):
+            for r0 in range(0, lq, step_rows):
+                select_rows(pscores[: min(step_rows, lq - r0)], plens, out, r0, method=method)
+
+        res[f"select_8k_over_128k_{method}_ms"] = round(1e3 * bench(select, reps=3), 2)
     for name, pool_i, sc in (("bf16", ipool, None), ("fp8", keys8, scales8)):
         for group in (1, PREFILL_ROWS[name]):
             fn = lambda pool_i=pool_i, sc=sc, group=group: dsa_topk_paged_fast(  # noqa: E731

@@ -1,4 +1,5 @@
-"""Exact top-k positions per row (the DSA indexer's selection): Triton radix select, fp32 reference."""
+"""Exact top-k positions per row (the DSA indexer's selection): Triton radix select (`fast.py`), the
+compact path for blocks of many long rows (`compact.py`), fp32 reference."""
 
 from __future__ import annotations
 

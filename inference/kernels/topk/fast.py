@@ -14,17 +14,22 @@ sort and no atomics (so the output is deterministic). `torch.topk` measured 119 
 cannot fill 132 SMs).
 """
 
+# ruff: noqa: SIM102  (a constexpr `if` around a runtime `if`: Triton folds the outer one away)
+
 from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["select_rows", "topk_positions_fast"]
+from inference.kernels.topk import compact
+
+__all__ = ["compact_rows", "select_rows", "topk_positions_fast"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # bins per level: four 8-bit digits cover the 32-bit key. Not fewer, wider levels: Triton's
@@ -35,6 +40,9 @@ _LEVELS = ((24, 8), (16, 8), (8, 8), (0, 8))  # (shift, bits) from the top digit
 # keys one program handles per loop iteration, and programs per SM the chunking aims at
 _BLOCK = 64 if _INTERPRET else 1024
 _PROGRAMS_PER_SM = 4
+# the compact path's one pass over the scores: more, shorter programs (a load and a dependent
+# atomic per block, so memory parallelism comes from programs in flight)
+_COMPACT_PROGRAMS_PER_SM = 16
 _FIND_CHUNKS = 4 if _INTERPRET else 16  # chunk histograms the per-row find step reads per load
 
 
@@ -54,11 +62,15 @@ def _ordered_key(x):
 
 @triton.jit
 def _hist_kernel(
-    s_ptr, lens_ptr, state_ptr, hist_ptr, row0, max_keys, chunk, s_st,
+    s_ptr, lens_ptr, state_ptr, hist_ptr, done_ptr, row0, max_keys, chunk, s_st,
     LEVEL: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DONE: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     c = tl.program_id(1)
+    if HAS_DONE:
+        if tl.load(done_ptr + r) != 0:  # selected by the compact path (compact.py)
+            return
     chunks = tl.num_programs(1)
     n = tl.minimum(tl.load(lens_ptr + row0 + r).to(tl.int32), max_keys)
     lo = c * chunk
@@ -85,11 +97,14 @@ def _hist_kernel(
 
 @triton.jit
 def _find_kernel(
-    hist_ptr, state_ptr, gt_ptr, ties_ptr, lens_ptr, krows_ptr, row0, max_keys, width, chunks,
+    hist_ptr, state_ptr, gt_ptr, ties_ptr, lens_ptr, krows_ptr, done_ptr, row0, max_keys, width, chunks,
     LEVEL: tl.constexpr, SHIFT: tl.constexpr, LAST: tl.constexpr, NB: tl.constexpr, HAS_K: tl.constexpr,
-    CB: tl.constexpr,
+    CB: tl.constexpr, HAS_DONE: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
+    if HAS_DONE:
+        if tl.load(done_ptr + r) != 0:
+            return
     bins = tl.arange(0, NB)
     offs_c = tl.arange(0, CB)
     if LEVEL == 0:
@@ -132,11 +147,14 @@ def _find_kernel(
 
 @triton.jit
 def _gather_kernel(
-    s_ptr, lens_ptr, state_ptr, gt_ptr, ties_ptr, out_ptr, row0, max_keys, width, chunk, s_st, s_ot,
-    BLOCK: tl.constexpr, CH_PAD: tl.constexpr,
+    s_ptr, lens_ptr, state_ptr, gt_ptr, ties_ptr, out_ptr, done_ptr, row0, max_keys, width, chunk, s_st, s_ot,
+    BLOCK: tl.constexpr, CH_PAD: tl.constexpr, HAS_DONE: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     c = tl.program_id(1)
+    if HAS_DONE:
+        if tl.load(done_ptr + r) != 0:
+            return
     chunks = tl.num_programs(1)
     n = tl.minimum(tl.load(lens_ptr + row0 + r).to(tl.int32), max_keys)
     thr = tl.load(state_ptr + 2 * r)
@@ -172,51 +190,96 @@ def _gather_kernel(
             tl.store(orow + offs, tl.full([BLOCK], -1, tl.int64), mask=(offs >= count) & (offs < width))
 
 
-def _chunking(rows: int, keys: int, device: torch.device) -> tuple[int, int]:
-    """(keys per program, programs per row): about `_PROGRAMS_PER_SM` programs per SM in all
-    (shape-only, so a CUDA graph replays the same launch)."""
+def _chunking(rows: int, keys: int, device: torch.device, per_sm: int = _PROGRAMS_PER_SM) -> tuple[int, int]:
+    """(keys per program, programs per row): about `per_sm` programs per SM in all (shape-only, so
+    a CUDA graph replays the same launch)."""
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
     blocks = triton.cdiv(keys, _BLOCK)
-    per = max(1, triton.cdiv(rows * blocks, _PROGRAMS_PER_SM * sms))
+    per = max(1, triton.cdiv(rows * blocks, per_sm * sms))
     chunk = _BLOCK * min(per, blocks)
     return chunk, triton.cdiv(keys, chunk)
 
 
-def select_rows(scores: Tensor, lens: Tensor, out: Tensor, row0: int, k_rows: Tensor | None = None) -> None:
-    """Fill `out[row0 : row0 + scores.shape[0]]` (`[T, width]` int64) with the selection of the
-    score rows `scores` `[rows, S]` fp32; `lens`/`k_rows` are indexed like `out` (contract in
-    `topk_positions_reference`)."""
+def _radix_rows(
+    scores: Tensor, lens: Tensor, out: Tensor, row0: int, k_rows: Tensor | None, done: Tensor | None = None
+) -> None:
+    """The radix select of `select_rows`; with `done` (`[rows]` int32) only the rows where it is 0
+    (the compact path's fallback), on a chunking planned for a share of the rows."""
     rows, keys = scores.shape
     width = out.shape[1]
-    if rows == 0:
-        return
     dev = scores.device
-    chunk, chunks = _chunking(rows, keys, dev)
+    plan = rows if done is None else compact.fallback_plan_rows(rows)
+    chunk, chunks = _chunking(plan, keys, dev)
     hist = torch.empty(rows * chunks * NBINS, dtype=torch.int32, device=dev)
     state = torch.empty(rows, 2, dtype=torch.int64, device=dev)
     gt = torch.empty(rows, chunks, dtype=torch.int32, device=dev)
     ties = torch.empty(rows, chunks, dtype=torch.int32, device=dev)
     krows = k_rows if k_rows is not None else lens
+    dn = done if done is not None else lens  # never read without HAS_DONE
     warps = 1 if _INTERPRET else 4
     for level, (shift, bits) in enumerate(_LEVELS):
         _hist_kernel[(rows, chunks)](
-            scores, lens, state, hist, row0, keys, chunk, scores.stride(0),
-            LEVEL=level, SHIFT=shift, BITS=bits, NB=NBINS, BLOCK=_BLOCK, num_warps=warps,
+            scores, lens, state, hist, dn, row0, keys, chunk, scores.stride(0),
+            LEVEL=level, SHIFT=shift, BITS=bits, NB=NBINS, BLOCK=_BLOCK, HAS_DONE=done is not None,
+            num_warps=warps,
         )  # fmt: skip
         _find_kernel[(rows,)](
-            hist, state, gt, ties, lens, krows, row0, keys, width, chunks,
+            hist, state, gt, ties, lens, krows, dn, row0, keys, width, chunks,
             LEVEL=level, SHIFT=shift, LAST=level == len(_LEVELS) - 1, NB=NBINS,
-            HAS_K=k_rows is not None, CB=_FIND_CHUNKS, num_warps=warps,
+            HAS_K=k_rows is not None, CB=_FIND_CHUNKS, HAS_DONE=done is not None, num_warps=warps,
         )  # fmt: skip
     _gather_kernel[(rows, chunks)](
-        scores, lens, state, gt, ties, out, row0, keys, width, chunk, scores.stride(0), out.stride(0),
-        BLOCK=_BLOCK, CH_PAD=max(2, triton.next_power_of_2(chunks)), num_warps=warps,
+        scores, lens, state, gt, ties, out, dn, row0, keys, width, chunk, scores.stride(0), out.stride(0),
+        BLOCK=_BLOCK, CH_PAD=max(2, triton.next_power_of_2(chunks)), HAS_DONE=done is not None,
+        num_warps=warps,
     )  # fmt: skip
 
 
-def topk_positions_fast(scores: Tensor, lens: Tensor, width: int, k_rows: Tensor | None = None) -> Tensor:
-    """Same contract as `topk_positions_reference`."""
+def compact_rows(
+    scores: Tensor, lens: Tensor, out: Tensor, row0: int, k_rows: Tensor | None = None
+) -> Tensor:
+    """The compact path of `select_rows` without its radix fallback: `done` `[rows]` int32, 1 where
+    it wrote the row's selection (tests, and benchmarks counting the fallback's rows)."""
+    chunk, chunks = _chunking(scores.shape[0], scores.shape[1], scores.device, _COMPACT_PROGRAMS_PER_SM)
+    return compact.compact_select(scores, lens, out, row0, k_rows, chunk, chunks)
+
+
+def select_rows(
+    scores: Tensor,
+    lens: Tensor,
+    out: Tensor,
+    row0: int,
+    k_rows: Tensor | None = None,
+    *,
+    method: Literal["auto", "radix", "compact"] = "auto",
+) -> None:
+    """Fill `out[row0 : row0 + scores.shape[0]]` (`[T, width]` int64) with the selection of the
+    score rows `scores` `[rows, S]` fp32; `lens`/`k_rows` are indexed like `out` (contract in
+    `topk_positions_reference`). `method`: "auto" follows `compact.use_compact`; "radix" or
+    "compact" (with the radix fallback) force a path, for A/B timing and tests."""
+    rows, keys = scores.shape
+    if rows == 0:
+        return
+    if method == "auto":
+        method = "compact" if compact.use_compact(rows, keys, out.shape[1]) else "radix"
+    if method == "radix":
+        _radix_rows(scores, lens, out, row0, k_rows)
+    elif method == "compact":
+        _radix_rows(scores, lens, out, row0, k_rows, compact_rows(scores, lens, out, row0, k_rows))
+    else:
+        raise ValueError(f"method must be auto, radix or compact, got {method!r}")
+
+
+def topk_positions_fast(
+    scores: Tensor,
+    lens: Tensor,
+    width: int,
+    k_rows: Tensor | None = None,
+    *,
+    method: Literal["auto", "radix", "compact"] = "auto",
+) -> Tensor:
+    """Same contract as `topk_positions_reference`; `method` as in `select_rows`."""
     out = torch.empty(scores.shape[0], width, dtype=torch.long, device=scores.device)
     k = k_rows.contiguous() if k_rows is not None else None
-    select_rows(scores.float().contiguous(), lens.contiguous(), out, 0, k)
+    select_rows(scores.float().contiguous(), lens.contiguous(), out, 0, k, method=method)
     return out
