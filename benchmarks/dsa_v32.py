@@ -15,9 +15,9 @@ nope 128, v 128; indexer 64 heads x 128 with FP8 (e4m3, per-key scale) keys, top
 - decode: batch 1 and 32, every row at the full context, CUDA-graph replay with L2 flushed by
   reads. Dense: absorbed paged decode over all keys; DSA: indexer + top-k + sparse decode.
 - prefill_split: the DSA prefill chunk's parts timed alone (scorer, top-k selection, query
-  absorption, sparse attention, value projection); the selection both as dispatched (`select_ms`:
-  the compact path for these blocks) and forced to the radix select (`select_radix_ms`), and the
-  share of rows the compact path selected without its radix fallback.
+  absorption, sparse attention, value projection); the selection as dispatched (`select_ms`) and
+  forced to each path (`select_radix_ms`, `select_compact_ms`), and the share of rows the compact
+  path selected without its radix fallback.
 - headblocks: that chunk's sparse attention alone by heads per program and tile
   (`benchmarks/dsa_v32_headblocks.py`).
 - scorer: the prefill scorer alone (8K queries over 128K keys, FP8 and bf16 keys) by rows per
@@ -242,7 +242,8 @@ def prefill_split(ctx: int) -> dict[str, Any]:
     def value():
         return torch.einsum("nhr,hvr->nhv", o, layer.w_uv)
 
-    parts = {"score": score, "select": select, "select_radix": lambda: select("radix"), "absorb": absorb,
+    parts = {"score": score, "select": select, "select_radix": lambda: select("radix"),
+             "select_compact": lambda: select("compact"), "absorb": absorb,
              "sparse_attention": sparse, "value": value}  # fmt: skip
     row: dict[str, Any] = {"ctx": ctx, "queries": CHUNK, "score_rows_per_block": step}
     for name, fn in parts.items():

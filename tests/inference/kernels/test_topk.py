@@ -183,6 +183,8 @@ def test_dispatch_rule_and_method(monkeypatch, device):
     from inference.kernels.topk import compact, fast
 
     cap = compact.CAP
+    assert not compact.use_compact(64, 4 * cap, cap // 4)  # off by default (see AUTO_COMPACT)
+    monkeypatch.setattr(compact, "AUTO_COMPACT", True)
     assert compact.use_compact(64, 4 * cap, cap // 4)
     assert not compact.use_compact(63, 4 * cap, cap // 4)  # decode-sized blocks: the radix path
     assert not compact.use_compact(64, 4 * cap - 1, cap // 4)
