@@ -7,6 +7,7 @@ GPU's forward (issue 12), so it is the number to keep small per running request.
 
     python -m benchmarks.scheduler_host [--batches 1 32 128] [--ctx 2000] [--steps 400]
     python -m benchmarks.scheduler_host --profile 128   # plus a cProfile of batch 128 (stderr)
+    python -m benchmarks.scheduler_host --engine        # the whole `Engine.step` (outputs, text)
     PYTHONPATH=/path/to/other/checkout python -m benchmarks.scheduler_host  # that code's figures
 
 """
@@ -62,6 +63,47 @@ def decode_us_per_step(batch: int, ctx: int, steps: int, profile: bool = False) 
     return 1e6 * statistics.median(times)
 
 
+def make_engine(batch: int, ctx: int):
+    """An `Engine` with no model (its runner samples one fixed token) whose `batch` requests have
+    finished their prefill: `Engine.step` is then the engine's whole host work of a decode step
+    (schedule, update, detokenise and stop strings, outputs) but the runner's tensors."""
+    from types import SimpleNamespace
+
+    from benchmarks.engine_turns import NoForward
+    from inference.engine.engine import Engine, EngineConfig
+    from inference.tokenizer import ByteTokenizer
+
+    cfg = EngineConfig.of(
+        block_size=64, num_blocks=batch * (ctx + 4096) // 64 + 64, num_state_slots=4 * batch + 8,
+        checkpoint_interval=1024, max_num_seqs=max(batch, 1), max_num_batched_tokens=8192,
+        max_model_len=1 << 20, enable_cuda_graphs=False,
+    )  # fmt: skip
+    spec = SimpleNamespace(kv_bytes_per_token=1, state_bytes_per_slot=1)
+    eng = Engine(None, ByteTokenizer(), cfg, cache_spec=spec, runner=NoForward())
+    for i in range(batch):
+        prompt = [(i * 7 + j) % 250 for j in range(ctx)]
+        eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True))
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
+        eng.step()
+    return eng
+
+
+def engine_us_per_step(batch: int, ctx: int, steps: int, profile: bool = False) -> float:
+    eng = make_engine(batch, ctx)
+    prof = cProfile.Profile() if profile else None
+    times = []
+    if prof is not None:
+        prof.enable()
+    for _ in range(steps):
+        t = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t)
+    if prof is not None:
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(20)
+    return 1e6 * statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
@@ -69,20 +111,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400, help="timed decode steps per batch size")
     ap.add_argument("--no-gc", action="store_true", help="disable the garbage collector while timing")
     ap.add_argument("--profile", type=int, default=0, metavar="BATCH", help="cProfile 100 steps of BATCH")
+    ap.add_argument("--engine", action="store_true", help="time Engine.step (no model), not the scheduler")
     args = ap.parse_args()
     if args.no_gc:
         gc.disable()
-    us = {str(b): round(decode_us_per_step(b, args.ctx, args.steps), 1) for b in args.batches}
+    timed = engine_us_per_step if args.engine else decode_us_per_step
+    us = {str(b): round(timed(b, args.ctx, args.steps), 1) for b in args.batches}
     result = {
         "us_per_step": us,
         "us_per_request": {b: round(v / int(b), 2) for b, v in us.items()},
         "ctx": args.ctx,
         "steps": args.steps,
+        "timed": "Engine.step" if args.engine else "Scheduler.schedule + update",
         "load_avg_1m": os.getloadavg()[0],
     }
     print(json.dumps(result))
     if args.profile:
-        decode_us_per_step(args.profile, args.ctx, 100, profile=True)
+        timed(args.profile, args.ctx, 100, profile=True)
 
 
 if __name__ == "__main__":

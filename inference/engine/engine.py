@@ -325,7 +325,7 @@ class Engine:
             if (r := reqs.get(s.req_id)) is not None:
                 prefill = s.start < r.num_prompt_tokens  # prompt (or preemption recompute) chunk
                 r.timing.record(t0, t1, len(s.token_ids), prefill, s.req_id in sampled)
-        before = {rid: reqs[rid].num_output_tokens for rid in sampled}
+        before = {rid: len(reqs[rid].output_token_ids) for rid in sampled}
         finished = {r.request_id: r for r in self.scheduler.update(sched_out, sampled, logprobs)}
         complete = self.grammars.consume(sampled) if self.grammars is not None else set()
         self.num_steps += 1
@@ -333,20 +333,21 @@ class Engine:
         self.num_generated_tokens += len(sampled)
         now = time.monotonic()
         outputs = []
+        texts = self._text
         for rid in list(sampled) + [r for r in finished if r not in sampled]:
             req = reqs.get(rid) or finished[rid]
-            new_ids = req.output_token_ids[before.get(rid, req.num_output_tokens) :]
+            out_ids = req.output_token_ids
+            new_ids = out_ids[before.get(rid, len(out_ids)) :]
             if req.first_token_time is None and new_ids:
                 req.first_token_time = now
             is_done = rid in finished
-            text, stop_now = self._text[rid].step(req, new_ids, is_done)
+            stops = texts[rid]
+            text, stop_now = stops.step(req, new_ids, is_done)
             if stop_now:  # a stop string: the request ends here (stops.py decides)
-                self.scheduler.finish(
-                    rid, RequestStatus.FINISHED_STOPPED, stop_reason=self._text[rid].stopped
-                )
+                self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED, stop_reason=stops.stopped)
                 is_done = True
             elif rid in complete and not is_done:  # the grammar is complete: the answer is whole
-                text += self._text[rid].push([], final=True)
+                text += stops.push([], final=True)
                 self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED)
                 is_done = True
             lps = (
@@ -371,20 +372,21 @@ class Engine:
         self, req: Request, ids: Sequence[int], text: str, lps: Sequence[TokenLogprob] = ()
     ) -> RequestOutput:
         ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+        finished = req.status.finished
         return RequestOutput(
             req.request_id,
-            list(ids),
+            ids if type(ids) is list else list(ids),  # callers pass fresh slices: no second copy
             text,
-            req.status.finished,
-            req.finish_reason,
+            finished,
+            req.status.value if finished else None,
             req.stop_reason,
             req.num_prompt_tokens,
             max(req.num_cached_tokens, 0),
-            req.num_output_tokens,
-            list(lps),
+            len(req.output_token_ids),
+            lps if type(lps) is list else list(lps),
             ttft,
             req.arrival_time,
-            req.timing if req.status.finished else None,
+            req.timing if finished else None,
         )
 
     def _cleanup(self, rid: str) -> None:

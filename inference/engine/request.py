@@ -28,13 +28,9 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
 
-    @property
-    def finished(self) -> bool:
-        return self in (
-            RequestStatus.FINISHED_STOPPED,
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_ABORTED,
-        )
+    def __init__(self, value: str) -> None:
+        # a plain attribute, not a property: read several times per request per engine step
+        self.finished: bool = value in ("stop", "length", "abort")
 
 
 @dataclass(frozen=True, slots=True)

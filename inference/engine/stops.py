@@ -44,10 +44,13 @@ class TextStops:
 
     def push(self, ids: Sequence[int], final: bool) -> str:
         """Text to stream for these new token ids (`final`: the request ended by a token rule)."""
-        self.text += self.detok.push(ids)
+        piece = self.detok.push(ids) if ids else ""
         if final:
-            self.text += self.detok.flush()
-        if self.stops and self.stopped is None:
+            piece += self.detok.flush()
+        if not self.stops:  # nothing is held back: the text streams as it comes
+            return piece
+        self.text += piece
+        if self.stopped is None:
             start = max(0, self.sent - self.hold)
             hits = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
             if hits:
@@ -56,6 +59,10 @@ class TextStops:
                 final = True
         end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
         out, self.sent = self.text[self.sent : end], end
+        # keep only what a stop string can still start in (the last `hold` sent characters and
+        # what is held back): a long output must not cost a copy of all its text every step
+        if (drop := self.sent - self.hold) > 0:
+            self.text, self.sent = self.text[drop:], self.hold
         return out
 
     def step(self, req: Request, new_ids: Sequence[int], finished: bool) -> tuple[str, bool]:

@@ -24,6 +24,11 @@ class BytesDecoder:
 
     def push(self, ids: Iterable[int]) -> str:
         is_special = self.tok.is_special
+        if type(ids) is list and len(ids) == 1:  # a decode step's one token: no generator, no join
+            t = ids[0]
+            if self.skip and is_special(t):
+                return ""
+            return self._utf8.decode(self.table[t] if 0 <= t < len(self.table) else b"\xef\xbf\xbd")
         data = b"".join(
             self.table[t] if 0 <= t < len(self.table) else b"\xef\xbf\xbd"
             for t in ids
