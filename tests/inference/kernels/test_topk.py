@@ -183,12 +183,13 @@ def test_dispatch_rule_and_method(monkeypatch, device):
     from inference.kernels.topk import compact, fast
 
     cap = compact.CAP
-    assert not compact.use_compact(64, 4 * cap, cap // 4)  # off by default (see AUTO_COMPACT)
-    monkeypatch.setattr(compact, "AUTO_COMPACT", True)
     assert compact.use_compact(64, 4 * cap, cap // 4)
     assert not compact.use_compact(63, 4 * cap, cap // 4)  # decode-sized blocks: the radix path
     assert not compact.use_compact(64, 4 * cap - 1, cap // 4)
     assert not compact.use_compact(64, 4 * cap, cap // 4 + 1)
+    monkeypatch.setattr(compact, "AUTO_COMPACT", False)  # the A/B switch: auto is the radix select
+    assert not compact.use_compact(64, 4 * cap, cap // 4)
+    monkeypatch.setattr(compact, "AUTO_COMPACT", True)
     calls = []
     real = compact.compact_select
     monkeypatch.setattr(compact, "compact_select", lambda *a: calls.append(1) or real(*a))
