@@ -23,6 +23,7 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 from inference.cache.coordinator import CacheConfig
 from inference.engine.request import Request, SamplingParams
@@ -46,21 +47,30 @@ def make_scheduler(batch: int, ctx: int) -> Scheduler:
     return sched
 
 
-def decode_us_per_step(batch: int, ctx: int, steps: int, profile: bool = False) -> float:
-    sched = make_scheduler(batch, ctx)
+def _median_us(step: Callable[[], object], steps: int, profile: bool) -> float:
+    """Median microseconds of `steps` calls of `step` (`profile`: under cProfile, to stderr)."""
     prof = cProfile.Profile() if profile else None
     times = []
     if prof is not None:
         prof.enable()
     for _ in range(steps):
         t = time.perf_counter()
-        out = sched.schedule()
-        sched.update(out, {s.req_id: 5 for s in out.scheduled if s.sample})
+        step()
         times.append(time.perf_counter() - t)
     if prof is not None:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(20)
     return 1e6 * statistics.median(times)
+
+
+def decode_us_per_step(batch: int, ctx: int, steps: int, profile: bool = False) -> float:
+    sched = make_scheduler(batch, ctx)
+
+    def step() -> None:
+        out = sched.schedule()
+        sched.update(out, {s.req_id: 5 for s in out.scheduled if s.sample})
+
+    return _median_us(step, steps, profile)
 
 
 def make_engine(batch: int, ctx: int):
@@ -89,19 +99,7 @@ def make_engine(batch: int, ctx: int):
 
 
 def engine_us_per_step(batch: int, ctx: int, steps: int, profile: bool = False) -> float:
-    eng = make_engine(batch, ctx)
-    prof = cProfile.Profile() if profile else None
-    times = []
-    if prof is not None:
-        prof.enable()
-    for _ in range(steps):
-        t = time.perf_counter()
-        eng.step()
-        times.append(time.perf_counter() - t)
-    if prof is not None:
-        prof.disable()
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(20)
-    return 1e6 * statistics.median(times)
+    return _median_us(make_engine(batch, ctx).step, steps, profile)
 
 
 def main() -> None:
