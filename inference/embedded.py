@@ -51,6 +51,10 @@ EMBEDDED_ENGINE_CONFIG = EngineConfig.of(
 )
 
 
+class ChatAborted(RuntimeError):
+    """`chat` ended because `abort(request_id)` aborted its request (no answer)."""
+
+
 class EmbeddedEngineClient:
     """Thread-safe: concurrent `chat` calls are batched by the engine thread."""
 
@@ -123,9 +127,11 @@ class EmbeddedEngineClient:
         )
         return cls(engine, model_name=model_name or Path(model_dir).name, blob_url=blob_url)
 
-    def chat(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def chat(self, request: Mapping[str, Any], *, request_id: str | None = None) -> dict[str, Any]:
         """An OpenAI chat-completions body -> a `chat.completion` object. Raises ValueError for a
-        malformed request (the message says what is wrong) and RuntimeError if the engine failed."""
+        malformed request (the message says what is wrong), `ChatAborted` if `abort` ended it and
+        RuntimeError if the engine failed. `request_id`: the engine's id for it (the handle of
+        `abort`; default: a new one)."""
         started_ns = time.time_ns()
         body = dict(request)
         body.pop("model", None)  # one model in process: any name addresses it
@@ -138,7 +144,7 @@ class EmbeddedEngineClient:
         rid, outs = self.engine.generate_sync(
             p.prompt_token_ids,
             p.sampling,
-            request_id=new_request_id(),
+            request_id=request_id or new_request_id(),
             mm_spans=p.mm_spans,
             mm_inputs=mm_inputs(p),
             message_ends=p.message_ends,
@@ -147,7 +153,15 @@ class EmbeddedEngineClient:
         )
         # the engine's phases as spans below the caller's current (GenAI client) span
         record_request({}, "embedded", started_ns, outs[-1], self.serving.model_name)
+        if outs[-1].finish_reason == "abort":
+            raise ChatAborted(f"request {rid} was aborted")
         return self.serving.chat_response(rid, outs, p)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a `chat` in flight (from another thread): the engine drops the request at its next
+        step (its blocks and state slot freed) and that `chat` raises `ChatAborted`. An id not in
+        flight is ignored."""
+        self.engine.abort(request_id)
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()

@@ -10,7 +10,8 @@ from orchestrator.config import Settings
 from orchestrator.db import migrate
 from orchestrator.db.engine import make_engine
 from orchestrator.dispatch import Dispatcher, make_dispatcher
-from orchestrator.inference_client import EmbeddedChatClient, InferenceClient, OpenAIChatClient
+from orchestrator.embedded_client import EmbeddedChatClient
+from orchestrator.inference_client import InferenceClient, OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from tools.registry import ToolRegistry
 from workers.tool_jobs import build_registry, set_process_registry

@@ -3,8 +3,8 @@
 `chat(messages, tools, sampling) -> AssistantTurn` with tool calls and usage (prompt, cached and
 completion tokens, time to first token). Implementations:
 - `OpenAIChatClient`: any OpenAI-compatible `/v1/chat/completions` server (ours, vLLM, SGLang).
-- `EmbeddedChatClient`: the in-process engine of `inference` (imported lazily: the orchestrator
-  must start without torch).
+- `EmbeddedChatClient` (`orchestrator/embedded_client.py`): the in-process engine of `inference`
+  (imported lazily: the orchestrator must start without torch).
 """
 
 from __future__ import annotations
@@ -447,39 +447,3 @@ class OpenAIChatClient:
 
     def close(self) -> None:
         self._http.close()
-
-
-class EmbeddedChatClient:
-    """The in-process engine of `inference`, behind the same protocol. It reads the workers'
-    processed images from the blob store it was built with, so images go by reference."""
-
-    def __init__(self, engine_client: Any, model: str):
-        self._engine = engine_client
-        self._model = model
-        self.images_by_reference = bool(getattr(engine_client, "images_by_reference", False))
-
-    @classmethod
-    def default(cls, model: str, *, blob_url: str | None = None) -> EmbeddedChatClient:
-        from inference.embedded import EmbeddedEngineClient  # lazy: torch loads only here
-
-        return cls(EmbeddedEngineClient.default(model, blob_url=blob_url), model)
-
-    def chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], sampling: Sampling
-    ) -> AssistantTurn:
-        with chat_span(self._model, sampling, "dayzero.embedded") as span:
-            t0 = time.perf_counter()
-            try:
-                data = self._engine.chat(chat_request_body(self._model, messages, tools, sampling))
-            except (ValueError, TypeError) as exc:
-                raise InferenceError(f"embedded engine rejected the request: {exc}", retryable=False) from exc
-            except RuntimeError as exc:
-                raise InferenceError(f"embedded engine failed: {exc}", retryable=True) from exc
-            turn = parse_chat_completion(data, (time.perf_counter() - t0) * 1000)
-            record_turn(span, turn)
-            return turn
-
-    def close(self) -> None:
-        close = getattr(self._engine, "close", None)
-        if close is not None:
-            close()

@@ -22,7 +22,8 @@ from PIL import Image
 from orchestrator.attachments import add_attachment
 from orchestrator.config import Budgets
 from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.inference_client import EmbeddedChatClient, OpenAIChatClient
+from orchestrator.embedded_client import EmbeddedChatClient
+from orchestrator.inference_client import OpenAIChatClient
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import NewTask, attachments_t, create_task, get_task, list_events
 from preprocess import BlobStore, PreprocessConfig, ProcessedImage, process_image
@@ -45,9 +46,12 @@ class RecordingEngineClient:
     def images_by_reference(self) -> bool:
         return self.inner.images_by_reference
 
-    def chat(self, body):
+    def chat(self, body, **kw):
         self.bodies.append(json.dumps(body))
-        return self.inner.chat(body)
+        return self.inner.chat(body, **kw)
+
+    def abort(self, request_id: str) -> None:
+        self.inner.abort(request_id)
 
     def close(self) -> None:
         self.inner.close()

@@ -62,7 +62,8 @@ def test_a_task_is_one_trace(spans, make_runner, db, model_server):
 
 def test_embedded_engine_phases_are_spans_of_the_model_step(spans):
     """The embedded default (no HTTP hop): the engine's phases hang below the GenAI client span."""
-    from orchestrator.inference_client import EmbeddedChatClient, Sampling
+    from orchestrator.embedded_client import EmbeddedChatClient
+    from orchestrator.inference_client import Sampling
     from orchestrator.tracing import task_span
 
     client = EmbeddedChatClient.default("dayzero-small-random")

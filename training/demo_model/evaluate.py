@@ -123,7 +123,7 @@ def _run_cli(model_dir: str, tasks: Sequence[Task], workdir: Path, timeout_s: fl
     from orchestrator.app import make_runner
     from orchestrator.commands.run import submit_local
     from orchestrator.config import Settings
-    from orchestrator.inference_client import EmbeddedChatClient
+    from orchestrator.embedded_client import EmbeddedChatClient
     from orchestrator.statemachine import TERMINAL_TASK_STATUSES, TaskStatus
     from orchestrator.tasks.queries import get_task, list_messages
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.inference_client import EmbeddedChatClient
+from orchestrator.embedded_client import EmbeddedChatClient
 from orchestrator.kafka.producer import send_task
 from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import attachments_t, get_task, list_events
