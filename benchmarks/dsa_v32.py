@@ -376,6 +376,10 @@ def plot(path: Path) -> Path:
         ],
     ]  # fmt: skip
     for ax, (title, rows, dense, dsa, unit) in zip(axes, panels, strict=True):
+        if not rows:  # a part this run did not measure
+            ax.set_axis_off()
+            ax.set_title(f"{title}: not in this run")
+            continue
         ctx = [r["ctx"] // 1024 for r in rows]
         ax.plot(ctx, [r[dense] for r in rows], "o-", label="dense MLA")
         ax.plot(ctx, [r[dsa] for r in rows], "s-", label="DSA (FP8 indexer, top-2048)")
