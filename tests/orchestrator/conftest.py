@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -62,3 +63,13 @@ def submit(db: Engine, script: dict[str, Any], **kw: Any) -> str:
             conn, NewTask(tenant=kw.pop("tenant", "t1"), goal="script:" + json.dumps(script), **kw), Budgets()
         )
     return task_id
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll `cond` until it is true; AssertionError naming `what` after `timeout_s`."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -16,18 +16,9 @@ import uuid
 import pytest
 
 from orchestrator.store import get_task, list_events, list_messages, list_steps, request_cancel
-from tests.orchestrator.conftest import submit
+from tests.orchestrator.conftest import submit, wait_until
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
-
-
-def _wait(cond, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _status(db, task_id: str) -> str:
@@ -39,7 +30,7 @@ def _cancel_and_time(db, task_id: str, limit_s: float) -> float:
     t0 = time.monotonic()
     with db.begin() as conn:
         request_cancel(conn, task_id)
-    _wait(lambda: _status(db, task_id) in TERMINAL, limit_s, "the task to end")
+    wait_until(lambda: _status(db, task_id) in TERMINAL, limit_s, "the task to end")
     return time.monotonic() - t0
 
 
@@ -55,7 +46,7 @@ def test_cancel_aborts_the_final_model_answer_in_flight(db, make_runner, model_s
     task_id = submit(db, {"cycles": 0, "sleep_s": 30, "tag": tag})
     runner = make_runner()
     worker = _run_in_background(runner)
-    _wait(lambda: any(tag in str(r["messages"]) for r in model_server.requests), 60, "the model call")
+    wait_until(lambda: any(tag in str(r["messages"]) for r in model_server.requests), 60, "the model call")
     took = _cancel_and_time(db, task_id, 25)  # well before the 30 s answer
     worker.join(60)
     print(f"cancel -> CANCELLED with a model call in flight: {took:.2f} s")
@@ -74,7 +65,7 @@ def test_cancel_stops_waiting_for_a_tool_and_ignores_its_late_result(db, make_ru
     task_id = submit(db, {"cycles": 1, "tool": "gate"})
     runner = make_runner()
     worker = _run_in_background(runner)
-    _wait(
+    wait_until(
         lambda: any(s.kind == "tool" and s.status == "RUNNING" for s in _steps(db, task_id)), 60, "the tool"
     )
     took = _cancel_and_time(db, task_id, 60)  # the gate never opens by itself

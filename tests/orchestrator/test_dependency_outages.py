@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +26,12 @@ from orchestrator.runner import Runner, RunnerConfig
 from orchestrator.store import get_task, list_attempts
 from testing.celery_test_app import build_app
 from testing.kafka_broker import free_port
-from tests.orchestrator.conftest import submit
+from tests.orchestrator.conftest import submit, wait_until
 from tools.config import ToolsConfig
 from workers.tool_jobs import build_registry
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class _Server:
@@ -55,7 +46,7 @@ class _Server:
             self.proc = subprocess.Popen(
                 self.cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=out
             )
-        _wait(self._listening, 30, f"{self.cmd[0]} on port {self.port}")
+        wait_until(self._listening, 30, f"{self.cmd[0]} on port {self.port}")
 
     def _listening(self) -> bool:
         import socket
@@ -112,10 +103,10 @@ def test_a_model_server_restart_is_waited_out(db, state_dir, tmp_path, servers):
     for t in threads:
         t.start()
     try:
-        _wait(lambda: all(_status(db, i) == "RUNNING" for i in ids), 60, "every task to start")
+        wait_until(lambda: all(_status(db, i) == "RUNNING" for i in ids), 60, "every task to start")
         time.sleep(0.5)  # inside the server's 1.5 s answer: every model call is in flight
         model.kill()
-        _wait(
+        wait_until(
             lambda: all(not r.health.ready and r.health.reason.startswith("inference") for r in runners),
             60,
             "every runner to report the model server unavailable",
@@ -123,7 +114,7 @@ def test_a_model_server_restart_is_waited_out(db, state_dir, tmp_path, servers):
         time.sleep(3)  # a server that takes seconds to come back
         assert all(_status(db, i) == "RUNNING" for i in ids)
         model.start()
-        _wait(lambda: all(_status(db, i) in TERMINAL for i in ids), 120, "every task to finish")
+        wait_until(lambda: all(_status(db, i) in TERMINAL for i in ids), 120, "every task to finish")
     finally:
         for r in runners:
             r.stop()
@@ -144,7 +135,7 @@ def _start_tools_worker(redis_url: str, prefix: str, log: Path) -> subprocess.Po
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
-    _wait(
+    wait_until(
         lambda: b" ready." in log.read_bytes() or proc.poll() is not None, 60, "the worker to start"
     )  # the state dir comes from the environment (`state_dir`)
     assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
@@ -183,14 +174,16 @@ def test_a_celery_broker_blip_is_waited_out_and_the_tool_runs_once(
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         first = submit(db, {"cycles": 1, "tool": "remit"})  # the dispatcher's connections are made
-        _wait(lambda: _status(db, first) in TERMINAL, 60, "the first task to finish")
+        wait_until(lambda: _status(db, first) in TERMINAL, 60, "the first task to finish")
         redis_srv.kill()
         task_id = submit(db, {"cycles": 1, "tool": "remit"})
-        _wait(lambda: _status(db, task_id) == "RUNNING", 30, "the task to start")
+        wait_until(lambda: _status(db, task_id) == "RUNNING", 30, "the task to start")
         time.sleep(4)  # the tool step is trying to send meanwhile
         assert thread.is_alive(), f"the runner exited: {exited!r}"
         redis_srv.start()
-        _wait(lambda: _status(db, task_id) in TERMINAL or not thread.is_alive(), 120, "the task to finish")
+        wait_until(
+            lambda: _status(db, task_id) in TERMINAL or not thread.is_alive(), 120, "the task to finish"
+        )
         assert not exited, exited
         with db.connect() as conn:
             task = get_task(conn, task_id)

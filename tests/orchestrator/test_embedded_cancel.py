@@ -13,6 +13,7 @@ import pytest
 from inference.embedded import EmbeddedEngineClient
 from orchestrator.embedded_client import EmbeddedChatClient
 from orchestrator.inference_client import InferenceCancelled, Sampling
+from tests.orchestrator.conftest import wait_until
 
 
 class _NoEos:
@@ -30,15 +31,6 @@ class _NoEos:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def _wait(cond, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +53,13 @@ def test_a_cancel_aborts_the_embedded_model_call_and_the_engine_stops_it(engine_
 
     t = threading.Thread(target=call, daemon=True)
     t.start()
-    _wait(lambda: engine.num_generated_tokens > 4, 60, "the call to decode")
+    wait_until(lambda: engine.num_generated_tokens > 4, 60, "the call to decode")
     client.abort()
     t.join(60)
     assert not t.is_alive(), "the aborted call did not return"
     assert len(got) == 1 and isinstance(got[0], InferenceCancelled), got
     # the engine stopped computing it: nothing left in it, no more tokens generated
-    _wait(lambda: not engine.has_unfinished, 10, "the engine to drop the request")
+    wait_until(lambda: not engine.has_unfinished, 10, "the engine to drop the request")
     n = engine.num_generated_tokens
     time.sleep(0.2)
     assert engine.num_generated_tokens == n < 20000
